@@ -1,0 +1,57 @@
+"""Errors raised to users.
+
+Every error carries a message meant to be read by a person: it names the key
+or path involved and what is wrong with it. Command-line entry points print the
+message and exit non-zero instead of showing a traceback.
+"""
+
+from __future__ import annotations
+
+
+class CheckpointError(Exception):
+    """Base class of every error dp_ckpt_plugin raises on purpose."""
+
+
+class ConfigError(CheckpointError, ValueError):
+    """A configuration value is missing, of the wrong type or unusable."""
+
+
+class CheckpointWriteError(CheckpointError, OSError):
+    """Writing, committing or publishing a checkpoint failed.
+
+    The previous checkpoint, pointer and alias are left as they were.
+    """
+
+
+class StoreLockedError(CheckpointError):
+    """Another live process is writing the same checkpoint directory."""
+
+
+class RestartNotFoundError(CheckpointError, FileNotFoundError):
+    """No checkpoint could be resolved from a restart specification."""
+
+
+class UnsafePointerError(CheckpointError):
+    """A pointer or alias leads outside the directory that holds it."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint does not match its commit record or cannot be read."""
+
+
+def describe_os_error(exc: BaseException) -> str:
+    """Return a short cause for an OS error, such as ``No space left on device``.
+
+    Parameters
+    ----------
+    exc : BaseException
+        The error to describe.
+
+    Returns
+    -------
+    str
+        ``strerror`` when the error has one, else its text.
+    """
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__

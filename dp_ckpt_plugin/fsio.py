@@ -1,0 +1,177 @@
+"""Durable, atomic filesystem primitives.
+
+Every write follows one pattern: write to a temporary name in the destination
+directory, flush and fsync it, ``os.replace`` it onto the final name, then fsync
+the directory. A failure at any step removes the temporary file and raises a
+:class:`~dp_ckpt_plugin.errors.CheckpointWriteError` naming the path and the
+cause, leaving whatever the final name held before untouched.
+
+The functions call ``os`` and ``shutil`` through their modules so that tests can
+inject faults (``ENOSPC``, ``EIO``, ``EACCES``) at each step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+from .errors import CheckpointWriteError, describe_os_error
+from .layout import temp_name
+
+#: Errors meaning "this filesystem makes no symlinks", not "something broke".
+_NO_SYMLINK_ERRNOS = frozenset(
+    {errno.EPERM, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
+)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Flush a directory entry change (a create, rename or unlink) to disk."""
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove_quietly(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def _fail(what: str, path: Path, exc: BaseException) -> CheckpointWriteError:
+    err = CheckpointWriteError(f"could not {what} {path}: {describe_os_error(exc)}")
+    if isinstance(exc, OSError):
+        err.errno = exc.errno
+    return err
+
+
+def write_file_atomic(
+    path: Path,
+    writer: Callable[[BinaryIO], object],
+    *,
+    durable: bool = True,
+    before_replace: Callable[[], object] | None = None,
+) -> None:
+    """Write a file through ``writer`` and move it onto ``path`` atomically.
+
+    Parameters
+    ----------
+    path : Path
+        Final location. Its directory must exist.
+    writer : callable
+        Called with a binary file object opened for writing (and reading, so
+        formats that seek back, such as HDF5, work).
+    durable : bool, optional
+        Whether to fsync the file and the directory.
+    before_replace : callable, optional
+        Called once the temporary file is durable, just before the move.
+
+    Raises
+    ------
+    CheckpointWriteError
+        Naming ``path`` and the cause; the temporary file is gone and ``path``
+        is as it was.
+    """
+    directory = path.parent
+    tmp = directory / temp_name(path.name)
+    step = "create"
+    try:
+        with open(tmp, "w+b") as handle:
+            step = "write"
+            writer(handle)
+            handle.flush()
+            if durable:
+                step = "fsync"
+                os.fsync(handle.fileno())
+        if before_replace is not None:
+            before_replace()
+        step = "move into place"
+        os.replace(tmp, path)
+    except BaseException as exc:
+        _remove_quietly(tmp)
+        if isinstance(exc, OSError):
+            raise _fail(step, path, exc) from exc
+        raise
+    if durable:
+        try:
+            fsync_dir(directory)
+        except OSError as exc:
+            raise _fail("fsync the directory of", path, exc) from exc
+
+
+def write_text_atomic(path: Path, text: str, *, durable: bool = True) -> None:
+    """Replace the content of a small text file atomically."""
+    data = text.encode("utf-8")
+    write_file_atomic(path, lambda handle: handle.write(data), durable=durable)
+
+
+def replace_link(path: Path, target: str, *, durable: bool = True) -> str:
+    """Point ``path`` at ``target`` atomically; return how it was done.
+
+    A symlink is made under a temporary name and moved onto ``path``, so at
+    every instant ``path`` is the old link or the new one. Where symlinks
+    cannot be made (some shared filesystems), a hard link is tried, then a
+    copy, each published the same atomic way.
+
+    Parameters
+    ----------
+    path : Path
+        The alias to create or replace.
+    target : str
+        Link target, relative to ``path``'s directory.
+    durable : bool, optional
+        Whether to fsync the directory afterwards.
+
+    Returns
+    -------
+    str
+        ``"symlink"``, ``"hardlink"`` or ``"copy"``.
+    """
+    directory = path.parent
+    tmp = directory / temp_name(path.name)
+    how = "symlink"
+    try:
+        try:
+            os.symlink(target, tmp)
+        except OSError as exc:
+            if exc.errno not in _NO_SYMLINK_ERRNOS:
+                raise
+            how = "hardlink"
+            try:
+                os.link(directory / target, tmp)
+            except OSError:
+                how = "copy"
+                shutil.copyfile(directory / target, tmp)
+        os.replace(tmp, path)
+    except OSError as exc:
+        _remove_quietly(tmp)
+        raise _fail("update the alias", path, exc) from exc
+    if durable:
+        try:
+            fsync_dir(directory)
+        except OSError as exc:
+            raise _fail("fsync the directory of", path, exc) from exc
+    return how
+
+
+def remove_file(path: Path) -> None:
+    """Remove a file; a file already gone is not an error."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise _fail("remove", path, exc) from exc
+
+
+def free_bytes(directory: Path) -> int | None:
+    """Return the bytes available to this user under ``directory``, if known."""
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return None

@@ -1,0 +1,132 @@
+"""File names of a checkpoint store: numbered files, aliases, pointers, records.
+
+Nothing here touches the filesystem. The names are chosen so that no glob of
+numbered checkpoints (``<prefix>-*<suffix>``) or of aliases
+(``<prefix><suffix>``, ``<prefix>.*``) can match a temporary file or a commit
+record: both start with a dot.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from dataclasses import dataclass
+from pathlib import PurePath
+
+#: Name of the primary family's pointer file, as deepmd-kit names it.
+POINTER_NAME = "checkpoint"
+#: Folder inside a store where corrupt checkpoints are moved aside.
+QUARANTINE_DIR = "quarantine"
+#: Name of the single-writer lock file of a store.
+LOCK_NAME = ".dp_ckpt.lock"
+#: Name of the file describing the holder of the lock.
+HOLDER_NAME = ".dp_ckpt.holder.json"
+
+_TEMP_MARK = ".tmp-"
+_RECORD_SUFFIX = ".commit.json"
+_STEP_RE = re.compile(r"0|[1-9][0-9]*")
+
+
+def ema_prefix(prefix: str) -> str:
+    """Return the EMA family's prefix, as deepmd-kit derives it.
+
+    ``_ema`` goes before the last suffix: ``model.ckpt`` becomes
+    ``model_ema.ckpt`` and ``run`` becomes ``run_ema``.
+
+    Parameters
+    ----------
+    prefix : str
+        The periodic family's prefix (the file name of ``save_ckpt``).
+
+    Returns
+    -------
+    str
+        The EMA family's prefix.
+    """
+    path = PurePath(prefix)
+    if path.suffix:
+        return f"{path.stem}_ema{path.suffix}"
+    return f"{path.name}_ema"
+
+
+@dataclass(frozen=True)
+class Family:
+    """One series of numbered checkpoints sharing a prefix.
+
+    Parameters
+    ----------
+    prefix : str
+        File-name prefix, such as ``model.ckpt``. It must be a bare file name.
+    suffix : str
+        Backend suffix including the dot, such as ``.pt`` or ``.h5``.
+    pointer : str
+        File name of the family's latest pointer inside the store directory.
+    """
+
+    prefix: str
+    suffix: str
+    pointer: str = POINTER_NAME
+
+    def __post_init__(self) -> None:
+        if not self.prefix or os.sep in self.prefix or self.prefix in {".", ".."}:
+            raise ValueError(
+                f"a family prefix must be a bare file name, got {self.prefix!r}"
+            )
+        if not self.suffix.startswith("."):
+            raise ValueError(f"a suffix must start with a dot, got {self.suffix!r}")
+
+    @property
+    def alias(self) -> str:
+        """File name of the latest alias, such as ``model.ckpt.pt``."""
+        return f"{self.prefix}{self.suffix}"
+
+    def numbered(self, step: int) -> str:
+        """Return the file name of the checkpoint of ``step``."""
+        if step < 0:
+            raise ValueError(f"a step must not be negative, got {step}")
+        return f"{self.prefix}-{int(step)}{self.suffix}"
+
+    def step_of(self, name: str) -> int | None:
+        """Return the step a file name encodes, or ``None`` if it is not ours.
+
+        Only names this family writes count: ``<prefix>-<step><suffix>`` with a
+        step in canonical decimal form (no sign, no leading zeros).
+        """
+        head = f"{self.prefix}-"
+        if not (name.startswith(head) and name.endswith(self.suffix)):
+            return None
+        text = name[len(head) : len(name) - len(self.suffix)]
+        if not _STEP_RE.fullmatch(text):
+            return None
+        return int(text)
+
+    def ema(self) -> Family:
+        """Return the EMA family that goes with this one."""
+        return Family(
+            ema_prefix(self.prefix),
+            self.suffix,
+            f"{POINTER_NAME}.{ema_prefix(self.prefix)}",
+        )
+
+
+def temp_name(final_name: str) -> str:
+    """Return a fresh temporary name for writing ``final_name`` in place."""
+    return f".{final_name}{_TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def is_temp(name: str) -> bool:
+    """Whether a file name is one of our temporary names."""
+    return name.startswith(".") and _TEMP_MARK in name
+
+
+def temp_target(name: str) -> str | None:
+    """Return the final name a temporary file was meant for, or ``None``."""
+    if not is_temp(name):
+        return None
+    return name[1 : name.rindex(_TEMP_MARK)]
+
+
+def record_name(checkpoint_name: str) -> str:
+    """Return the file name of a checkpoint's commit record."""
+    return f".{checkpoint_name}{_RECORD_SUFFIX}"

@@ -1,0 +1,133 @@
+"""A trainer-neutral front to the store: save, restore, resolve.
+
+::
+
+    from dp_ckpt_plugin import CheckpointManager
+
+    m = CheckpointManager("models", backend="hdf5", prefix="model.ckpt", max_keep=5)
+    path = m.save(step, state)     # the committed path
+    r = m.restore("latest")        # r.step, r.path, r.state
+    p = m.resolve("latest")        # the path only, nothing loaded
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pluggy
+
+from .backends import get_backend
+from .layout import Family
+from .plugins import get_plugin_manager
+from .ranks import Ranks, current_ranks
+from .resolve import Resolved
+from .retention import KeepLast
+from .store import CheckpointStore, FamilyConfig
+
+
+@dataclass
+class Restored:
+    """A checkpoint read back.
+
+    Attributes
+    ----------
+    step : int or None
+        Its step.
+    path : Path
+        Its file.
+    state : object
+        The payload, as the backend reads it.
+    resolved : Resolved
+        How it was found and checked.
+    """
+
+    step: int | None
+    path: Path
+    state: Any
+    resolved: Resolved
+
+
+class CheckpointManager:
+    """Save and restore numbered checkpoints in one directory.
+
+    Parameters
+    ----------
+    directory : str or Path
+        The checkpoint directory (``training.save_dir``).
+    backend : str, optional
+        ``"hdf5"`` (NumPy arrays) or ``"torch"``, or a backend a plugin adds.
+    prefix : str, optional
+        File-name prefix of the checkpoints.
+    max_keep : int, optional
+        How many committed checkpoints to keep; ``0`` keeps all.
+    verify : {"size", "sha256"}, optional
+        How a checkpoint is checked before it is restored.
+    durable : bool, optional
+        Whether to fsync (leave on).
+    lock : bool, optional
+        Whether to refuse a second writer on the same directory.
+    pm : pluggy.PluginManager, optional
+        The plugin manager; one is built with :func:`get_plugin_manager` if
+        not given.
+    ranks : Ranks, optional
+        This process's rank; torch.distributed's if a group is initialized.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        backend: str = "hdf5",
+        prefix: str = "model.ckpt",
+        max_keep: int = 5,
+        verify: str = "size",
+        durable: bool = True,
+        lock: bool = True,
+        pm: pluggy.PluginManager | None = None,
+        ranks: Ranks | None = None,
+    ) -> None:
+        if verify not in ("size", "sha256"):
+            raise ValueError(f"verify must be 'size' or 'sha256', got {verify!r}")
+        self.pm = pm or get_plugin_manager()
+        self.verify = verify
+        family = Family(prefix, get_backend(self.pm, backend).suffix)
+        self.store = CheckpointStore(
+            directory,
+            backend=backend,
+            pm=self.pm,
+            families=[FamilyConfig(family, KeepLast(int(max_keep)))],
+            ranks=ranks or current_ranks(),
+            durable=durable,
+            lock=lock,
+        )
+
+    @property
+    def directory(self) -> Path:
+        """The checkpoint directory."""
+        return self.store.directory
+
+    def save(self, step: int, state: Any) -> Path:
+        """Write and commit the checkpoint of ``step``; return its path."""
+        return self.store.save(int(step), state)
+
+    def resolve(self, spec: str = "latest") -> Path:
+        """Return the checkpoint ``spec`` names, verified, without loading it."""
+        return self.store.resolve(spec, sha256=self.verify == "sha256").path
+
+    def restore(self, spec: str = "latest") -> Restored:
+        """Resolve ``spec``, verify it and read it back."""
+        found = self.store.resolve(spec, sha256=self.verify == "sha256")
+        return Restored(found.step, found.path, self.store.load(found), found)
+
+    def close(self) -> None:
+        """Release the directory lock."""
+        self.store.close()
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

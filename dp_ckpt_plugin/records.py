@@ -1,0 +1,208 @@
+"""Commit records: the marker that makes a checkpoint count.
+
+A checkpoint ``D/<name>`` is committed once ``D/.<name>.commit.json`` exists and
+describes it: its size and sha256, the step, the family, the backend and the
+record format version. The record is written last, atomically, after the
+payload is durable; readers ignore a numbered file that has no record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .errors import CorruptCheckpointError
+from .fsio import write_text_atomic
+from .layout import record_name
+
+#: Version of the record format this package writes and reads.
+FORMAT_VERSION = 1
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class CommitRecord:
+    """What a committed checkpoint is.
+
+    Attributes
+    ----------
+    name : str
+        File name of the checkpoint in its directory.
+    step : int
+        Training step it was saved at.
+    family : str
+        Prefix of its family, such as ``model.ckpt``.
+    backend : str
+        Name of the backend that serialized it.
+    size : int
+        Size of the payload in bytes.
+    sha256 : str
+        Hex digest of the payload.
+    created : float
+        Unix time of the commit.
+    format_version : int
+        Version of this record's format.
+    """
+
+    name: str
+    step: int
+    family: str
+    backend: str
+    size: int
+    sha256: str
+    created: float = 0.0
+    format_version: int = FORMAT_VERSION
+
+    def to_json(self) -> str:
+        """Serialize to the text stored on disk."""
+        return json.dumps(asdict(self), indent=1, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, *, source: Path) -> CommitRecord:
+        """Parse a record, raising :class:`CorruptCheckpointError` if malformed."""
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise CorruptCheckpointError(
+                f"commit record {source} is not valid JSON: {exc}"
+            ) from exc
+        if not isinstance(data, dict):
+            raise CorruptCheckpointError(f"commit record {source} is not a JSON object")
+        fields = {
+            "name": str,
+            "step": int,
+            "family": str,
+            "backend": str,
+            "size": int,
+            "sha256": str,
+            "format_version": int,
+        }
+        for key, kind in fields.items():
+            value = data.get(key)
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise CorruptCheckpointError(
+                    f"commit record {source}: key {key!r} must be {kind.__name__}, got {value!r}"
+                )
+        if data["format_version"] > FORMAT_VERSION:
+            raise CorruptCheckpointError(
+                f"commit record {source} has format version {data['format_version']}, "
+                f"newer than this plugin reads ({FORMAT_VERSION}); upgrade dp-ckpt-plugin"
+            )
+        if data["size"] < 0 or data["step"] < 0:
+            raise CorruptCheckpointError(
+                f"commit record {source}: size and step must not be negative"
+            )
+        created = data.get("created", 0.0)
+        return cls(
+            name=data["name"],
+            step=data["step"],
+            family=data["family"],
+            backend=data["backend"],
+            size=data["size"],
+            sha256=data["sha256"],
+            created=float(created) if isinstance(created, (int, float)) else 0.0,
+            format_version=data["format_version"],
+        )
+
+
+def sha256_of(path: Path) -> str:
+    """Return the hex sha256 of a file's content."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def record_path(checkpoint: Path) -> Path:
+    """Return where the commit record of ``checkpoint`` lives."""
+    return checkpoint.parent / record_name(checkpoint.name)
+
+
+def make_record(
+    checkpoint: Path, *, step: int, family: str, backend: str
+) -> CommitRecord:
+    """Describe a durable payload, hashing it."""
+    return CommitRecord(
+        name=checkpoint.name,
+        step=step,
+        family=family,
+        backend=backend,
+        size=checkpoint.stat().st_size,
+        sha256=sha256_of(checkpoint),
+        created=time.time(),
+    )
+
+
+def write_record(
+    checkpoint: Path, record: CommitRecord, *, durable: bool = True
+) -> Path:
+    """Commit ``checkpoint`` by writing its record atomically; return its path."""
+    path = record_path(checkpoint)
+    write_text_atomic(path, record.to_json(), durable=durable)
+    return path
+
+
+def read_record(checkpoint: Path) -> CommitRecord | None:
+    """Return the record of ``checkpoint``, or ``None`` if it has none.
+
+    Raises
+    ------
+    CorruptCheckpointError
+        When a record exists but is malformed or describes another file.
+    """
+    path = record_path(checkpoint)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CorruptCheckpointError(
+            f"cannot read commit record {path}: {exc}"
+        ) from exc
+    record = CommitRecord.from_json(text, source=path)
+    if record.name != checkpoint.name:
+        raise CorruptCheckpointError(
+            f"commit record {path} describes {record.name!r}, not {checkpoint.name!r}"
+        )
+    return record
+
+
+def verify(checkpoint: Path, record: CommitRecord, *, sha256: bool) -> None:
+    """Check a payload against its record.
+
+    Parameters
+    ----------
+    checkpoint : Path
+        The payload.
+    record : CommitRecord
+        Its commit record.
+    sha256 : bool
+        Whether to hash the payload too (the size is always checked).
+
+    Raises
+    ------
+    CorruptCheckpointError
+        Naming the file and what does not match.
+    """
+    try:
+        size = checkpoint.stat().st_size
+    except OSError as exc:
+        raise CorruptCheckpointError(
+            f"cannot read checkpoint {checkpoint}: {exc.strerror or exc}"
+        ) from exc
+    if size != record.size:
+        raise CorruptCheckpointError(
+            f"checkpoint {checkpoint} has {size} bytes but its commit record says {record.size} "
+            "(torn or truncated write)"
+        )
+    if sha256:
+        actual = sha256_of(checkpoint)
+        if actual != record.sha256:
+            raise CorruptCheckpointError(
+                f"checkpoint {checkpoint} does not match the sha256 of its commit record "
+                f"({actual[:12]}… instead of {record.sha256[:12]}…)"
+            )
