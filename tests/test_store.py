@@ -1,0 +1,361 @@
+"""Rules 1-3, 5-7 and 11-15 through a real store on real files."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+
+import numpy as np
+import pytest
+from conftest import payload
+
+from dp_ckpt_plugin import CheckpointStore, FamilyConfig, fsio
+from dp_ckpt_plugin.layout import Family
+from dp_ckpt_plugin.records import FORMAT_VERSION, read_record, sha256_of
+from dp_ckpt_plugin.retention import KeepLast
+
+
+def make_store(pm, directory, *, keep=2, ema_keep=None, compat=None, backend="hdf5"):
+    fam = Family("model.ckpt", ".h5" if backend == "hdf5" else ".pt")
+    configs = [FamilyConfig(fam, KeepLast(keep), **(compat or {}))]
+    configs.append(
+        FamilyConfig(fam.ema(), KeepLast(keep if ema_keep is None else ema_keep))
+    )
+    return CheckpointStore(directory, backend=backend, pm=pm, families=configs)
+
+
+def visible(directory):
+    return sorted(n for n in os.listdir(directory) if not n.startswith("."))
+
+
+def test_layout_of_numbered_ema_pointer_and_alias(tmp_path, pm):
+    d = tmp_path / "models"
+    with make_store(pm, d, keep=0) as store:
+        for step in (5, 10):
+            assert store.save(step, payload(step)) == d / f"model.ckpt-{step}.h5"
+            assert (
+                store.save(step, payload(1000 + step), prefix="model_ema.ckpt")
+                == d / f"model_ema.ckpt-{step}.h5"
+            )
+    assert visible(d) == [
+        "checkpoint",
+        "checkpoint.model_ema.ckpt",
+        "model.ckpt-10.h5",
+        "model.ckpt-5.h5",
+        "model.ckpt.h5",
+        "model_ema.ckpt-10.h5",
+        "model_ema.ckpt-5.h5",
+        "model_ema.ckpt.h5",
+    ]
+    # rule 2: everything in D, recorded relative to D
+    assert (d / "checkpoint").read_text().strip() == "model.ckpt-10.h5"
+    assert os.readlink(d / "model.ckpt.h5") == "model.ckpt-10.h5"
+    assert os.readlink(d / "model_ema.ckpt.h5") == "model_ema.ckpt-10.h5"
+    assert (
+        d / "checkpoint.model_ema.ckpt"
+    ).read_text().strip() == "model_ema.ckpt-10.h5"
+
+
+def test_store_directory_is_relocatable(tmp_path, make_manager):
+    m = make_manager(tmp_path / "run1" / "models", max_keep=0)
+    for step in (1, 2, 3):
+        m.save(step, payload(step))
+    m.close()
+    moved = tmp_path / "elsewhere" / "copy"
+    shutil.copytree(tmp_path / "run1" / "models", moved, symlinks=True)
+    shutil.rmtree(tmp_path / "run1")
+    m2 = make_manager(moved)
+    r = m2.restore(str(moved))
+    assert r.step == 3 and r.path == moved / "model.ckpt-3.h5"
+    np.testing.assert_array_equal(r.state["w"], payload(3)["w"])
+    assert m2.restore("latest").path == moved / "model.ckpt-3.h5"
+
+
+def test_compat_pointer_and_alias_outside_the_store(tmp_path, pm):
+    work = tmp_path / "work"
+    work.mkdir()
+    d = work / "models"
+    compat = {
+        "compat_pointer": work / "checkpoint",
+        "compat_alias": work / "model.ckpt.h5",
+    }
+    with make_store(pm, d, compat=compat) as store:
+        store.save(3, payload(3))
+        store.save(4, payload(4))
+    # rule 3: deepmd-kit's working-directory files, relative to their directory
+    assert (work / "checkpoint").read_text().strip() == os.path.join(
+        "models", "model.ckpt-4.h5"
+    )
+    assert os.readlink(work / "model.ckpt.h5") == os.path.join(
+        "models", "model.ckpt-4.h5"
+    )
+    assert (work / "model.ckpt.h5").resolve() == d / "model.ckpt-4.h5"
+
+
+def test_commit_record_fields(tmp_path, pm):
+    d = tmp_path / "models"
+    with make_store(pm, d) as store:
+        path = store.save(7, payload(7))
+    record = read_record(path)
+    assert (
+        record.step == 7 and record.family == "model.ckpt" and record.backend == "hdf5"
+    )
+    assert record.size == path.stat().st_size
+    assert record.sha256 == sha256_of(path)
+    assert record.format_version == FORMAT_VERSION
+    raw = json.loads((d / ".model.ckpt-7.h5.commit.json").read_text())
+    assert set(raw) >= {"size", "sha256", "step", "family", "backend", "format_version"}
+
+
+def test_write_sequence_is_temp_fsync_replace_dirfsync(tmp_path, pm, monkeypatch):
+    """Rules 5-7: every file reaches its name by os.replace after an fsync."""
+    events = []
+    real_replace, real_fsync, real_symlink = os.replace, os.fsync, os.symlink
+
+    def replace(src, dst):
+        events.append(("replace", os.path.basename(src), os.path.basename(dst)))
+        return real_replace(src, dst)
+
+    def fsync(fd):
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        events.append(
+            ("fsync", "dir" if os.path.isdir(target) else os.path.basename(target))
+        )
+        return real_fsync(fd)
+
+    def symlink(src, dst, *a, **k):
+        events.append(("symlink", os.path.basename(dst)))
+        return real_symlink(src, dst, *a, **k)
+
+    monkeypatch.setattr(fsio.os, "replace", replace)
+    monkeypatch.setattr(fsio.os, "fsync", fsync)
+    monkeypatch.setattr(fsio.os, "symlink", symlink)
+    with make_store(pm, tmp_path / "m") as store:
+        store.save(1, payload(1))
+    monkeypatch.undo()
+    # the lock's holder note is informative only and written without fsync
+    events = [e for e in events if not any(".dp_ckpt.holder" in str(x) for x in e)]
+    finals = [e[2] for e in events if e[0] == "replace"]
+    # payload, then its record, then the pointer, then the alias
+    assert finals == [
+        "model.ckpt-1.h5",
+        ".model.ckpt-1.h5.commit.json",
+        "checkpoint",
+        "model.ckpt.h5",
+    ]
+    for i, event in enumerate(events):
+        if event[0] == "replace":
+            src = event[1]
+            assert src.startswith(".") and ".tmp-" in src, event
+            if not src.startswith(".model.ckpt.h5"):  # a symlink has no data to fsync
+                assert ("fsync", src) in events[:i], f"{src} replaced before fsync"
+            assert events[i + 1] == ("fsync", "dir"), (
+                f"directory not fsynced after {event}"
+            )
+    assert (
+        "symlink",
+        "model.ckpt.h5",
+    ) not in events  # never links the final name directly
+
+
+def test_alias_and_pointer_never_vanish_while_publishing(tmp_path, pm):
+    """Rule 7: a reader polling during many publications always sees a target."""
+    d = tmp_path / "models"
+    store = make_store(pm, d, keep=3)
+    store.save(0, {"x": np.zeros(1)})
+    stop = threading.Event()
+    misses = []
+    reads = [0]
+
+    def reader():
+        while not stop.is_set():
+            reads[0] += 1
+            if not os.path.exists(d / "model.ckpt.h5"):
+                misses.append("alias")
+            try:
+                if not (d / "checkpoint").read_text().strip():
+                    misses.append("empty pointer")
+            except FileNotFoundError:
+                misses.append("pointer")
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for step in range(1, 80):
+            store.save(step, {"x": np.full(1, step)})
+    finally:
+        stop.set()
+        thread.join()
+        store.close()
+    assert reads[0] > 100
+    assert misses == []
+
+
+def test_uncommitted_numbered_file_is_not_latest(tmp_path, make_manager):
+    """Rule 6: a payload without a commit record does not count."""
+    m = make_manager(max_keep=0)
+    m.save(1, payload(1))
+    # a torn write of step 2 that never got its record (and a stale pointer)
+    shutil.copy(m.directory / "model.ckpt-1.h5", m.directory / "model.ckpt-2.h5")
+    with open(m.directory / "model.ckpt-2.h5", "r+b") as fh:
+        fh.truncate(100)
+    (m.directory / "checkpoint").unlink()
+    (m.directory / "model.ckpt.h5").unlink()
+    assert m.restore(str(m.directory)).step == 1
+
+
+def test_window_and_values_below_one(tmp_path, make_manager):
+    m = make_manager(tmp_path / "a", max_keep=2)
+    for step in range(6):
+        m.save(step, payload(step))
+    assert visible(m.directory) == [
+        "checkpoint",
+        "model.ckpt-4.h5",
+        "model.ckpt-5.h5",
+        "model.ckpt.h5",
+    ]
+    assert sorted(n for n in os.listdir(m.directory) if n.endswith(".commit.json")) == [
+        ".model.ckpt-4.h5.commit.json",
+        ".model.ckpt-5.h5.commit.json",
+    ]
+    keep_all = make_manager(tmp_path / "b", max_keep=0)
+    for step in range(6):
+        keep_all.save(step, payload(step))
+    assert (
+        len([n for n in os.listdir(keep_all.directory) if n.startswith("model.ckpt-")])
+        == 6
+    )
+
+
+def test_ema_family_has_its_own_window(tmp_path, pm):
+    d = tmp_path / "models"
+    with make_store(pm, d, keep=1, ema_keep=3) as store:
+        for step in range(5):
+            store.save(step, payload(step))
+            store.save(step, payload(step), prefix="model_ema.ckpt")
+    assert [n for n in visible(d) if n.startswith("model.ckpt-")] == ["model.ckpt-4.h5"]
+    assert [n for n in visible(d) if n.startswith("model_ema.ckpt-")] == [
+        "model_ema.ckpt-2.h5",
+        "model_ema.ckpt-3.h5",
+        "model_ema.ckpt-4.h5",
+    ]
+
+
+def test_resumed_from_is_protected_until_a_later_step_is_committed(tmp_path, pm):
+    d = tmp_path / "models"
+    with make_store(pm, d, keep=0) as store:
+        for step in (10, 20, 30):
+            store.save(step, payload(step))
+    with make_store(pm, d, keep=1) as store:
+        found = store.resolve(str(d / "model.ckpt-20.h5"))
+        assert found.step == 20
+        # a re-run from 20 that first saves step 15 (for example an
+        # init-model that restarts the count) must not delete its origin,
+        # and the family holds max(window, protected) = 2 files
+        store.save(15, payload(15))
+        assert [n for n in visible(d) if n.startswith("model.ckpt-")] == [
+            "model.ckpt-15.h5",
+            "model.ckpt-20.h5",
+        ]
+        store.save(25, payload(25))
+        assert [n for n in visible(d) if n.startswith("model.ckpt-")] == [
+            "model.ckpt-25.h5"
+        ]
+
+
+def test_remnants_above_current_step_removed_after_first_commit(tmp_path, pm):
+    d = tmp_path / "models"
+    with make_store(pm, d, keep=0) as store:
+        for step in (1, 2, 3, 4):
+            store.save(step, payload(step))
+    with make_store(pm, d, keep=0) as store:
+        store.resolve(str(d / "model.ckpt-2.h5"))
+        assert "model.ckpt-4.h5" in visible(d)  # nothing removed before a commit
+        store.save(3, payload(33))
+        assert [n for n in visible(d) if n.startswith("model.ckpt-")] == [
+            "model.ckpt-1.h5",
+            "model.ckpt-2.h5",
+            "model.ckpt-3.h5",
+        ]
+    np.testing.assert_array_equal(
+        make_store(pm, d).load(make_store(pm, d).resolve("latest"))["w"],
+        payload(33)["w"],
+    )
+
+
+def test_files_that_are_not_numbered_checkpoints_are_never_touched(tmp_path, pm):
+    d = tmp_path / "models"
+    d.mkdir()
+    others = [
+        "model.ckpt-best.h5",  # best-validation style name
+        "notes.txt",
+        "other.ckpt-1.h5",  # another family
+        "model.ckpt-007.h5",  # zero-padded
+        "model.ckpt-0.pt",  # another suffix
+        "model.ckpt-1.h5",  # numbered but uncommitted (plain deepmd-kit)
+    ]
+    for name in others:
+        (d / name).write_bytes(b"user data " + name.encode())
+    with make_store(pm, d, keep=1) as store:
+        for step in range(2, 8):
+            store.save(step, payload(step))
+    for name in others:
+        assert (d / name).read_bytes() == b"user data " + name.encode()
+    fam = Family("model.ckpt", ".h5")
+    assert [n for n in visible(d) if fam.step_of(n) is not None] == [
+        "model.ckpt-1.h5",
+        "model.ckpt-7.h5",
+    ]
+
+
+def test_resave_of_the_same_step_replaces_it_committed(tmp_path, make_manager):
+    m = make_manager(max_keep=0)
+    m.save(5, payload(5))
+    m.save(5, payload(55))  # e.g. the re-save after change_bias_after_training
+    r = m.restore("latest")
+    np.testing.assert_array_equal(r.state["w"], payload(55)["w"])
+    assert read_record(r.path).sha256 == sha256_of(r.path)
+
+
+def test_observers_see_publication_before_pruning(tmp_path, pm):
+    """Rule 13: prune runs last, after publish and any observer."""
+    from dp_ckpt_plugin import hookimpl
+
+    seen = []
+
+    class Observer:
+        @hookimpl
+        def on_commit(self, store, checkpoint):
+            pointer = (store.directory / "checkpoint").read_text().strip()
+            old = sorted(
+                n for n in visible(store.directory) if n.startswith("model.ckpt-")
+            )
+            seen.append((checkpoint.step, pointer, old))
+
+    pm.register(Observer())
+    with make_store(pm, tmp_path / "m", keep=1) as store:
+        store.save(1, payload(1))
+        store.save(2, payload(2))
+    assert seen[1] == (2, "model.ckpt-2.h5", ["model.ckpt-1.h5", "model.ckpt-2.h5"])
+    assert visible(tmp_path / "m").count("model.ckpt-1.h5") == 0
+
+
+def test_non_chief_rank_writes_nothing_and_returns_the_same_path(tmp_path, pm):
+    class Rank1:
+        rank = 1
+
+        def broadcast(self, value):
+            raise AssertionError("not used by save")
+
+    d = tmp_path / "models"
+    store = CheckpointStore(d, backend="hdf5", pm=pm, ranks=Rank1())
+    assert store.save(3, payload(3)) == d / "model.ckpt-3.h5"
+    assert not d.exists()
+
+
+@pytest.mark.parametrize("bad", [-1])
+def test_negative_step_is_refused(tmp_path, make_manager, bad):
+    with pytest.raises(ValueError, match="negative"):
+        make_manager().save(bad, payload(1))
