@@ -70,8 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-freq", type=int, default=20)
     parser.add_argument("--max-keep", type=int, default=3)
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--restart", help="latest, a checkpoint directory, file or prefix")
-    parser.add_argument("--kill-at", type=int, help="SIGKILL the process after this step")
+    parser.add_argument(
+        "--restart", help="latest, a checkpoint directory, file or prefix"
+    )
+    parser.add_argument(
+        "--kill-at", type=int, help="SIGKILL the process after this step"
+    )
     args = parser.parse_args(argv)
     try:
         return train(args)

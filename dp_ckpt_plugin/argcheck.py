@@ -1,0 +1,431 @@
+"""Argument schemas of dp_ckpt_plugin, with their documentation.
+
+DeePMD-kit 3.2.0 checks its training input with dargs in strict mode and
+rejects keys it does not know. The plugin's own options therefore live in a
+top-level ``dp_ckpt`` section that :func:`plugin_options` validates and removes
+before DeePMD-kit sees the input::
+
+    {
+      "model": {...},
+      "training": {"save_dir": "models", ...},
+      "dp_ckpt": {"verify": "size", "fsync": false}
+    }
+
+``training.save_dir`` stays where DeePMD-kit defines it; :func:`check_save_dir`
+checks that it names a directory that exists or can be created.
+
+The schemas are functions returning dargs :class:`~dargs.Argument` objects;
+the documentation renders them with dargs' Sphinx directive. Importing this
+module imports neither torch nor deepmd-kit.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dargs import Argument
+from dargs.dargs import ArgumentError, ArgumentKeyError
+
+from .errors import ConfigError
+
+#: Name of the top-level input section holding the plugin's options.
+SECTION = "dp_ckpt"
+#: Ways a checkpoint can be checked before it is used.
+VERIFY_CHOICES = ("size", "sha256")
+
+_KEY_IN_MESSAGE = re.compile(r"key `([^`]+)`")
+#: Marks "no value" where ``None`` is a valid value.
+_MISSING = object()
+
+# -- documentation of each option ---------------------------------------------
+
+DOC_SECTION = (
+    "Options of dp_ckpt_plugin. This section sits at the top level of the "
+    "training input, beside ``model`` and ``training``. The plugin reads it and "
+    "removes it before DeePMD-kit checks the rest of the input, so DeePMD-kit "
+    "never sees it. Every option is optional; leave the section out to get the "
+    "defaults."
+)
+DOC_VERIFY = (
+    "How a checkpoint is checked before ``--restart``, ``--init-model`` or "
+    "``dp freeze`` uses it. Its size is always compared with the size written "
+    "in its commit record, which catches a write cut short. ``sha256`` also "
+    "re-reads the whole file and compares its hash with the record, which "
+    "catches corruption that keeps the size (bad disk, partial copy). "
+    "``size`` skips the hash, which saves one read of the file. The default is "
+    "``sha256``: ``--restart latest`` hashes the checkpoint by default because the "
+    "file is about to be read in full anyway. A checkpoint that fails the "
+    "check is treated as corrupt (see ``quarantine``)."
+)
+DOC_LOCK = (
+    "Refuse to start a second run writing checkpoints into the same "
+    "``save_dir`` while a first one is still running. The error names the "
+    "process holding the directory. A lock left behind by a killed run does "
+    "not block. Turn this off only if your file system does not support "
+    "file locks."
+)
+DOC_FSYNC = (
+    "Make every checkpoint, pointer and alias durable: flush it to disk "
+    "before it counts as written, so a power loss or node crash cannot leave "
+    "a checkpoint that is announced but empty. Turning this off makes saving "
+    "faster; do it for scratch runs only."
+)
+DOC_QUARANTINE = (
+    "When resolving a restart finds a checkpoint that is torn or corrupt, "
+    "move it into ``<save_dir>/quarantine/`` and fall back to the previous "
+    "committed checkpoint, with a warning naming both files. Quarantined "
+    "files are never deleted; inspect or remove them yourself. When off, the "
+    "corrupt file is left in place and still skipped."
+)
+DOC_CHECK_FREE_SPACE = (
+    "Before writing a checkpoint, compare the free space in ``save_dir`` with "
+    "the size of the previous checkpoint of the same family, and refuse to "
+    "start writing when it would not fit. The previous checkpoints are left "
+    "as they were and the error says how much space is free and how much is "
+    "needed."
+)
+DOC_COMPAT_LINKS = (
+    "When ``save_dir`` is set, also keep DeePMD-kit's own ``checkpoint`` pointer "
+    "in the working directory and the ``<save_ckpt>.pt`` alias beside the "
+    "``save_ckpt`` prefix up to date, as DeePMD-kit 3.2.0 does. Existing "
+    "scripts and ``dp freeze`` run in the working directory keep working. The "
+    "pointer and alias inside ``save_dir`` are kept whatever this says."
+)
+DOC_SAVE_DIR = (
+    "Directory for checkpoints, in the ``training`` section of the input "
+    "(DeePMD-kit's own key). Numbered checkpoints go to "
+    "``<save_dir>/<save_ckpt>-<step>.pt``, and the latest pointer and alias of "
+    "each family live in it too, recorded relative to it: the directory is "
+    "self-contained and can be moved or copied, and ``--restart <directory>`` "
+    "keeps working. It must be a non-empty path naming a directory that "
+    "exists or can be created; it is created on the first save. ``null`` "
+    "(the default) keeps DeePMD-kit's layout, with checkpoints beside the "
+    "``save_ckpt`` prefix."
+)
+
+
+# -- schemas --------------------------------------------------------------------
+
+
+def _flag(name: str, doc: str) -> Argument:
+    """Return an optional boolean option that defaults to true."""
+    return Argument(name, bool, optional=True, default=True, doc=doc)
+
+
+def verify_args() -> Argument:
+    """Return the schema of ``dp_ckpt/verify``."""
+    return Argument(
+        "verify",
+        str,
+        optional=True,
+        default="sha256",
+        doc=DOC_VERIFY
+        + " Possible values: "
+        + ", ".join(f"``{c}``" for c in VERIFY_CHOICES)
+        + ".",
+        extra_check=lambda value: value in VERIFY_CHOICES,
+        extra_check_errmsg="It must be one of "
+        + ", ".join(f"'{c}'" for c in VERIFY_CHOICES)
+        + ".",
+    )
+
+
+def dp_ckpt_args() -> Argument:
+    """Return the schema of the top-level ``dp_ckpt`` section.
+
+    Returns
+    -------
+    dargs.Argument
+        An optional dict whose options all have defaults.
+    """
+    return Argument(
+        SECTION,
+        dict,
+        [
+            verify_args(),
+            _flag("lock", DOC_LOCK),
+            _flag("fsync", DOC_FSYNC),
+            _flag("quarantine", DOC_QUARANTINE),
+            _flag("check_free_space", DOC_CHECK_FREE_SPACE),
+            _flag("compat_links", DOC_COMPAT_LINKS),
+        ],
+        optional=True,
+        default={},
+        doc=DOC_SECTION,
+    )
+
+
+def save_dir_args() -> Argument:
+    """Return the schema of ``training.save_dir``.
+
+    Returns
+    -------
+    dargs.Argument
+        A non-empty path string or ``None``.
+    """
+    return Argument(
+        "save_dir",
+        [str, None],
+        optional=True,
+        default=None,
+        doc=DOC_SAVE_DIR,
+        extra_check=lambda value: value is None or bool(value.strip()),
+        extra_check_errmsg="It must be a non-empty path or null.",
+    )
+
+
+def gen_doc(**kwargs: Any) -> str:
+    """Return the reStructuredText documentation of every schema.
+
+    Parameters
+    ----------
+    **kwargs
+        Passed to :meth:`dargs.Argument.gen_doc`.
+
+    Returns
+    -------
+    str
+        The ``dp_ckpt`` section, then ``training.save_dir``.
+    """
+    return "\n\n".join(
+        arg.gen_doc(**kwargs) for arg in (dp_ckpt_args(), save_dir_args())
+    )
+
+
+# -- options ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PluginOptions:
+    """The ``dp_ckpt`` section, validated and with defaults filled in.
+
+    Attributes
+    ----------
+    verify : str
+        ``"size"`` or ``"sha256"``.
+    lock : bool
+        Refuse a second writer on the same ``save_dir``.
+    fsync : bool
+        Make writes durable.
+    quarantine : bool
+        Move a corrupt checkpoint aside and fall back to the previous one.
+    check_free_space : bool
+        Refuse to start a write that would not fit.
+    compat_links : bool
+        Keep DeePMD-kit's working-directory pointer and alias up to date.
+    """
+
+    verify: str = "sha256"
+    lock: bool = True
+    fsync: bool = True
+    quarantine: bool = True
+    check_free_space: bool = True
+    compat_links: bool = True
+
+
+def plugin_options(config: dict) -> PluginOptions:
+    """Remove the ``dp_ckpt`` section from an input and validate it.
+
+    Parameters
+    ----------
+    config : dict
+        The whole training input. Its ``dp_ckpt`` key, if any, is removed once
+        it is valid, so that DeePMD-kit's strict check accepts the rest; on an
+        error the input is left as it was.
+
+    Returns
+    -------
+    PluginOptions
+        The options, with defaults for those not given.
+
+    Raises
+    ------
+    ConfigError
+        If the section is not a dict, has an unknown key or a bad value; the
+        message names the key path, such as ``dp_ckpt/verify``.
+    """
+    if not isinstance(config, dict):
+        raise ConfigError(
+            f"the training input must be a JSON object, got {type(config).__name__}"
+        )
+    section = config.get(SECTION, {})
+    if not isinstance(section, dict):
+        raise ConfigError(
+            f"`{SECTION}` must be a JSON object of options, "
+            f"got {type(section).__name__} {section!r}"
+        )
+    options = PluginOptions(**normalize_section(section))
+    config.pop(SECTION, None)
+    return options
+
+
+def normalize_section(section: dict) -> dict:
+    """Check the ``dp_ckpt`` section strictly and fill in defaults.
+
+    Keys starting with ``_`` (comments) are dropped, as DeePMD-kit does.
+
+    Parameters
+    ----------
+    section : dict
+        The value of the ``dp_ckpt`` key.
+
+    Returns
+    -------
+    dict
+        A new dict holding every option.
+
+    Raises
+    ------
+    ConfigError
+        On an unknown key or a bad value.
+    """
+    schema = dp_ckpt_args()
+    try:
+        values = schema.normalize_value(dict(section), trim_pattern="_*")
+        schema.check_value(values, strict=True)
+    except ArgumentError as exc:
+        known = [arg.name for arg in schema.sub_fields.values()]
+        raise config_error(exc, root=SECTION, value=section, known=known) from None
+    return values
+
+
+def config_error(
+    exc: ArgumentError,
+    root: str,
+    value: Any = _MISSING,
+    known: list[str] | None = None,
+) -> ConfigError:
+    """Turn a dargs error into a one-paragraph :class:`ConfigError`.
+
+    Parameters
+    ----------
+    exc : dargs.dargs.ArgumentError
+        The error dargs raised while checking the value of ``root``.
+    root : str
+        Key of the checked value, the start of the reported path.
+    value : Any, optional
+        The checked value, to quote the offending entry of a bad value.
+    known : list of str, optional
+        The keys allowed where an unknown key was found, listed when dargs
+        has no close match to suggest.
+
+    Returns
+    -------
+    ConfigError
+        Its message starts with the full key path, such as ``dp_ckpt/verify``.
+    """
+    message = " ".join((exc.message or str(exc)).split())
+    keys = [k for k in exc.path.split("/") if k]
+    found = _KEY_IN_MESSAGE.search(message)
+    if found:
+        keys.append(found.group(1))
+    if isinstance(exc, ArgumentKeyError):
+        if known and "Did you mean" not in message:
+            message = f"{message} Known keys: {', '.join(known)}."
+    else:
+        bad = _lookup(value, keys)
+        if bad is not _MISSING:
+            message = f"{message} (got {bad!r})"
+    return ConfigError(f"invalid input at `{'/'.join([root, *keys])}`: {message}")
+
+
+def _lookup(value: Any, keys: list[str]) -> Any:
+    """Return ``value[k0][k1]...``, or ``_MISSING`` if any step is absent."""
+    for key in keys:
+        if not isinstance(value, dict) or key not in value:
+            return _MISSING
+        value = value[key]
+    return value
+
+
+# -- save_dir -------------------------------------------------------------------
+
+
+def check_save_dir(value: Any, key: str = "training.save_dir") -> Path | None:
+    """Check a ``save_dir`` value without creating anything.
+
+    Parameters
+    ----------
+    value : Any
+        The value from the input: a path string or ``None``.
+    key : str, optional
+        Name of the key, for messages.
+
+    Returns
+    -------
+    Path or None
+        The path as given, or ``None`` when no directory is configured.
+
+    Raises
+    ------
+    ConfigError
+        If the value is not a string or ``None``, is empty, names something
+        that is not a directory, or names a directory that cannot be created
+        or written to.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(
+            f"`{key}` must be a directory path (a string) or null, "
+            f"got {type(value).__name__} {value!r}"
+        )
+    if not value.strip():
+        raise ConfigError(f"`{key}` must not be empty; give a directory path or null")
+    if "\0" in value:
+        raise ConfigError(f"`{key}` contains a NUL character: {value!r}")
+    path = Path(value)
+    _check_directory_usable(Path(os.path.abspath(path)), key)
+    return path
+
+
+def _check_directory_usable(path: Path, key: str) -> None:
+    """Raise if ``path`` is not a writable directory and cannot be made one."""
+    if path.is_dir():
+        if not _writable(path):
+            raise ConfigError(
+                f"`{key}` names directory {path}, which is not writable by this user"
+            )
+        return
+    if os.path.lexists(path):
+        what = "a broken symbolic link" if path.is_symlink() else "not a directory"
+        raise ConfigError(f"`{key}` names {path}, which exists but is {what}")
+    ancestor = nearest_existing_ancestor(path)
+    if not ancestor.is_dir():
+        raise ConfigError(
+            f"`{key}`: directory {path} cannot be created because {ancestor} "
+            "is not a directory"
+        )
+    if not _writable(ancestor):
+        raise ConfigError(
+            f"`{key}`: directory {path} cannot be created because {ancestor} "
+            "is not writable by this user"
+        )
+
+
+def nearest_existing_ancestor(path: Path) -> Path:
+    """Return ``path`` or its closest parent that exists (links not followed).
+
+    Parameters
+    ----------
+    path : Path
+        An absolute path.
+
+    Returns
+    -------
+    Path
+        The first of ``path``, its parent, grandparent, ... that exists.
+    """
+    for candidate in (path, *path.parents):
+        if os.path.lexists(candidate):
+            return candidate
+    return Path(path.anchor)
+
+
+def _writable(directory: Path) -> bool:
+    """Whether this process can create entries in ``directory``."""
+    return os.access(directory, os.W_OK | os.X_OK)

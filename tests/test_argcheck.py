@@ -1,0 +1,361 @@
+"""The ``dp_ckpt`` section and ``training.save_dir``: schema, defaults, errors."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from dargs.dargs import ArgumentError
+
+from dp_ckpt_plugin.argcheck import (
+    SECTION,
+    PluginOptions,
+    check_save_dir,
+    dp_ckpt_args,
+    gen_doc,
+    plugin_options,
+    save_dir_args,
+)
+from dp_ckpt_plugin.errors import ConfigError
+
+DEFAULTS = {
+    "verify": "sha256",
+    "lock": True,
+    "fsync": True,
+    "quarantine": True,
+    "check_free_space": True,
+    "compat_links": True,
+}
+OTHER_VALUES = {
+    "verify": "size",
+    "lock": False,
+    "fsync": False,
+    "quarantine": False,
+    "check_free_space": False,
+    "compat_links": False,
+}
+
+
+def options_error(section) -> str:
+    """Return the message of the ConfigError ``section`` raises."""
+    with pytest.raises(ConfigError) as info:
+        plugin_options({SECTION: section})
+    return str(info.value)
+
+
+# -- import -------------------------------------------------------------------
+
+
+def test_import_pulls_in_neither_torch_nor_deepmd():
+    code = (
+        "import sys, dp_ckpt_plugin.argcheck; "
+        "print(sorted(m for m in ('torch', 'deepmd') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"
+
+
+# -- schema -------------------------------------------------------------------
+
+
+def test_schema_and_dataclass_agree():
+    schema = dp_ckpt_args()
+    assert schema.name == SECTION
+    assert schema.optional
+    fields = {f.name: f.default for f in dataclasses.fields(PluginOptions)}
+    assert {a.name: a.default for a in schema.sub_fields.values()} == fields
+    assert fields == DEFAULTS
+
+
+def test_every_option_is_documented():
+    for arg in dp_ckpt_args().sub_fields.values():
+        assert len(arg.doc) > 80, arg.name
+    text = gen_doc()
+    for name in DEFAULTS:
+        assert f"dp_ckpt/{name}" in text
+    assert "save_dir" in text
+
+
+# -- defaults -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("config", [{}, {SECTION: {}}, {SECTION: {"_comment": "x"}}])
+def test_defaults(config):
+    assert plugin_options(config) == PluginOptions(**DEFAULTS)
+
+
+@pytest.mark.parametrize("name", sorted(DEFAULTS))
+def test_each_default(name):
+    assert getattr(plugin_options({}), name) == DEFAULTS[name]
+
+
+@pytest.mark.parametrize("name", sorted(OTHER_VALUES))
+def test_each_option_can_be_set(name):
+    options = plugin_options({SECTION: {name: OTHER_VALUES[name]}})
+    assert getattr(options, name) == OTHER_VALUES[name]
+    for other in set(DEFAULTS) - {name}:
+        assert getattr(options, other) == DEFAULTS[other]
+
+
+def test_options_are_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plugin_options({}).lock = False
+
+
+# -- the section is removed ------------------------------------------------------
+
+
+def test_section_is_removed_and_the_rest_kept():
+    training = {"save_dir": "models"}
+    config = {"model": {}, "training": training, SECTION: {"verify": "size"}}
+    plugin_options(config)
+    assert config == {"model": {}, "training": {"save_dir": "models"}}
+    assert config["training"] is training
+
+
+def test_invalid_section_is_left_in_place():
+    config = {"training": {}, SECTION: {"verify": "md5"}}
+    with pytest.raises(ConfigError):
+        plugin_options(config)
+    assert config == {"training": {}, SECTION: {"verify": "md5"}}
+
+
+def test_section_given_is_not_mutated():
+    section = {"verify": "size", "_comment": "kept"}
+    plugin_options({SECTION: section})
+    assert section == {"verify": "size", "_comment": "kept"}
+
+
+# -- bad values -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("verify", 3),
+        ("verify", None),
+        ("verify", ["size"]),
+        ("lock", "yes"),
+        ("lock", 1),
+        ("fsync", None),
+        ("quarantine", "true"),
+        ("check_free_space", 0),
+        ("compat_links", []),
+    ],
+)
+def test_wrong_type(name, value):
+    message = options_error({name: value})
+    assert f"`dp_ckpt/{name}`" in message
+    assert "wrong value type" in message
+    assert repr(value) in message
+
+
+@pytest.mark.parametrize("value", ["md5", "SHA256", "", "none"])
+def test_bad_verify_choice(value):
+    message = options_error({"verify": value})
+    assert "`dp_ckpt/verify`" in message
+    assert "'size', 'sha256'" in message
+    assert repr(value) in message
+
+
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [
+        ("verfy", "verify"),
+        ("lcok", "lock"),
+        ("fsyncc", "fsync"),
+        ("quarantaine", "quarantine"),
+        ("check_free_spac", "check_free_space"),
+        ("compat_link", "compat_links"),
+    ],
+)
+def test_unknown_key_suggests_the_closest(typo, meant):
+    message = options_error({typo: True})
+    assert message == (
+        f"invalid input at `dp_ckpt/{typo}`: undefined key `{typo}` "
+        f"is not allowed in strict mode. Did you mean: {meant}?"
+    )
+
+
+def test_unknown_key_without_a_close_match_lists_known_keys():
+    message = options_error({"colour": "blue"})
+    assert "`dp_ckpt/colour`" in message
+    assert "Known keys: verify, lock, fsync" in message
+
+
+@pytest.mark.parametrize("section", [None, [], "size", 1, True])
+def test_section_of_wrong_type(section):
+    message = options_error(section)
+    assert "`dp_ckpt` must be a JSON object" in message
+
+
+def test_whole_input_of_wrong_type():
+    with pytest.raises(ConfigError, match="JSON object"):
+        plugin_options([SECTION])
+
+
+def test_errors_are_one_paragraph_without_chained_traceback():
+    with pytest.raises(ConfigError) as info:
+        plugin_options({SECTION: {"verify": 3}})
+    assert "\n" not in str(info.value)
+    assert info.value.__cause__ is None
+    assert info.value.__suppress_context__
+
+
+# -- save_dir: accepted ----------------------------------------------------------
+
+
+def test_save_dir_null_means_no_directory():
+    assert check_save_dir(None) is None
+
+
+def test_save_dir_existing_directory(tmp_path):
+    assert check_save_dir(str(tmp_path)) == tmp_path
+
+
+def test_save_dir_to_be_created_is_not_created(tmp_path):
+    target = tmp_path / "a" / "b" / "models"
+    assert check_save_dir(str(target)) == target
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_save_dir_relative_is_returned_as_given(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert str(check_save_dir("models")) == "models"
+    assert not (tmp_path / "models").exists()
+
+
+def test_save_dir_symlink_to_directory(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to("real")
+    assert check_save_dir(str(tmp_path / "link")) == tmp_path / "link"
+
+
+# -- save_dir: refused -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [3, 3.5, True, [], ["models"], {"a": 1}, b"models"])
+def test_save_dir_wrong_type(value):
+    with pytest.raises(ConfigError) as info:
+        check_save_dir(value)
+    message = str(info.value)
+    assert "`training.save_dir`" in message
+    assert "must be a directory path (a string) or null" in message
+    assert type(value).__name__ in message
+
+
+@pytest.mark.parametrize("value", ["", " ", "\t\n"])
+def test_save_dir_empty(value):
+    with pytest.raises(ConfigError, match=r"`training.save_dir` must not be empty"):
+        check_save_dir(value)
+
+
+def test_save_dir_names_the_given_key():
+    with pytest.raises(ConfigError, match=r"`my.key`"):
+        check_save_dir(3, key="my.key")
+
+
+def test_save_dir_is_a_file(tmp_path):
+    target = tmp_path / "models"
+    target.write_text("not a directory")
+    with pytest.raises(ConfigError) as info:
+        check_save_dir(str(target))
+    assert "`training.save_dir`" in str(info.value)
+    assert f"{target}, which exists but is not a directory" in str(info.value)
+
+
+def test_save_dir_is_a_broken_symlink(tmp_path):
+    target = tmp_path / "models"
+    target.symlink_to(tmp_path / "missing")
+    with pytest.raises(ConfigError, match="broken symbolic link"):
+        check_save_dir(str(target))
+    assert not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize("below", [("models",), ("runs", "models")])
+def test_save_dir_cannot_be_created_below_a_file(tmp_path, below):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a regular file")
+    target = blocker.joinpath(*below)
+    with pytest.raises(ConfigError) as info:
+        check_save_dir(str(target))
+    message = str(info.value)
+    assert "`training.save_dir`" in message
+    assert f"{target} cannot be created because {blocker} is not a directory" in (
+        message
+    )
+
+
+@contextlib.contextmanager
+def unwritable(directory):
+    """Make ``directory`` unwritable for this process, or skip the test.
+
+    Permission bits do not stop root, so root uses the immutable attribute,
+    which only some file systems support.
+    """
+    if os.geteuid() != 0:
+        directory.chmod(0o500)
+        try:
+            yield
+        finally:
+            directory.chmod(0o700)
+        return
+    chattr = shutil.which("chattr")
+    if chattr is None:
+        pytest.skip("running as root and chattr is not installed")
+    done = subprocess.run([chattr, "+i", str(directory)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(
+            "running as root, where permission bits do not apply, and this file "
+            f"system refuses chattr +i: {done.stderr.decode().strip()}"
+        )
+    try:
+        if os.access(directory, os.W_OK):
+            pytest.skip("chattr +i did not make the directory unwritable")
+        yield
+    finally:
+        subprocess.run([chattr, "-i", str(directory)], check=True)
+
+
+def test_save_dir_existing_but_unwritable(tmp_path):
+    target = tmp_path / "models"
+    target.mkdir()
+    with unwritable(target), pytest.raises(ConfigError, match="not writable"):
+        check_save_dir(str(target))
+
+
+def test_save_dir_parent_unwritable(tmp_path):
+    parent = tmp_path / "readonly"
+    parent.mkdir()
+    target = parent / "models"
+    with unwritable(parent), pytest.raises(ConfigError) as info:
+        check_save_dir(str(target))
+    assert f"{target} cannot be created because {parent} is not writable" in str(
+        info.value
+    )
+
+
+# -- the dargs schema of save_dir agrees ------------------------------------------
+
+
+@pytest.mark.parametrize("value", [None, "models", "/abs/models"])
+def test_save_dir_schema_accepts(value):
+    save_dir_args().check_value(value, strict=True)
+
+
+@pytest.mark.parametrize("value", [3, [], "", "  "])
+def test_save_dir_schema_refuses(value):
+    with pytest.raises(ArgumentError):
+        save_dir_args().check_value(value, strict=True)
+
+
+def test_save_dir_with_nul_character():
+    with pytest.raises(ConfigError, match="NUL"):
+        check_save_dir("models\0x")

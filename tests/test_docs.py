@@ -1,0 +1,238 @@
+"""The documentation builds, lists every option and hook, and its examples run."""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dp_ckpt_plugin import CheckpointManager, get_plugin_manager, hookspecs
+from dp_ckpt_plugin.argcheck import PluginOptions, check_save_dir, plugin_options
+from dp_ckpt_plugin.builtin import BUILTINS
+from dp_ckpt_plugin.errors import (
+    ConfigError,
+    CorruptCheckpointError,
+    RestartNotFoundError,
+)
+from dp_ckpt_plugin.plugins import BUILTIN_BACKENDS, DISABLE_ENV, ENTRY_POINT_GROUP
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+HOOKS = sorted(
+    name for name in dir(hookspecs) if hasattr(getattr(hookspecs, name), "dp_ckpt_spec")
+)
+
+
+def load_example(name: str):
+    """Import ``docs/examples/<name>.py`` as a fresh module."""
+    path = DOCS / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"docs_example_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def manager(tmp_path, *plugins, **kwargs) -> CheckpointManager:
+    """A manager on ``tmp_path/models`` with ``plugins`` registered."""
+    pm = get_plugin_manager(entry_points=False, extra=plugins)
+    return CheckpointManager(tmp_path / "models", pm=pm, **kwargs)
+
+
+def state(step: int) -> dict:
+    return {"w": np.arange(4.0) * step, "b": np.full(2, step)}
+
+
+def page_text(path: Path) -> str:
+    """The visible text of an HTML page, whitespace collapsed."""
+    text = html.unescape(re.sub(r"<[^>]+>", " ", path.read_text("utf-8")))
+    return " ".join(text.split())
+
+
+# -- building -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Build the HTML docs once, warnings as errors; return the output folder."""
+    pytest.importorskip("sphinx")
+    pytest.importorskip("myst_parser")
+    out = tmp_path_factory.mktemp("docs")
+    cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-q"]
+    cmd += ["-d", str(out / "doctrees"), str(DOCS), str(out / "html")]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out / "html"
+
+
+def test_options_page_lists_every_option(built):
+    text = page_text(built / "options.html")
+    for field in dataclasses.fields(PluginOptions):
+        assert f"dp_ckpt/{field.name}" in text, field.name
+    assert "save_dir" in text
+
+
+def test_hooks_page_covers_every_hook_and_example(built):
+    text = page_text(built / "hooks.html")
+    for hook in HOOKS:
+        assert hook in text
+    assert "class CommitLog" in text
+    assert "def on_resolve_restart" in text
+
+
+# -- sources ---------------------------------------------------------------------
+
+
+def test_hooks_doc_has_one_section_per_hook():
+    source = (DOCS / "hooks.md").read_text("utf-8")
+    headings = re.findall(r"^### `(\w+)`$", source, flags=re.MULTILINE)
+    assert sorted(headings) == HOOKS
+
+
+def test_hooks_doc_names_builtins_entry_points_and_switch():
+    source = (DOCS / "hooks.md").read_text("utf-8")
+    for name in [*BUILTINS, *BUILTIN_BACKENDS]:
+        assert f"| `{name}` |" in source, name
+    assert DISABLE_ENV in source
+    assert f"[project.entry-points.{ENTRY_POINT_GROUP}]" in source
+
+
+def test_documented_error_message_is_the_real_one():
+    with pytest.raises(ConfigError) as info:
+        plugin_options({"dp_ckpt": {"verfy": "size"}})
+    assert str(info.value) in (DOCS / "options.rst").read_text("utf-8")
+
+
+def json_snippets() -> list[str]:
+    """The JSON code blocks of every page."""
+    found = []
+    for path in sorted(DOCS.glob("*.md")):
+        found += re.findall(r"```json\n(.*?)```", path.read_text("utf-8"), re.DOTALL)
+    for path in sorted(DOCS.glob("*.rst")):
+        text = path.read_text("utf-8")
+        for block in re.findall(r"\.\. code-block:: json\n\n((?:   .*\n|\n)+)", text):
+            found.append(re.sub(r"^   ", "", block, flags=re.MULTILINE))
+    return found
+
+
+def test_json_snippets_are_valid_inputs(tmp_path, monkeypatch):
+    snippets = json_snippets()
+    assert len(snippets) >= 2
+    monkeypatch.chdir(tmp_path)
+    for snippet in snippets:
+        config = json.loads(snippet)
+        plugin_options(config)
+        check_save_dir(config.get("training", {}).get("save_dir"))
+
+
+# -- the examples -----------------------------------------------------------------
+
+
+def test_commit_log_records_each_commit_before_pruning(tmp_path):
+    log = load_example("commit_log").CommitLog()
+    seen_while_committing = []
+
+    class Spy:
+        @hookspecs.hookimpl
+        def on_commit(self, store, checkpoint):
+            seen_while_committing.append(
+                sorted(p.name for p in store.directory.glob("model.ckpt-*.h5"))
+            )
+
+    m = manager(tmp_path, log, Spy(), max_keep=2)
+    try:
+        paths = [m.save(step, state(step)) for step in range(4)]
+    finally:
+        m.close()
+    assert log.committed == list(enumerate(paths))
+    assert all(p.parent == tmp_path / "models" for p in paths)
+    # the observer runs before the built-in pruner: three files at step 2
+    assert len(seen_while_committing[2]) == 3
+    assert sorted(p.name for p in (tmp_path / "models").glob("model.ckpt-*.h5")) == [
+        "model.ckpt-2.h5",
+        "model.ckpt-3.h5",
+    ]
+
+
+def test_restart_by_step(tmp_path):
+    plugin = load_example("restart_by_step")
+    m = manager(tmp_path, plugin, max_keep=0, verify="sha256")
+    try:
+        paths = [m.save(step, state(step)) for step in range(4)]
+        restored = m.restore("step:1")
+        assert restored.step == 1
+        assert restored.path == paths[1]
+        assert restored.resolved.checked == "sha256"
+        np.testing.assert_array_equal(restored.state["w"], state(1)["w"])
+        # other specs still reach the built-in resolver
+        assert m.resolve("latest") == paths[3]
+        for spec in ("step:9", "step:x"):
+            with pytest.raises(RestartNotFoundError, match=spec):
+                m.resolve(spec)
+    finally:
+        m.close()
+
+
+def test_restart_by_step_verifies_the_file(tmp_path):
+    plugin = load_example("restart_by_step")
+    m = manager(tmp_path, plugin, max_keep=0)
+    try:
+        paths = [m.save(step, state(step)) for step in range(3)]
+        with open(paths[1], "r+b") as handle:
+            handle.truncate(10)
+        with pytest.raises(CorruptCheckpointError, match=r"model\.ckpt-1\.h5"):
+            m.resolve("step:1")
+    finally:
+        m.close()
+
+
+def test_npz_backend_round_trip(tmp_path):
+    plugin = load_example("npz_backend")
+    m = manager(tmp_path, plugin, backend="npz", max_keep=2)
+    try:
+        for step in range(3):
+            path = m.save(step, state(step))
+        assert path.name == "model.ckpt-2.npz"
+        restored = m.restore("latest")
+    finally:
+        m.close()
+    assert restored.step == 2
+    for key, value in state(2).items():
+        np.testing.assert_array_equal(restored.state[key], value)
+
+
+def test_freeze_npz_exports_hdf5_checkpoints(tmp_path):
+    plugin = load_example("freeze_npz")
+    m = manager(tmp_path, plugin)
+    try:
+        m.save(7, state(7))
+        resolved = m.store.resolve("latest")
+        output = tmp_path / "frozen.npz"
+        answer = m.pm.hook.on_freeze(
+            checkpoint=resolved, output=str(output), options={}
+        )
+    finally:
+        m.close()
+    assert answer == str(output)
+    with np.load(output) as frozen:
+        np.testing.assert_array_equal(frozen["w"], state(7)["w"])
+
+
+def test_freeze_npz_leaves_other_checkpoints_alone(tmp_path):
+    plugin = load_example("freeze_npz")
+    npz = load_example("npz_backend")
+    m = manager(tmp_path, npz, backend="npz")
+    try:
+        m.save(1, state(1))
+        resolved = m.store.resolve("latest")
+    finally:
+        m.close()
+    output = tmp_path / "frozen.npz"
+    assert plugin.on_freeze(checkpoint=resolved, output=str(output), options={}) is None
+    assert not output.exists()

@@ -1,0 +1,81 @@
+"""Every example input passes our schema and, without our section, DeePMD-kit's."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from dargs.dargs import ArgumentKeyError
+
+from dp_ckpt_plugin.argcheck import SECTION, check_save_dir, plugin_options
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+INPUTS = sorted(EXAMPLES.rglob("*.json"))
+FULL_SECTION = {
+    "verify": "size",
+    "lock": True,
+    "fsync": False,
+    "quarantine": True,
+    "check_free_space": True,
+    "compat_links": False,
+}
+
+
+def load(path: Path) -> dict:
+    """Read one example input."""
+    return json.loads(path.read_text("utf-8"))
+
+
+def deepmd_normalize(config: dict) -> dict:
+    """Check an input as ``dp train`` of DeePMD-kit 3.2.0 does (strict)."""
+    argcheck = pytest.importorskip("deepmd.utils.argcheck")
+    compat = pytest.importorskip("deepmd.utils.compat")
+    config = compat.update_deepmd_input(config, warning=False, dump=None)
+    multi_task = "model_dict" in config.get("model", {})
+    return argcheck.normalize(config, multi_task=multi_task)
+
+
+def example_id(path: Path) -> str:
+    return str(path.relative_to(EXAMPLES))
+
+
+def test_there_are_examples():
+    assert EXAMPLES / "input.json" in INPUTS
+
+
+@pytest.mark.parametrize("path", INPUTS, ids=example_id)
+def test_example_passes_our_schema(path, tmp_path, monkeypatch):
+    config = load(path)
+    plugin_options(config)
+    assert SECTION not in config
+    monkeypatch.chdir(tmp_path)
+    check_save_dir(config.get("training", {}).get("save_dir"))
+    assert list(tmp_path.iterdir()) == [], "checking save_dir created something"
+
+
+@pytest.mark.parametrize("path", INPUTS, ids=example_id)
+def test_example_passes_deepmd_strict_check(path):
+    config = load(path)
+    plugin_options(config)
+    deepmd_normalize(config)
+
+
+@pytest.mark.parametrize("path", INPUTS, ids=example_id)
+def test_example_with_every_option_passes_both(path):
+    config = load(path)
+    config[SECTION] = dict(FULL_SECTION)
+    options = plugin_options(config)
+    assert options.verify == "size"
+    assert not options.compat_links
+    normalized = deepmd_normalize(config)
+    assert SECTION not in normalized
+
+
+def test_deepmd_rejects_the_section_it_does_not_know():
+    """Why the section must be removed before DeePMD-kit checks the input."""
+    config = load(EXAMPLES / "input.json")
+    config[SECTION] = dict(FULL_SECTION)
+    with pytest.raises(ArgumentKeyError, match=SECTION):
+        deepmd_normalize(copy.deepcopy(config))
