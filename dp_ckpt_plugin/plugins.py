@@ -60,6 +60,10 @@ def get_plugin_manager(
     for name, module in BUILTIN_BACKENDS.items():
         if not pm.is_blocked(name):
             pm.register(importlib.import_module(module), name=name)
+    if not pm.is_blocked("freeze"):
+        from .deepmd.freeze import FreezePTExpt
+
+        pm.register(FreezePTExpt(), name="freeze")
     for name, factory in BUILTINS.items():
         if not pm.is_blocked(name):
             pm.register(factory(), name=name)

@@ -1,0 +1,163 @@
+"""A deepmd-kit pt_expt ``Trainer`` whose checkpoints go through the store.
+
+Two methods of deepmd-kit's trainer are overridden:
+
+- ``_write_checkpoint`` assembles the same payload deepmd-kit writes (model,
+  optimizer, EMA state, with ``train_infos.step`` set) and hands it to the
+  store (numbered checkpoints) or writes it atomically at the exact path given
+  (best-validation files, which keep their own names and place);
+- ``save_checkpoint`` saves the periodic and EMA families through the store,
+  which commits, publishes and prunes them. deepmd-kit's own checkpoint stores
+  are left unused.
+
+Without ``save_dir``, deepmd-kit's layout, publication and pruning are kept and
+only the write itself is made atomic.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from deepmd.pt_expt.train import training
+from deepmd.pt_expt.train.ema import EMA_CHECKPOINT_KEY
+
+from .. import fsio
+from ..retention import policy_from_training
+from ..store import CheckpointStore
+
+log = logging.getLogger("dp_ckpt_plugin.deepmd")
+
+
+def make_trainer_class(
+    store: CheckpointStore | None,
+    training_params: dict[str, Any],
+    *,
+    resumed_from: Path | None = None,
+) -> type:
+    """Return a subclass of deepmd-kit's pt_expt ``Trainer`` bound to ``store``.
+
+    Parameters
+    ----------
+    store : CheckpointStore or None
+        The store of ``save_dir``; ``None`` keeps deepmd-kit's layout.
+    training_params : dict
+        The normalized ``training`` section (retention keys).
+    resumed_from : Path, optional
+        The checkpoint the run restarts from, protected from retention until
+        the run commits a later step.
+    """
+
+    class CheckpointingTrainer(training.Trainer):
+        """deepmd-kit's pt_expt trainer writing through dp_ckpt_plugin."""
+
+        dp_store = store
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            if self.dp_store is not None:
+                primary = self.dp_store.primary.prefix
+                for prefix, cfg in self.dp_store.families.items():
+                    cfg.policy = policy_from_training(
+                        training_params, num_steps=self.num_steps, ema=prefix != primary
+                    )
+                if resumed_from is not None:
+                    self.dp_store.protect_resumed(resumed_from)
+
+        # -- the payload --------------------------------------------------
+        def _checkpoint_payload(
+            self, step: int, *, include_optimizer: bool, include_ema_state: bool
+        ) -> dict[str, Any] | None:
+            """Build what deepmd-kit's ``_write_checkpoint`` passes to ``torch.save``.
+
+            Every rank takes part (the state collection may be collective); the
+            chief gets the payload, other ranks ``None``.
+            """
+            self._unwrapped.train_infos["step"] = step
+            wrapper = self._unwrapped
+            compiled_backup = {}
+            for task_key in list(wrapper.model.keys()):
+                module = wrapper.model[task_key]
+                if isinstance(module, training._CompiledModel):
+                    compiled_backup[task_key] = module
+                    wrapper.model[task_key] = module.original_model
+            try:
+                model_state, optim_state = self._collect_checkpoint_states(
+                    wrapper, include_optimizer=include_optimizer
+                )
+            finally:
+                for task_key, compiled in compiled_backup.items():
+                    wrapper.model[task_key] = compiled
+            if self.rank != 0:
+                return None
+            state: dict[str, Any] = {"model": model_state}
+            if optim_state is not None:
+                state["optimizer"] = optim_state
+            if include_ema_state and self.model_ema is not None:
+                state[EMA_CHECKPOINT_KEY] = self.model_ema.state_dict()
+            return state
+
+        def _write_checkpoint(
+            self,
+            ckpt_path: Path,
+            *,
+            step: int,
+            include_optimizer: bool = True,
+            include_ema_state: bool = True,
+        ) -> None:
+            state = self._checkpoint_payload(
+                step,
+                include_optimizer=include_optimizer,
+                include_ema_state=include_ema_state,
+            )
+            if state is None:
+                return
+            ckpt_path = Path(ckpt_path)
+            prefix = self._store_family_of(ckpt_path, step)
+            if prefix is not None:
+                self.dp_store.save(step, state, prefix=prefix)
+                return
+            write_torch_atomic(
+                ckpt_path,
+                state,
+                durable=self.dp_store.durable if self.dp_store else True,
+            )
+
+        def _store_family_of(self, path: Path, step: int) -> str | None:
+            if (
+                self.dp_store is None
+                or path.parent.resolve() != self.dp_store.directory.resolve()
+            ):
+                return None
+            for prefix, cfg in self.dp_store.families.items():
+                if cfg.family.step_of(path.name) == step:
+                    return prefix
+            return None
+
+        # -- the periodic save ------------------------------------------------
+        def save_checkpoint(self, step: int) -> None:
+            if self.dp_store is None:
+                super().save_checkpoint(step)
+                return
+            self.nonfinite_grad_guard.raise_if_nonfinite(self.wrapper.named_parameters)
+            primary = self.dp_store.primary
+            ckpt_path = self.dp_store.path_for(step, primary.prefix)
+            self._save_checkpoint_to_path(ckpt_path, step=step)
+            if self.rank == 0:
+                log.info("Saved model to %s", ckpt_path)
+            if self.model_ema is not None:
+                ema_path = self.dp_store.path_for(step, primary.ema().prefix)
+                self._save_checkpoint_to_path(ema_path, step=step, use_ema_weights=True)
+
+    return CheckpointingTrainer
+
+
+def write_torch_atomic(path: Path, state: Any, *, durable: bool = True) -> None:
+    """``torch.save`` to ``path`` through a temporary name, fsynced, then ``os.replace``."""
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fsio.write_file_atomic(
+        path, lambda handle: torch.save(state, handle), durable=durable
+    )
