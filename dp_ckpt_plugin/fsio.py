@@ -50,6 +50,54 @@ def _fail(what: str, path: Path, exc: BaseException) -> CheckpointWriteError:
     return err
 
 
+class _ErrorRecorder:
+    """A file object that remembers the first OS error its methods raised.
+
+    Serialization libraries report a failed write of the file they were given
+    in their own words (h5py: ``Unable to create file (truncated file...)``,
+    torch: ``RuntimeError: unexpected pos``), sometimes dropping the original
+    error; the store still reports the real cause (``No space left on device``).
+    """
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self._handle = handle
+        self.error: OSError | None = None
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._handle, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            try:
+                return attr(*args, **kwargs)
+            except OSError as exc:
+                if self.error is None and exc.errno is not None:
+                    self.error = exc
+                raise
+
+        return call
+
+
+def _os_cause(exc: BaseException) -> OSError | None:
+    """Return the OS error behind ``exc``, looking through wrapping errors.
+
+    Serialization libraries wrap the error of a failed write in their own:
+    h5py raises ``OSError("File close failed")`` without an errno, torch a
+    ``RuntimeError``; the ``ENOSPC`` or ``EIO`` may be further down the chain.
+    """
+    first = None
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError):
+            if exc.errno is not None:
+                return exc
+            first = first or exc
+        exc = exc.__cause__ or exc.__context__
+    return first
+
+
 def write_file_atomic(
     path: Path,
     writer: Callable[[BinaryIO], object],
@@ -80,10 +128,12 @@ def write_file_atomic(
     directory = path.parent
     tmp = directory / temp_name(path.name)
     step = "create"
+    recorder = None
     try:
         with open(tmp, "w+b") as handle:
             step = "write"
-            writer(handle)
+            recorder = _ErrorRecorder(handle)
+            writer(recorder)
             handle.flush()
             if durable:
                 step = "fsync"
@@ -94,8 +144,11 @@ def write_file_atomic(
         os.replace(tmp, path)
     except BaseException as exc:
         _remove_quietly(tmp)
-        if isinstance(exc, OSError):
-            raise _fail(step, path, exc) from exc
+        cause = _os_cause(exc)
+        if step == "write" and recorder is not None and recorder.error is not None:
+            cause = recorder.error
+        if cause is not None:
+            raise _fail(step, path, cause) from exc
         raise
     if durable:
         try:

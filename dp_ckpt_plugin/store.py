@@ -119,6 +119,9 @@ class CheckpointStore:
     lock : bool, optional
         Whether to hold the single-writer lock while the store is open for
         writing.
+    check_free_space : bool, optional
+        Whether to refuse a write when free space is below the size of the
+        family's previous checkpoint.
     """
 
     def __init__(
@@ -131,6 +134,7 @@ class CheckpointStore:
         ranks: Ranks | None = None,
         durable: bool = True,
         lock: bool = True,
+        check_free_space: bool = True,
     ) -> None:
         self.directory = Path(os.path.abspath(directory))
         self.pm = pm
@@ -146,6 +150,7 @@ class CheckpointStore:
         self.primary = configs[0].family
         self.ranks = ranks or SingleProcess()
         self.durable = durable
+        self.check_free_space = check_free_space
         self._lock = StoreLock(self.directory) if lock else None
         self._ready = False
         self._resumed_from: dict[str, Path] = {}
@@ -249,19 +254,31 @@ class CheckpointStore:
             return path
         self.open()
         self._check_space(cfg.family, path)
-        fsio.write_file_atomic(
-            path,
-            lambda handle: self._serialize(step, state, handle),
-            durable=self.durable,
-            before_replace=lambda: self._uncommit(path),
-        )
+        previous = _file_id(path)
+        try:
+            fsio.write_file_atomic(
+                path,
+                lambda handle: self._serialize(step, state, handle),
+                durable=self.durable,
+                before_replace=lambda: self._uncommit(path),
+            )
+        except CheckpointWriteError:
+            # failed after the move (directory fsync): the new payload has no
+            # record and no reader will use it; do not leave it behind
+            if _file_id(path) not in (None, previous):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            raise
         try:
             record = make_record(
                 path, step=step, family=cfg.family.prefix, backend=self.backend.name
             )
             write_record(path, record, durable=self.durable)
         except (OSError, CheckpointWriteError) as exc:
-            fsio.remove_file(path)
+            # the record may be in place if only the directory fsync failed
+            for leftover in (record_path(path), path):
+                with contextlib.suppress(OSError):
+                    fsio.remove_file(leftover)
             if isinstance(exc, CheckpointWriteError):
                 raise
             raise CheckpointWriteError(
@@ -288,6 +305,8 @@ class CheckpointStore:
             fsio.remove_file(rec)
 
     def _check_space(self, family: Family, path: Path) -> None:
+        if not self.check_free_space:
+            return
         size = self._last_size.get(family.prefix)
         if size is None:
             newest = committed_checkpoints(self.directory, family, newest_first=True)
@@ -308,10 +327,35 @@ class CheckpointStore:
         """Point the family's pointer and alias (and compatibility ones) at it."""
         cfg = self.family(checkpoint.family.prefix)
         name = checkpoint.path.name
-        fsio.write_text_atomic(
-            self.directory / cfg.family.pointer, name + "\n", durable=self.durable
-        )
-        fsio.replace_link(self.directory / cfg.family.alias, name, durable=self.durable)
+        pointer = self.directory / cfg.family.pointer
+        alias = self.directory / cfg.family.alias
+        before = (_read_or_none(pointer), _link_or_none(alias))
+        try:
+            fsio.write_text_atomic(pointer, name + "\n", durable=self.durable)
+            fsio.replace_link(alias, name, durable=self.durable)
+            self._publish_compat(cfg, checkpoint)
+        except CheckpointWriteError:
+            self._unpublish(pointer, alias, *before)
+            raise
+
+    def _unpublish(
+        self, pointer: Path, alias: Path, text: str | None, target: str | None
+    ) -> None:
+        """Put the pointer and alias back after a failed publication (rule 8).
+
+        Best effort: the new checkpoint stays committed, ``latest`` goes on
+        naming the previous one.
+        """
+        with contextlib.suppress(OSError):
+            if text is None:
+                fsio.remove_file(pointer)
+            else:
+                fsio.write_text_atomic(pointer, text, durable=self.durable)
+        with contextlib.suppress(OSError):
+            if target is not None:
+                fsio.replace_link(alias, target, durable=self.durable)
+
+    def _publish_compat(self, cfg: FamilyConfig, checkpoint: Checkpoint) -> None:
         if (
             cfg.compat_pointer is not None
             and cfg.compat_pointer != self.directory / cfg.family.pointer
@@ -392,25 +436,23 @@ class CheckpointStore:
         The checkpoint found becomes protected from retention until this run
         commits one of a later step.
         """
-        outcome: tuple[Resolved | None, BaseException | None]
-        if self.is_chief:
-            try:
-                outcome = (
-                    resolve_with_hooks(
-                        self.pm, spec, self.context(sha256=sha256, cwd=cwd)
-                    ),
-                    None,
-                )
-            except Exception as exc:
-                outcome = (None, exc)
-        else:
-            outcome = (None, None)
-        found, error = self.ranks.broadcast(outcome)
-        if error is not None:
-            raise error
-        if found.path.parent == self.directory:
-            self._resumed_from[self.primary.prefix] = found.path
+        ctx = self.context(sha256=sha256, cwd=cwd) if self.is_chief else None
+        found = resolve_on_chief(self.pm, spec, ctx, self.ranks)
+        self.protect_resumed(found.path)
         return found
+
+    def protect_resumed(self, path: Path) -> None:
+        """Keep ``path`` (the checkpoint a run resumed from) out of retention.
+
+        The protection lasts until this store commits a checkpoint of a later
+        step of the same family.
+        """
+        path = Path(path)
+        if path.parent.resolve() != self.directory.resolve():
+            return
+        for prefix, cfg in self.families.items():
+            if cfg.family.step_of(path.name) is not None:
+                self._resumed_from[prefix] = path
 
     def load(self, resolved: Resolved) -> Any:
         """Read a resolved checkpoint through its backend."""
@@ -432,6 +474,29 @@ class CheckpointStore:
         return out
 
 
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """Return the device and inode of ``path``, or ``None`` if absent."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def _read_or_none(path: Path) -> str | None:
+    try:
+        return path.read_text("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _link_or_none(path: Path) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
 def resolve_with_hooks(
     pm: pluggy.PluginManager, spec: str, context: ResolveContext
 ) -> Resolved:
@@ -439,4 +504,24 @@ def resolve_with_hooks(
     found = pm.hook.on_resolve_restart(spec=spec, context=context)
     if found is None:
         raise RestartNotFoundError(f"no plugin resolved restart {spec!r}")
+    return found
+
+
+def resolve_on_chief(
+    pm: pluggy.PluginManager, spec: str, context: ResolveContext | None, ranks: Ranks
+) -> Resolved:
+    """Resolve on rank 0 and broadcast the outcome, success or error, to all ranks.
+
+    ``context`` is used on rank 0 only (other ranks may pass ``None``), so only
+    the chief touches the filesystem, and every rank raises the same error.
+    """
+    outcome: tuple[Resolved | None, BaseException | None] = (None, None)
+    if ranks.rank == 0:
+        try:
+            outcome = (resolve_with_hooks(pm, spec, context), None)
+        except Exception as exc:
+            outcome = (None, exc)
+    found, error = ranks.broadcast(outcome)
+    if error is not None:
+        raise error
     return found
