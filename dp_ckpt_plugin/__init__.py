@@ -1,40 +1,47 @@
 """dp_ckpt_plugin: crash-safe, self-contained checkpoints for DeePMD-kit.
 
-Importing this package imports neither torch nor deepmd-kit.
+Importing this package imports nothing heavy: the public names below are
+loaded on first use, so the ``deepmd.backend`` entry point that every ``dp``
+process loads (:mod:`dp_ckpt_plugin.deepmd.entry`) costs next to nothing, and
+torch, h5py and deepmd-kit are imported only when a checkpoint is written or read.
 """
 
 from __future__ import annotations
 
-from .errors import (
-    CheckpointError,
-    CheckpointWriteError,
-    ConfigError,
-    CorruptCheckpointError,
-    RestartNotFoundError,
-    StoreLockedError,
-    UnsafePointerError,
-)
-from .hookspecs import hookimpl
-from .manager import CheckpointManager, Restored
-from .plugins import get_plugin_manager
-from .store import Checkpoint, CheckpointStore, FamilyConfig
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Checkpoint",
-    "CheckpointError",
-    "CheckpointManager",
-    "CheckpointStore",
-    "CheckpointWriteError",
-    "ConfigError",
-    "CorruptCheckpointError",
-    "FamilyConfig",
-    "RestartNotFoundError",
-    "Restored",
-    "StoreLockedError",
-    "UnsafePointerError",
-    "__version__",
-    "get_plugin_manager",
-    "hookimpl",
-]
+#: Public name -> module that defines it.
+_EXPORTS = {
+    "CheckpointError": "errors",
+    "CheckpointWriteError": "errors",
+    "ConfigError": "errors",
+    "CorruptCheckpointError": "errors",
+    "RestartNotFoundError": "errors",
+    "StoreLockedError": "errors",
+    "UnsafePointerError": "errors",
+    "hookimpl": "hookspecs",
+    "CheckpointManager": "manager",
+    "Restored": "manager",
+    "get_plugin_manager": "plugins",
+    "Checkpoint": "store",
+    "CheckpointStore": "store",
+    "FamilyConfig": "store",
+}
+
+__all__ = sorted([*_EXPORTS, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dp_ckpt_plugin' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 LIGHT = [
     "dp_ckpt_plugin",
     "dp_ckpt_plugin.backends.torch",
@@ -27,3 +29,43 @@ def test_light_imports_do_not_pull_heavy_modules():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def run_probe(code: str, **env: str) -> str:
+    import os
+
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **env},
+    )
+    return out.stdout.strip()
+
+
+PROBE = (
+    "import sys\n"
+    "import deepmd.backend\n"
+    "from deepmd.backend.backend import Backend\n"
+    "print(Backend.get_backend('pt-expt').__module__,"
+    " Backend.get_backend('pytorch-exportable').__module__)\n"
+    "print(sorted(m for m in sys.modules if m.startswith(('torch', 'dp_ckpt'))))\n"
+)
+
+
+def test_deepmd_backend_entry_point_is_light_and_takes_over_pt_expt():
+    pytest.importorskip("deepmd")
+    keys, loaded = run_probe(PROBE).splitlines()
+    assert keys == "dp_ckpt_plugin.deepmd.entry dp_ckpt_plugin.deepmd.entry"
+    # the entry point loads three tiny modules and no torch
+    assert (
+        loaded
+        == "['dp_ckpt_plugin', 'dp_ckpt_plugin.deepmd', 'dp_ckpt_plugin.deepmd.entry']"
+    )
+
+
+def test_dp_ckpt_disable_keeps_deepmds_backend():
+    pytest.importorskip("deepmd")
+    keys, _ = run_probe(PROBE, DP_CKPT_DISABLE="1").splitlines()
+    assert keys == "deepmd.backend.pt_expt deepmd.backend.pt_expt"
