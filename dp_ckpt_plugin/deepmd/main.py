@@ -20,10 +20,11 @@ log = logging.getLogger("dp_ckpt_plugin")
 def main(args: list[str] | argparse.Namespace | None = None) -> None:
     """Run a ``dp --pt-expt`` command (deepmd-kit's pt_expt ``main`` signature)."""
     from deepmd.main import parse_args
-    from deepmd.pt_expt.entrypoints import main as pt_expt_main
 
     flags = args if isinstance(args, argparse.Namespace) else parse_args(args=args)
     if flags.command not in ("train", "freeze"):
+        from deepmd.pt_expt.entrypoints import main as pt_expt_main
+
         pt_expt_main.main(flags)
         return
     from deepmd.loggers.loggers import set_log_handles
@@ -46,12 +47,32 @@ def main(args: list[str] | argparse.Namespace | None = None) -> None:
 
 
 def run_train(flags: argparse.Namespace) -> None:
-    """``dp --pt-expt train`` through :class:`.entrypoint.CheckpointTrainEntrypoint`."""
+    """``dp --pt-expt train`` through :class:`.entrypoint.CheckpointTrainEntrypoint`.
+
+    A single process validates the input, takes the lock and resolves the
+    restart before torch and deepmd-kit's training code are imported, so a
+    mistake is reported within a second.
+    """
+    import os
+
+    prepared = None
+    if os.environ.get("LOCAL_RANK") is None:
+        from ..plugins import get_plugin_manager
+        from ..ranks import SingleProcess
+        from .prepare import prepare_run
+
+        prepared = prepare_run(
+            flags.INPUT,
+            restart=flags.restart,
+            init_model=flags.init_model,
+            pm=get_plugin_manager(),
+            ranks=SingleProcess(),
+        )
     from deepmd.dpmodel.train.entrypoint import TrainEntrypointOptions
 
     from .entrypoint import CheckpointTrainEntrypoint
 
-    CheckpointTrainEntrypoint().run(
+    CheckpointTrainEntrypoint(prepared).run(
         TrainEntrypointOptions(
             input_file=flags.INPUT,
             output=flags.output,
