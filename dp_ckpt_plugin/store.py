@@ -254,7 +254,10 @@ class CheckpointStore:
             return path
         self.open()
         self._check_space(cfg.family, path)
+        # a step saved before is replaced: keep its record to put back if the
+        # move fails after the record was dropped
         previous = _file_id(path)
+        old_record = read_record_or_none(path) if previous else None
         try:
             fsio.write_file_atomic(
                 path,
@@ -263,11 +266,16 @@ class CheckpointStore:
                 before_replace=lambda: self._uncommit(path),
             )
         except CheckpointWriteError:
-            # failed after the move (directory fsync): the new payload has no
-            # record and no reader will use it; do not leave it behind
-            if _file_id(path) not in (None, previous):
+            current = _file_id(path)
+            if current is not None and current != previous:
+                # failed after the move (directory fsync): a new step's payload
+                # has no record and nobody uses it; do not leave it behind
+                if previous is None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+            elif old_record is not None and not record_path(path).exists():
                 with contextlib.suppress(OSError):
-                    os.unlink(path)
+                    write_record(path, old_record, durable=self.durable)
             raise
         try:
             record = make_record(
@@ -275,8 +283,9 @@ class CheckpointStore:
             )
             write_record(path, record, durable=self.durable)
         except (OSError, CheckpointWriteError) as exc:
-            # the record may be in place if only the directory fsync failed
-            for leftover in (record_path(path), path):
+            # the record may be in place if only the directory fsync failed;
+            # a replaced step's payload stays (its pointer may name it)
+            for leftover in (record_path(path), path)[: 1 if previous else 2]:
                 with contextlib.suppress(OSError):
                     fsio.remove_file(leftover)
             if isinstance(exc, CheckpointWriteError):
@@ -402,10 +411,11 @@ class CheckpointStore:
         removed = []
         for name in doomed:
             path = self.directory / name
-            # the record goes first: a payload without a record is ignored,
-            # a record without its payload would be a lie
-            fsio.remove_file(record_path(path))
+            # the payload goes first: a kill or a failure in between leaves a
+            # small record that names no file (readers never look at it), not
+            # a full-size payload without a record that no rule would remove
             fsio.remove_file(path)
+            fsio.remove_file(record_path(path))
             removed.append(path)
         if removed and self.durable:
             fsio.fsync_dir(self.directory)

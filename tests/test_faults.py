@@ -1,0 +1,670 @@
+"""Rules 5-8: a fault at any filesystem step of a save loses nothing.
+
+Each test makes one filesystem call of a save fail with ``ENOSPC``, ``EIO`` or
+``EACCES``, by wrapping the ``os`` functions (and ``open``) that
+:mod:`dp_ckpt_plugin.fsio` calls so that only the call for one file fails.
+The semantics these tests pin down:
+
+- Before the commit record is in place (creating, writing, fsyncing or moving
+  the payload, fsyncing the directory, writing the record): the save raises
+  :class:`CheckpointWriteError` naming the path and the cause, and the
+  directory holds exactly what it held before: no temporary file, no
+  uncommitted payload, no record.
+- While publishing (pointer or alias): the new checkpoint stays committed but
+  is not published. The pointer and the alias are put back, so ``latest``
+  still resolves to the previous checkpoint. A later save publishes normally.
+- While pruning, which comes after publication (rule 13): the new checkpoint
+  is committed and published, so ``latest`` is the new one. The payload goes
+  before its record, so a failure leaves either the old checkpoint whole and
+  committed (it is pruned by the next save) or a record naming no file.
+
+A real ``ENOSPC`` on a 2 MiB tmpfs (root only) checks the same invariants and
+the free-space check made before a write starts.
+"""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from dp_ckpt_plugin import CheckpointManager, CheckpointWriteError, fsio
+from dp_ckpt_plugin.layout import Family, is_temp, record_name, temp_target
+from dp_ckpt_plugin.plugins import get_plugin_manager
+from dp_ckpt_plugin.records import read_record, verify
+from dp_ckpt_plugin.resolve import committed_checkpoints
+
+SUFFIX = {"hdf5": ".h5", "torch": ".pt"}
+CODES = [errno.ENOSPC, errno.EIO, errno.EACCES]
+CODE_IDS = [errno.errorcode[c] for c in CODES]
+
+#: Faults before the commit record exists: (call that fails, file it fails for).
+BEFORE_COMMIT = {
+    "create": ("open", "payload"),
+    "write": ("write", "payload"),
+    "fsync": ("fsync", "payload"),
+    "replace": ("replace", "payload"),
+    "dir-fsync": ("dirfsync", "payload"),
+    "record-create": ("open", "record"),
+    "record-fsync": ("fsync", "record"),
+    "record-replace": ("replace", "record"),
+    "record-dir-fsync": ("dirfsync", "record"),
+}
+#: Faults after the commit, while the pointer and alias move.
+WHILE_PUBLISHING = {
+    "pointer-create": ("open", "pointer"),
+    "pointer-replace": ("replace", "pointer"),
+    "pointer-dir-fsync": ("dirfsync", "pointer"),
+    "alias-symlink": ("symlink", "alias"),
+    "alias-replace": ("replace", "alias"),
+    "alias-dir-fsync": ("dirfsync", "alias"),
+}
+#: The points also run with the torch backend.
+TORCH_POINTS = ["write", "fsync", "replace", "record-replace", "alias-symlink"]
+
+CASES = [("hdf5", p) for p in (*BEFORE_COMMIT, *WHILE_PUBLISHING)] + [
+    ("torch", p) for p in TORCH_POINTS
+]
+
+
+# -- helpers ------------------------------------------------------------------
+
+
+def make_state(step, backend="hdf5", size=64):
+    """Return a payload whose content is a function of ``step``.
+
+    Parameters
+    ----------
+    step : int
+        Seeds the content.
+    backend : str
+        ``"torch"`` gives tensors, anything else numpy arrays.
+    size : int
+        Number of elements of each array.
+
+    Returns
+    -------
+    dict
+        Two arrays, ``w`` (float64) and ``i`` (int64).
+    """
+    rng = np.random.default_rng(step)
+    state = {"w": rng.standard_normal(size), "i": rng.integers(0, 1 << 40, size)}
+    if backend == "torch":
+        import torch
+
+        state = {key: torch.from_numpy(value) for key, value in state.items()}
+    return state
+
+
+def assert_state(state, step, backend="hdf5", size=64):
+    """Assert that ``state`` is exactly what :func:`make_state` gave for ``step``.
+
+    Parameters
+    ----------
+    state : dict
+        A payload read back.
+    step, backend, size
+        As for :func:`make_state`.
+    """
+    expected = make_state(step, "hdf5", size)
+    assert sorted(state) == sorted(expected)
+    for key, value in expected.items():
+        got = state[key].numpy() if backend == "torch" else state[key]
+        assert got.dtype == value.dtype
+        np.testing.assert_array_equal(got, value)
+
+
+def open_manager(directory, backend="hdf5", **kwargs):
+    """Return a manager on ``directory`` without third-party plugins.
+
+    Parameters
+    ----------
+    directory : Path
+        The checkpoint directory.
+    backend : str
+        The serialization backend.
+    **kwargs
+        Passed on to :class:`CheckpointManager` (``verify`` defaults to sha256).
+    """
+    kwargs.setdefault("verify", "sha256")
+    pm = get_plugin_manager(entry_points=False)
+    return CheckpointManager(directory, backend=backend, pm=pm, **kwargs)
+
+
+def file_names(backend, step):
+    """Return the names of the files a save of ``step`` writes, by role.
+
+    Parameters
+    ----------
+    backend : str
+        The serialization backend (it decides the suffix).
+    step : int
+        The step saved.
+
+    Returns
+    -------
+    dict
+        ``payload``, ``record``, ``pointer`` and ``alias`` file names.
+    """
+    payload = f"model.ckpt-{step}{SUFFIX[backend]}"
+    return {
+        "payload": payload,
+        "record": record_name(payload),
+        "pointer": "checkpoint",
+        "alias": f"model.ckpt{SUFFIX[backend]}",
+    }
+
+
+def temporaries(directory):
+    """Return the temporary files in ``directory``."""
+    return sorted(name for name in os.listdir(directory) if is_temp(name))
+
+
+def snapshot(directory, backend="hdf5"):
+    """Return what a failed save must leave untouched.
+
+    Parameters
+    ----------
+    directory : Path
+        The checkpoint directory.
+    backend : str
+        The serialization backend (it decides the alias name).
+
+    Returns
+    -------
+    tuple
+        The sorted file names, the pointer's text and the alias's target.
+    """
+    alias = directory / f"model.ckpt{SUFFIX[backend]}"
+    return (
+        sorted(os.listdir(directory)),
+        (directory / "checkpoint").read_text(),
+        os.readlink(alias) if alias.is_symlink() else None,
+    )
+
+
+def committed_steps(directory, backend="hdf5"):
+    """Return the steps of the committed checkpoints in ``directory``."""
+    family = Family("model.ckpt", SUFFIX[backend])
+    return [step for step, _ in committed_checkpoints(directory, family)]
+
+
+def assert_names_cause(exc, path, code):
+    """Assert that a write error names ``path`` and the cause ``code``.
+
+    Parameters
+    ----------
+    exc : BaseException
+        The error raised.
+    path : Path
+        The file it must name.
+    code : int
+        The errno it must carry and describe.
+    """
+    assert isinstance(exc, CheckpointWriteError)
+    assert isinstance(exc, OSError)
+    message = str(exc)
+    assert str(path) in message, message
+    assert os.strerror(code) in message, message
+    assert exc.errno == code
+
+
+class TornWriter:
+    """A file whose writes fail once ``limit`` bytes went through.
+
+    The bytes up to the limit do reach the file, as with a disk that fills
+    up in the middle of a write.
+
+    Parameters
+    ----------
+    handle : file object
+        The real file.
+    fail : callable
+        Returns the error to raise.
+    limit : int
+        Bytes accepted before the first failure.
+    """
+
+    def __init__(self, handle, fail, limit=256):
+        self._handle = handle
+        self._fail = fail
+        self._room = limit
+
+    def write(self, data):
+        """Write ``data``, or the part that fits and raise."""
+        view = memoryview(data).cast("B")
+        if len(view) > self._room:
+            self._handle.write(view[: self._room])
+            self._room = 0
+            raise self._fail(self._handle.name)
+        self._room -= len(view)
+        return self._handle.write(view)
+
+    def __getattr__(self, name):
+        return getattr(self._handle, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return self._handle.__exit__(*exc)
+
+
+class FaultInjector:
+    """Make one kind of filesystem call fail for one file.
+
+    The calls are the ones :mod:`dp_ckpt_plugin.fsio` makes: ``open`` of a
+    temporary file, writes into it, ``os.fsync`` of it, ``os.replace`` onto a
+    name, ``os.fsync`` of the directory right after a name was replaced,
+    ``os.symlink`` of a temporary link and ``os.unlink``. Every other call
+    goes through unchanged.
+
+    Parameters
+    ----------
+    monkeypatch : pytest.MonkeyPatch
+        Undoes the wrapping.
+    code : int
+        The errno of the injected error.
+    """
+
+    def __init__(self, monkeypatch, code):
+        self.monkeypatch = monkeypatch
+        self.code = code
+        self.hits = 0
+
+    def error(self, path):
+        """Count and return the injected error for ``path``."""
+        self.hits += 1
+        return OSError(self.code, os.strerror(self.code), str(path))
+
+    def arm(self, call, name):
+        """Make ``call`` fail for the file called ``name`` (final name)."""
+        getattr(self, f"_arm_{call}")(name)
+
+    def _patch_open(self, name, wrap):
+        real_open = builtins.open
+
+        def fake_open(file, *args, **kwargs):
+            if temp_target(os.path.basename(os.fspath(file))) == name:
+                return wrap(file, lambda: real_open(file, *args, **kwargs))
+            return real_open(file, *args, **kwargs)
+
+        self.monkeypatch.setattr(fsio, "open", fake_open, raising=False)
+
+    def _arm_open(self, name):
+        def refuse(file, really_open):
+            raise self.error(file)
+
+        self._patch_open(name, refuse)
+
+    def _arm_write(self, name):
+        self._patch_open(
+            name, lambda file, really_open: TornWriter(really_open(), self.error)
+        )
+
+    def _fsync_failing(self, should_fail):
+        real_fsync = os.fsync
+
+        def fsync(fd):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if should_fail(target):
+                raise self.error(target)
+            return real_fsync(fd)
+
+        self.monkeypatch.setattr(fsio.os, "fsync", fsync)
+
+    def _arm_fsync(self, name):
+        self._fsync_failing(
+            lambda target: temp_target(os.path.basename(target)) == name
+        )
+
+    def _arm_dirfsync(self, name):
+        real_replace = os.replace
+        last = [None]
+
+        def replace(src, dst, *args, **kwargs):
+            real_replace(src, dst, *args, **kwargs)
+            last[0] = os.path.basename(os.fspath(dst))
+
+        self.monkeypatch.setattr(fsio.os, "replace", replace)
+        self._fsync_failing(lambda target: os.path.isdir(target) and last[0] == name)
+
+    def _arm_replace(self, name):
+        real_replace = os.replace
+
+        def replace(src, dst, *args, **kwargs):
+            if os.path.basename(os.fspath(dst)) == name:
+                raise self.error(dst)
+            return real_replace(src, dst, *args, **kwargs)
+
+        self.monkeypatch.setattr(fsio.os, "replace", replace)
+
+    def _arm_symlink(self, name):
+        real_symlink = os.symlink
+
+        def symlink(src, dst, *args, **kwargs):
+            if temp_target(os.path.basename(os.fspath(dst))) == name:
+                raise self.error(dst)
+            return real_symlink(src, dst, *args, **kwargs)
+
+        self.monkeypatch.setattr(fsio.os, "symlink", symlink)
+
+    def _arm_unlink(self, name):
+        real_unlink = os.unlink
+
+        def unlink(path, *args, **kwargs):
+            if os.path.basename(os.fspath(path)) == name:
+                raise self.error(path)
+            return real_unlink(path, *args, **kwargs)
+
+        self.monkeypatch.setattr(fsio.os, "unlink", unlink)
+
+
+# -- injected faults ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("code", CODES, ids=CODE_IDS)
+@pytest.mark.parametrize(("backend", "point"), CASES)
+def test_fault_during_save(tmp_path, monkeypatch, backend, point, code):
+    """Rules 6-8: a failed step raises, names path and cause, loses nothing."""
+    directory = tmp_path / "models"
+    before_commit = point in BEFORE_COMMIT
+    call, role = BEFORE_COMMIT[point] if before_commit else WHILE_PUBLISHING[point]
+    names = file_names(backend, 2)
+    with open_manager(directory, backend, max_keep=0) as manager:
+        manager.save(1, make_state(1, backend))
+        files, pointer, alias = snapshot(directory, backend)
+
+        faults = FaultInjector(monkeypatch, code)
+        faults.arm(call, names[role])
+        with pytest.raises(CheckpointWriteError) as info:
+            manager.save(2, make_state(2, backend))
+        monkeypatch.undo()
+
+        assert faults.hits >= 1
+        assert_names_cause(info.value, directory / names[role], code)
+        assert temporaries(directory) == []
+        if before_commit:
+            # nothing of step 2 is left: no payload, no record
+            assert snapshot(directory, backend) == (files, pointer, alias)
+            assert committed_steps(directory, backend) == [1]
+        else:
+            # committed, not published: pointer and alias are put back
+            new = sorted([*files, names["payload"], names["record"]])
+            assert snapshot(directory, backend) == (new, pointer, alias)
+            assert committed_steps(directory, backend) == [1, 2]
+            payload = directory / names["payload"]
+            verify(payload, read_record(payload), sha256=True)
+        restored = manager.restore("latest")
+        assert restored.step == 1
+        assert restored.path == directory / file_names(backend, 1)["payload"]
+        assert_state(restored.state, 1, backend)
+
+        # a later save without the fault goes through; a committed step stays
+        manager.save(3, make_state(3, backend))
+        assert temporaries(directory) == []
+        kept = [1, 3] if before_commit else [1, 2, 3]
+        assert committed_steps(directory, backend) == kept
+        restored = manager.restore("latest")
+        assert restored.step == 3
+        assert_state(restored.state, 3, backend)
+        assert (
+            os.readlink(directory / names["alias"]) == file_names(backend, 3)["payload"]
+        )
+
+
+@pytest.mark.parametrize("code", CODES, ids=CODE_IDS)
+@pytest.mark.parametrize("role", ["record", "payload"])
+def test_fault_while_pruning(tmp_path, monkeypatch, role, code):
+    """Rule 13: pruning comes after publication, so ``latest`` is the new one."""
+    directory = tmp_path / "models"
+    old = file_names("hdf5", 1)
+    new = file_names("hdf5", 2)
+    with open_manager(directory, max_keep=1) as manager:
+        manager.save(1, make_state(1))
+        faults = FaultInjector(monkeypatch, code)
+        faults.arm("unlink", old[role])
+        with pytest.raises(CheckpointWriteError) as info:
+            manager.save(2, make_state(2))
+        monkeypatch.undo()
+
+        assert_names_cause(info.value, directory / old[role], code)
+        assert temporaries(directory) == []
+        assert (directory / "checkpoint").read_text().strip() == new["payload"]
+        assert os.readlink(directory / new["alias"]) == new["payload"]
+        restored = manager.restore("latest")
+        assert restored.step == 2
+        assert_state(restored.state, 2)
+        if role == "payload":
+            # the payload goes first: step 1 is still whole and committed
+            assert committed_steps(directory) == [1, 2]
+            verify(
+                directory / old["payload"],
+                read_record(directory / old["payload"]),
+                sha256=True,
+            )
+        else:
+            # the payload is gone, its record stays: it names no file, and
+            # nothing counts it
+            assert not (directory / old["payload"]).exists()
+            assert (directory / old["record"]).is_file()
+            assert committed_steps(directory) == [2]
+
+        manager.save(3, make_state(3))
+        assert committed_steps(directory) == [3]
+        assert temporaries(directory) == []
+        assert_state(manager.restore("latest").state, 3)
+
+
+@pytest.mark.parametrize(
+    "point", ["create", "write", "fsync", "replace", "dir-fsync", "record-replace"]
+)
+def test_fault_while_saving_a_step_again(tmp_path, monkeypatch, point):
+    """A step saved again (a resumed run repeats one) stays usable after a fault.
+
+    Until the move, the checkpoint already saved for that step keeps its
+    commit record. After the move (directory fsync, record) the file in place
+    is the new, complete payload without a record: the pointer still names
+    it, so ``latest`` restores it, unverified.
+    """
+    directory = tmp_path / "models"
+    call, role = BEFORE_COMMIT[point]
+    with open_manager(directory, max_keep=0) as manager:
+        manager.save(1, make_state(1))
+        manager.save(2, make_state(2))
+        before = snapshot(directory)
+        faults = FaultInjector(monkeypatch, errno.EIO)
+        faults.arm(call, file_names("hdf5", 2)[role])
+        with pytest.raises(CheckpointWriteError):
+            manager.save(2, make_state(2))
+        monkeypatch.undo()
+
+        assert temporaries(directory) == []
+        restored = manager.restore("latest")
+        assert restored.step == 2
+        assert_state(restored.state, 2)
+        if point in ("create", "write", "fsync", "replace"):
+            assert snapshot(directory) == before
+            assert committed_steps(directory) == [1, 2]
+            assert restored.resolved.checked == "sha256"
+        else:
+            assert committed_steps(directory) == [1]
+            assert restored.resolved.checked == "unverified"
+
+        manager.save(2, make_state(2))
+        assert committed_steps(directory) == [1, 2]
+        assert manager.restore("latest").resolved.checked == "sha256"
+
+
+def test_free_space_is_checked_before_any_file_is_created(tmp_path, monkeypatch):
+    """Rule 8: too little room for the previous size refuses the save up front."""
+    directory = tmp_path / "models"
+    with open_manager(directory, max_keep=0) as manager:
+        manager.save(1, make_state(1, size=4096))
+        size = read_record(directory / file_names("hdf5", 1)["payload"]).size
+        before = snapshot(directory)
+        opened = []
+        real_open = builtins.open
+
+        def spy_open(file, *args, **kwargs):
+            opened.append(file)
+            return real_open(file, *args, **kwargs)
+
+        monkeypatch.setattr(fsio, "open", spy_open, raising=False)
+        monkeypatch.setattr(fsio, "free_bytes", lambda directory: size // 2)
+        with pytest.raises(CheckpointWriteError) as info:
+            manager.save(2, make_state(2, size=16))
+        message = str(info.value)
+        assert "not enough space" in message
+        assert str(directory / file_names("hdf5", 2)["payload"]) in message
+        assert str(size) in message
+        assert opened == []
+        assert snapshot(directory) == before
+
+        monkeypatch.undo()
+        manager.save(2, make_state(2, size=16))
+        assert_state(manager.restore("latest").state, 2, size=16)
+
+
+@pytest.mark.parametrize("how", ["hardlink", "copy"])
+def test_alias_without_symlinks(tmp_path, monkeypatch, how):
+    """Where symlinks fail with EPERM, the alias is a hard link or a copy."""
+    directory = tmp_path / "models"
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+
+    monkeypatch.setattr(fsio.os, "symlink", refuse)
+    if how == "copy":
+        monkeypatch.setattr(fsio.os, "link", refuse)
+    with open_manager(directory, max_keep=2) as manager:
+        for step in (1, 2, 3):
+            manager.save(step, make_state(step))
+    monkeypatch.undo()
+
+    alias = directory / "model.ckpt.h5"
+    newest = directory / "model.ckpt-3.h5"
+    assert not alias.is_symlink()
+    assert os.path.samefile(alias, newest) == (how == "hardlink")
+    assert alias.read_bytes() == newest.read_bytes()
+    assert committed_steps(directory) == [2, 3]
+    assert temporaries(directory) == []
+    with open_manager(directory) as manager:
+        assert manager.resolve("latest") == newest
+        assert manager.resolve(str(directory)) == newest
+        # without the pointer, the alias alone still leads to the newest content
+        (directory / "checkpoint").unlink()
+        restored = manager.restore(str(directory))
+        assert_state(restored.state, 3)
+
+
+# -- a real full filesystem ---------------------------------------------------
+
+
+@pytest.fixture
+def tiny_fs(tmp_path):
+    """Mount a 2 MiB tmpfs for the test and unmount it afterwards.
+
+    Skips where mounting is not allowed (not root, no ``mount``, a container
+    without the capability).
+    """
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root and the mount command")
+    mount_point = tmp_path / "tiny"
+    mount_point.mkdir()
+    command = ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        pytest.skip(f"cannot mount a tmpfs: {exc}")
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        if subprocess.run(["umount", str(mount_point)], check=False).returncode:
+            subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def fill(directory, leave):
+    """Write a filler file until about ``leave`` bytes stay free; return it.
+
+    Parameters
+    ----------
+    directory : Path
+        Where to write it.
+    leave : int
+        Bytes to leave free.
+    """
+    filler = directory / "filler.bin"
+    with open(filler, "wb") as handle:
+        while (free := shutil.disk_usage(directory).free) > leave:
+            handle.write(b"\0" * min(free - leave, 64 * 1024))
+            handle.flush()
+            os.fsync(handle.fileno())
+    return filler
+
+
+@pytest.mark.parametrize("backend", ["hdf5", "torch"])
+def test_real_full_filesystem(tiny_fs, monkeypatch, backend):
+    """Rules 5-8 on a real ENOSPC, and the free-space check before a write."""
+    directory = tiny_fs / "models"
+    # 64 KiB, 512 KiB, then 4 MiB, more than the whole filesystem: the check
+    # before the write passes (it asks for the previous size), the disk fills.
+    sizes = [4096, 32768, 262144]
+    with open_manager(directory, backend, max_keep=0) as manager:
+        saved = 0
+        error = None
+        for step, size in enumerate(sizes, start=1):
+            snap = snapshot(directory, backend) if saved else None
+            free = shutil.disk_usage(tiny_fs).free
+            try:
+                manager.save(step, make_state(step, backend, size))
+            except CheckpointWriteError as exc:
+                error = exc
+                break
+            saved = step
+        assert error is not None, "the filesystem never filled up"
+        assert saved == len(sizes) - 1
+        assert_names_cause(
+            error, directory / file_names(backend, step)["payload"], errno.ENOSPC
+        )
+        assert temporaries(directory) == []
+        assert snapshot(directory, backend) == snap
+        assert shutil.disk_usage(tiny_fs).free == free  # the torn temporary is gone
+        restored = manager.restore("latest")
+        assert restored.step == saved
+        assert_state(restored.state, saved, backend, sizes[saved - 1])
+
+        # less room than the previous checkpoint took: refused before writing
+        filler = fill(tiny_fs, leave=read_record(restored.path).size // 2)
+        snap = snapshot(directory, backend)
+        opened = []
+        real_open = builtins.open
+
+        def spy_open(file, *args, **kwargs):
+            opened.append(file)
+            return real_open(file, *args, **kwargs)
+
+        monkeypatch.setattr(fsio, "open", spy_open, raising=False)
+        with pytest.raises(CheckpointWriteError) as info:
+            manager.save(saved + 1, make_state(saved + 1, backend, 16))
+        monkeypatch.undo()
+        assert opened == []
+        assert "not enough space" in str(info.value)
+        assert str(directory / file_names(backend, saved + 1)["payload"]) in str(
+            info.value
+        )
+        assert snapshot(directory, backend) == snap
+
+        filler.unlink()
+        manager.save(saved + 1, make_state(saved + 1, backend, 16))
+        assert temporaries(directory) == []
+        restored = manager.restore("latest")
+        assert restored.step == saved + 1
+        assert_state(restored.state, saved + 1, backend, 16)

@@ -1,0 +1,282 @@
+"""Kill torture: a writer SIGKILLed at random times never loses a checkpoint.
+
+A child process (``saver_child.py run``) restores ``latest``, checks its
+content and saves 24 MB payloads step after step. The parent kills it with
+SIGKILL after a random (seeded) delay and starts it again, round after round.
+After every kill the parent checks, without writing anything:
+
+- ``latest`` restores, without any fallback warning, a checkpoint whose
+  content is exactly the payload of its step, and no step the child reported
+  as committed is newer than it;
+- every reported step that retention keeps is still committed (nothing
+  committed is lost), every committed checkpoint matches the sha256 of its
+  commit record, the family holds no more than the window plus the one a
+  kill may leave unpruned, and no payload without a record lies below
+  ``latest`` (none that nothing would ever remove);
+- the only temporary files are those of the children since the last one
+  that committed a checkpoint: a writer sweeps those of earlier children when
+  it first saves (the child checks after each save that none is left, and
+  the parent checks it after a final save).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from saver_child import make_payload, payload_mismatches
+
+from dp_ckpt_plugin import CheckpointManager, RestartNotFoundError, get_plugin_manager
+from dp_ckpt_plugin.layout import Family, is_temp
+from dp_ckpt_plugin.records import read_record, verify
+from dp_ckpt_plugin.resolve import committed_checkpoints
+
+pytestmark = pytest.mark.torture
+
+CHILD = Path(__file__).with_name("saver_child.py")
+SUFFIX = {"hdf5": ".h5", "torch": ".pt"}
+#: Rounds (one kill each) per backend and retention variant. A torch child
+#: spends about two seconds importing torch, so it gets fewer rounds.
+#: ``DP_CKPT_TORTURE_ROUNDS=<n>`` sets both, for longer runs by hand.
+ROUNDS = {"hdf5": 10, "torch": 8}
+if os.environ.get("DP_CKPT_TORTURE_ROUNDS"):
+    ROUNDS = dict.fromkeys(ROUNDS, int(os.environ["DP_CKPT_TORTURE_ROUNDS"]))
+#: Longest wait between a child's ``ready`` and its kill, in seconds (a save
+#: of 24 MB takes about 0.1 s, so a child is killed after 0 to 6 saves).
+MAX_DELAY = 0.6
+_TEMP_PID = re.compile(r"\.tmp-(\d+)-")
+
+
+class ChildOutput:
+    """Collect the event lines of a child in a thread.
+
+    Parameters
+    ----------
+    stream : text stream
+        The child's stdout.
+    """
+
+    def __init__(self, stream):
+        self.lines = []
+        self.ready = threading.Event()
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream):
+        for line in stream:
+            if not line.endswith("\n"):
+                break  # cut by the kill
+            self.lines.append(line.rstrip("\n"))
+            if line.startswith("ready "):
+                self.ready.set()
+        self.ready.set()
+
+    def join(self):
+        """Wait for the end of the stream."""
+        self._thread.join(timeout=60)
+
+    def steps(self, tag):
+        """Return the steps of the lines ``<tag> <step>``."""
+        return [
+            int(line.split()[1]) for line in self.lines if line.startswith(f"{tag} ")
+        ]
+
+
+def start_child(directory, backend, max_keep, stderr):
+    """Start ``saver_child.py run`` on ``directory``; return the process.
+
+    Parameters
+    ----------
+    directory : Path
+        The checkpoint directory.
+    backend : str
+        The serialization backend.
+    max_keep : int
+        Retention window of the child's manager.
+    stderr : file object
+        Where the child's stderr goes.
+    """
+    command = [
+        sys.executable,
+        str(CHILD),
+        "run",
+        str(directory),
+        backend,
+        str(max_keep),
+    ]
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=CHILD.parent
+    )
+
+
+class Tally:
+    """What a torture run checked, for its summary line."""
+
+    def __init__(self):
+        self.rounds = 0
+        self.kills = 0
+        self.verified = 0
+        self.mid_write = 0
+        self.uncommitted = 0
+        self.unpublished = 0
+        self.stray_records = set()
+
+
+def check_after_kill(manager, family, backend, max_keep, reported, pids, hashed, tally):
+    """Check the store left by the child ``pid``; return the latest step.
+
+    Parameters
+    ----------
+    manager : CheckpointManager
+        Reads the directory (it never writes here).
+    family : Family
+        The child's family of checkpoints.
+    backend : str
+        The serialization backend.
+    max_keep : int
+        The child's retention window (below one keeps all).
+    reported : set of int
+        Every step a child reported as committed, in all rounds.
+    pids : list of int
+        The children since the last one that committed a checkpoint (that one
+        included): a writer sweeps temporary files when it first saves, so
+        only theirs may be left.
+    hashed : set of tuple
+        ``(step, record time)`` of the commits already checked against their
+        sha256 (updated).
+    tally : Tally
+        Counts what was seen (updated).
+    """
+    directory = manager.directory
+    names = os.listdir(directory) if directory.exists() else []
+    temps = [name for name in names if is_temp(name)]
+    assert {int(_TEMP_PID.search(name).group(1)) for name in temps} <= set(pids), (
+        f"temporary files of earlier writers survived: {temps}"
+    )
+    tally.mid_write += bool(temps)
+    committed = dict(committed_checkpoints(directory, family))
+    uncommitted = {family.step_of(name) for name in names} - {None, *committed}
+
+    try:
+        restored = manager.restore("latest")
+    except RestartNotFoundError:
+        assert not reported, f"steps {sorted(reported)} were reported, latest is gone"
+        assert not committed
+        return 0
+    latest = restored.step
+    assert restored.resolved.warnings == [], restored.resolved.warnings
+    assert restored.resolved.checked == "sha256"
+    assert latest >= max(reported, default=0), "latest went back"
+    assert payload_mismatches(restored.state, latest, backend) == []
+    tally.verified += 1
+    tally.unpublished += max(committed) > latest
+    tally.uncommitted += any(step > latest for step in uncommitted)
+    # below latest only a kill while pruning could leave one, and no rule would
+    # ever remove it: pruning removes a payload before its record
+    stray = sorted(step for step in uncommitted if step < latest)
+    assert not stray, f"payloads without a record below latest: steps {stray}"
+    tally.stray_records.update(
+        name
+        for name in names
+        if name.endswith(".commit.json") and name[1 : -len(".commit.json")] not in names
+    )
+
+    if max_keep < 1:
+        kept = set(range(1, latest + 1)) | reported
+    else:
+        kept = {step for step in reported if step > latest - max_keep}
+        assert len(committed) <= max_keep + 1, sorted(committed)
+    lost = sorted(kept - committed.keys())
+    assert not lost, f"committed checkpoints lost: steps {lost}"
+    for step in sorted(committed):  # every commit record tells the truth
+        record = read_record(committed[step])
+        sha256 = (step, record.created) not in hashed  # new, or saved again
+        verify(committed[step], record, sha256=sha256)
+        if sha256:
+            hashed.add((step, record.created))
+            tally.verified += 1
+    return latest
+
+
+@pytest.mark.parametrize("max_keep", [0, 2], ids=["keep-all", "keep-2"])
+@pytest.mark.parametrize("backend", ["hdf5", "torch"])
+def test_kill_torture(tmp_path, backend, max_keep):
+    """Rules 5-8 and 12 under SIGKILL at random times, round after round."""
+    directory = tmp_path / "models"
+    family = Family("model.ckpt", SUFFIX[backend])
+    delays = random.Random(f"torture-{backend}-{max_keep}")
+    manager = CheckpointManager(
+        directory,
+        backend=backend,
+        max_keep=max_keep,
+        verify="sha256",
+        pm=get_plugin_manager(entry_points=False),
+    )
+    reported, hashed, tally, pids = set(), set(), Tally(), []
+    latest = 0
+    started = time.monotonic()
+    with open(tmp_path / "child.err", "w+") as stderr:
+        for _ in range(ROUNDS[backend]):
+            child = start_child(directory, backend, max_keep, stderr)
+            output = ChildOutput(child.stdout)
+            try:
+                assert output.ready.wait(timeout=120), "the child never got ready"
+                time.sleep(delays.uniform(0, MAX_DELAY))
+                alive = child.poll() is None
+                child.send_signal(signal.SIGKILL)
+            finally:
+                child.kill()
+                child.wait()
+                output.join()
+                child.stdout.close()
+            stderr.seek(0)
+            assert alive, f"the child ended early: {output.lines}\n{stderr.read()}"
+            assert not [line for line in output.lines if line.startswith("FAIL")]
+            # the child resumed from exactly the latest the parent saw
+            assert output.steps("ready") == [latest], output.lines
+            tally.rounds += 1
+            tally.kills += 1
+            reported.update(output.steps("committed"))
+            pids = [child.pid] if output.steps("committed") else [*pids, child.pid]
+            latest = check_after_kill(
+                manager, family, backend, max_keep, reported, pids, hashed, tally
+            )
+
+    # one more save without a kill: every leftover of the killed writers goes
+    manager.save(latest + 1, make_payload(latest + 1, backend))
+    manager.close()
+    assert [name for name in os.listdir(directory) if is_temp(name)] == []
+    final = manager.restore("latest")
+    assert final.step == latest + 1
+    assert payload_mismatches(final.state, latest + 1, backend) == []
+    committed = dict(committed_checkpoints(directory, family))
+    if max_keep < 1:
+        assert sorted(committed) == list(range(1, latest + 2))
+    else:
+        assert sorted(committed) == list(
+            range(max(1, latest + 2 - max_keep), latest + 2)
+        )
+    for path in committed.values():
+        verify(path, read_record(path), sha256=True)
+        tally.verified += 1
+    shutil.rmtree(directory)
+
+    assert tally.kills >= 1 and reported, "no checkpoint was committed at all"
+    print(
+        f"\ntorture {backend} max_keep={max_keep}: {tally.rounds} rounds, "
+        f"{tally.kills} kills, {len(reported)} steps reported committed, "
+        f"{tally.verified} checkpoint verifications (sha256), 0 lost; "
+        f"kills that left a torn temporary {tally.mid_write}, an uncommitted "
+        f"payload {tally.uncommitted}, a committed but unpublished step "
+        f"{tally.unpublished}; records left naming no file by a kill while "
+        f"pruning {len(tally.stray_records)}; {time.monotonic() - started:.1f} s"
+    )
