@@ -130,3 +130,10 @@ def temp_target(name: str) -> str | None:
 def record_name(checkpoint_name: str) -> str:
     """Return the file name of a checkpoint's commit record."""
     return f".{checkpoint_name}{_RECORD_SUFFIX}"
+
+
+def record_target(name: str) -> str | None:
+    """Return the checkpoint a commit record's file name describes, or ``None``."""
+    if name.startswith(".") and name.endswith(_RECORD_SUFFIX) and not is_temp(name):
+        return name[1 : -len(_RECORD_SUFFIX)] or None
+    return None

@@ -31,7 +31,7 @@ import pluggy
 from . import fsio
 from .backends import BackendInfo, get_backend
 from .errors import CheckpointWriteError, RestartNotFoundError
-from .layout import Family, is_temp
+from .layout import Family, is_temp, record_target
 from .lock import StoreLock
 from .ranks import Ranks, SingleProcess
 from .records import CommitRecord, make_record, read_record, record_path, write_record
@@ -177,7 +177,7 @@ class CheckpointStore:
             ) from exc
         if self._lock is not None:
             self._lock.acquire()
-        self.sweep_temporaries()
+        self.sweep_leftovers()
         self._ready = True
 
     def close(self) -> None:
@@ -192,10 +192,13 @@ class CheckpointStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def sweep_temporaries(self) -> list[Path]:
-        """Remove temporary files a killed writer left; return them.
+    def sweep_leftovers(self) -> list[Path]:
+        """Remove what a killed writer left; return the paths removed.
 
-        Safe only while holding the lock, which :meth:`open` guarantees.
+        That is our temporary files (in ``D`` and beside the compatibility
+        pointer and alias) and commit records whose checkpoint is gone (a kill
+        between the two unlinks of a prune). Safe only while holding the lock,
+        which :meth:`open` guarantees.
         """
         removed = []
         dirs = {self.directory}
@@ -209,8 +212,14 @@ class CheckpointStore:
             except OSError:
                 continue
             for name in names:
-                if is_temp(name) and (
-                    directory == self.directory or self._is_compat_temp(directory, name)
+                target = record_target(name) if directory == self.directory else None
+                orphan = target is not None and not os.path.lexists(directory / target)
+                if orphan or (
+                    is_temp(name)
+                    and (
+                        directory == self.directory
+                        or self._is_compat_temp(directory, name)
+                    )
                 ):
                     with contextlib.suppress(OSError):
                         os.unlink(directory / name)

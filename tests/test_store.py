@@ -359,3 +359,22 @@ def test_non_chief_rank_writes_nothing_and_returns_the_same_path(tmp_path, pm):
 def test_negative_step_is_refused(tmp_path, make_manager, bad):
     with pytest.raises(ValueError, match="negative"):
         make_manager().save(bad, payload(1))
+
+
+def test_open_sweeps_temporaries_and_orphan_records_only(tmp_path, pm):
+    d = tmp_path / "models"
+    with make_store(pm, d, keep=0) as store:
+        store.save(1, payload(1))
+    leftovers = [
+        ".model.ckpt-2.h5.tmp-123-abcd",  # a killed payload write
+        ".checkpoint.tmp-123-abcd",  # a killed pointer update
+        ".model.ckpt-9.h5.commit.json",  # a kill between the unlinks of a prune
+    ]
+    kept = [".model.ckpt-1.h5.commit.json", ".hidden-user-file", "notes.txt"]
+    for name in leftovers + kept[1:]:
+        (d / name).write_text("x")
+    with make_store(pm, d, keep=0) as store:
+        store.save(2, payload(2))
+    names = set(os.listdir(d))
+    assert not names & set(leftovers)
+    assert set(kept) <= names
