@@ -1,0 +1,537 @@
+"""Helpers for the end-to-end tests that run the real ``dp`` command.
+
+Everything here works from the repository checkout and the Python that runs
+the tests: ``dp`` and ``torchrun`` are looked up next to ``sys.executable``, the
+example input and data generator under ``examples/``. Each command is run in a
+subprocess with one thread per process, timed, and its wall time printed (run
+pytest with ``-s`` to see it) and kept in :data:`TIMINGS`.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+"""Root of the repository checkout."""
+
+EXAMPLES = REPO_ROOT / "examples"
+"""The example input and data generator."""
+
+BIN_DIR = Path(sys.executable).parent
+"""Directory holding the console scripts of the environment running the tests."""
+
+DP = BIN_DIR / "dp"
+"""deepmd-kit's command line."""
+
+TORCHRUN = BIN_DIR / "torchrun"
+"""PyTorch's distributed launcher."""
+
+DEFAULT_TIMEOUT = 300.0
+"""Seconds after which a command is killed and the test fails."""
+
+TIMINGS: list[tuple[str, float]] = []
+"""``(label, seconds)`` of every command run so far, in order."""
+
+RESUMING = re.compile(r"Resuming from (\S+?)\.?$", re.MULTILINE)
+"""deepmd-kit's log line naming the checkpoint a run restarts from."""
+
+_TEMP = re.compile(r"\.tmp")
+_ALLOWED_DOT_FILES = re.compile(
+    r"^\.(dp_ckpt\.lock|dp_ckpt\.holder\.json|.+\.commit\.json)$"
+)
+
+
+@dataclass
+class Result:
+    """The outcome of one command.
+
+    Attributes
+    ----------
+    label : str
+        What was run, for messages.
+    args : list of str
+        The command line.
+    cwd : Path
+        Its working directory.
+    returncode : int
+        Its exit status.
+    stdout, stderr : str
+        Its output (deepmd-kit logs to stderr).
+    seconds : float
+        Its wall time.
+    """
+
+    label: str
+    args: list[str]
+    cwd: Path
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    @property
+    def output(self) -> str:
+        """Standard output and standard error together."""
+        return self.stdout + "\n" + self.stderr
+
+    def describe(self) -> str:
+        """A summary for assertion messages: the command, status and output tail."""
+        tail = "\n".join(self.output.strip().splitlines()[-40:])
+        return (
+            f"{self.label} in {self.cwd} exited {self.returncode} "
+            f"after {self.seconds:.1f} s; last output:\n{tail}"
+        )
+
+    def check(self) -> Result:
+        """Assert that the command succeeded; return ``self``."""
+        assert self.returncode == 0, self.describe()
+        return self
+
+
+def dp_env(**extra: str) -> dict[str, str]:
+    """Return the environment for a ``dp`` subprocess.
+
+    One thread per process (which also silences deepmd-kit's advice about
+    threads), a fixed inference batch size, no GPU, and the plugin on unless
+    ``extra`` turns it off.
+
+    Parameters
+    ----------
+    **extra : str
+        Variables to set on top, such as ``DP_CKPT_DISABLE="1"``.
+
+    Returns
+    -------
+    dict
+        A copy of ``os.environ`` with those changes.
+    """
+    env = dict(os.environ)
+    env.pop("DP_CKPT_DISABLE", None)
+    for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    env.update(
+        OMP_NUM_THREADS="1",
+        DP_INTRA_OP_PARALLELISM_THREADS="1",
+        DP_INTER_OP_PARALLELISM_THREADS="1",
+        DP_INFER_BATCH_SIZE="1024",
+        CUDA_VISIBLE_DEVICES="",
+    )
+    env.update(extra)
+    return env
+
+
+def run(
+    args: Sequence[str | os.PathLike],
+    cwd: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    label: str | None = None,
+) -> Result:
+    """Run a command, time it and print the time.
+
+    Parameters
+    ----------
+    args : sequence of str or path
+        The command line; a first element of :data:`DP` or :data:`TORCHRUN` is
+        shown by its name.
+    cwd : Path
+        Working directory.
+    env : mapping, optional
+        Environment; :func:`dp_env` by default.
+    timeout : float
+        Seconds before the command is killed (the test then fails).
+    label : str, optional
+        Name in the printed timing; the command line by default.
+
+    Returns
+    -------
+    Result
+    """
+    argv = [str(a) for a in args]
+    shown = " ".join([Path(argv[0]).name, *argv[1:]])
+    label = label or shown
+    start = time.monotonic()
+    proc = subprocess.run(
+        argv,
+        cwd=cwd,
+        env=dict(env) if env is not None else dp_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    seconds = time.monotonic() - start
+    TIMINGS.append((f"{label}  [{cwd.name}]", seconds))
+    print(f"\n[e2e] {seconds:6.1f} s  {label}  (in {cwd.name}, exit {proc.returncode})")
+    return Result(label, argv, cwd, proc.returncode, proc.stdout, proc.stderr, seconds)
+
+
+def dp(*args: str | os.PathLike) -> list[str]:
+    """Return the command line ``dp --pt-expt <args>``."""
+    return [str(DP), "--pt-expt", *map(str, args)]
+
+
+def make_data(out: Path, frames: int = 12) -> Path:
+    """Write the example training and validation systems with few frames.
+
+    Parameters
+    ----------
+    out : Path
+        Directory to hold ``train/`` and ``valid/``.
+    frames : int
+        Number of training frames.
+
+    Returns
+    -------
+    Path
+        ``out``.
+    """
+    subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLES / "make_data.py"),
+            "--out",
+            str(out),
+            "--frames",
+            str(frames),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return out
+
+
+def example_config(
+    *, dp_ckpt: Mapping[str, Any] | None = None, **training: Any
+) -> dict[str, Any]:
+    """Return the example input with changes to its ``training`` section.
+
+    Parameters
+    ----------
+    dp_ckpt : mapping, optional
+        A ``dp_ckpt`` section to add.
+    **training : Any
+        Keys of ``training`` to set; a value of ``None`` removes the key.
+
+    Returns
+    -------
+    dict
+        A fresh copy; its data systems are ``data/train`` and ``data/valid``.
+    """
+    config = json.loads((EXAMPLES / "input.json").read_text("utf-8"))
+    config = copy.deepcopy(config)
+    for key, value in training.items():
+        if value is None:
+            config["training"].pop(key, None)
+        else:
+            config["training"][key] = value
+    if dp_ckpt is not None:
+        config["dp_ckpt"] = dict(dp_ckpt)
+    return config
+
+
+def write_config(path: Path, config: Mapping[str, Any]) -> Path:
+    """Write a training input as JSON; return its path."""
+    path.write_text(json.dumps(config, indent=2) + "\n", "utf-8")
+    return path
+
+
+def make_workdir(
+    parent: Path, name: str, data: Path, config: Mapping[str, Any] | None = None
+) -> Path:
+    """Create a working directory holding a copy of ``data`` and ``input.json``.
+
+    Parameters
+    ----------
+    parent : Path
+        Where to create it.
+    name : str
+        Its name.
+    data : Path
+        The directory written by :func:`make_data`; copied to ``<workdir>/data``.
+    config : mapping, optional
+        Written to ``input.json`` if given.
+
+    Returns
+    -------
+    Path
+        The new directory.
+    """
+    workdir = parent / name
+    workdir.mkdir(parents=True)
+    shutil.copytree(data, workdir / "data")
+    if config is not None:
+        write_config(workdir / "input.json", config)
+    return workdir
+
+
+def copy_tree(source: Path, target: Path) -> Path:
+    """Copy a directory keeping symlinks as symlinks; return ``target``."""
+    shutil.copytree(source, target, symlinks=True)
+    return target
+
+
+def sha256(path: Path) -> str:
+    """Hex sha256 of a file."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def steps(directory: Path, prefix: str, suffix: str = ".pt") -> list[int]:
+    """Steps of the numbered files ``<prefix>-<step><suffix>`` in ``directory``.
+
+    Aliases, records and temporary files do not match.
+    """
+    pattern = re.compile(re.escape(prefix) + r"-(0|[1-9][0-9]*)" + re.escape(suffix))
+    found = []
+    for path in directory.iterdir():
+        match = pattern.fullmatch(path.name)
+        if match and path.is_file() and not path.is_symlink():
+            found.append(int(match.group(1)))
+    return sorted(found)
+
+
+def record_of(checkpoint: Path) -> dict[str, Any] | None:
+    """The commit record of a checkpoint, or ``None`` if it has none."""
+    path = checkpoint.parent / f".{checkpoint.name}.commit.json"
+    if not path.exists():
+        return None
+    return json.loads(path.read_text("utf-8"))
+
+
+def records_in(directory: Path) -> list[str]:
+    """Names of the checkpoints that have a commit record in ``directory``."""
+    return sorted(
+        p.name[1 : -len(".commit.json")] for p in directory.glob(".*.commit.json")
+    )
+
+
+def assert_committed(checkpoint: Path, *, step: int, family: str) -> None:
+    """Assert that ``checkpoint`` has a commit record matching its bytes."""
+    record = record_of(checkpoint)
+    assert record is not None, f"{checkpoint} has no commit record"
+    assert record["name"] == checkpoint.name
+    assert record["step"] == step
+    assert record["family"] == family
+    assert record["backend"] == "torch"
+    assert record["size"] == checkpoint.stat().st_size
+    assert record["sha256"] == sha256(checkpoint)
+    assert isinstance(record["format_version"], int)
+
+
+def tree_state(directory: Path) -> dict[str, tuple[str, str]]:
+    """What a directory holds: each entry's kind and content digest or link target.
+
+    Parameters
+    ----------
+    directory : Path
+        Walked recursively, dot files included.
+
+    Returns
+    -------
+    dict
+        Relative path to ``("link", target)``, ``("file", sha256)`` or
+        ``("dir", "")``.
+    """
+    state = {}
+    for path in sorted(directory.rglob("*")):
+        name = str(path.relative_to(directory))
+        if path.is_symlink():
+            state[name] = ("link", os.readlink(path))
+        elif path.is_dir():
+            state[name] = ("dir", "")
+        else:
+            state[name] = ("file", sha256(path))
+    return state
+
+
+def read_pointer(path: Path) -> str:
+    """The one line a pointer file holds."""
+    return path.read_text("utf-8").strip()
+
+
+def stray_files(root: Path) -> list[Path]:
+    """Files under ``root`` that look temporary, or are unexpected dot files.
+
+    Temporary files of the plugin are ``.<name>.tmp-<pid>-<random>``; deepmd-kit
+    uses ``<name>.tmp``. The dot files a store may hold are its lock, the
+    holder description and commit records.
+    """
+    stray = []
+    for path in root.rglob("*"):
+        if path.is_relative_to(root / "data"):
+            continue
+        name = path.name
+        if _TEMP.search(name) or (
+            name.startswith(".") and not _ALLOWED_DOT_FILES.match(name)
+        ):
+            stray.append(path)
+    return stray
+
+
+def load_payload(path: Path) -> dict[str, Any]:
+    """``torch.load`` a checkpoint safely (``weights_only=True``) on the CPU."""
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def payload_step(path: Path) -> int:
+    """``train_infos.step`` of a checkpoint's model state."""
+    return int(load_payload(path)["model"]["_extra_state"]["train_infos"]["step"])
+
+
+def payload_structure(path: Path) -> dict[str, list[str]]:
+    """The key structure of a checkpoint: what deepmd-kit reads back.
+
+    Returns
+    -------
+    dict
+        Sorted keys of the top level, the model state dict, its
+        ``_extra_state`` and ``train_infos``, and of the optimizer and EMA
+        states where present.
+    """
+    payload = load_payload(path)
+    model = payload["model"]
+    extra = model["_extra_state"]
+    structure = {
+        "top": sorted(payload),
+        "model": sorted(model),
+        "extra_state": sorted(extra),
+        "train_infos": sorted(extra["train_infos"]),
+    }
+    if "optimizer" in payload:
+        structure["optimizer"] = sorted(payload["optimizer"])
+    if "ema" in payload:
+        structure["ema"] = sorted(payload["ema"])
+    return structure
+
+
+def resumed_from(text: str, cwd: Path) -> list[Path]:
+    """Every checkpoint a log says it resumed from, resolved against ``cwd``."""
+    return [(cwd / m).resolve() for m in RESUMING.findall(text)]
+
+
+def assert_no_traceback(result: Result) -> None:
+    """Assert that neither output stream holds a Python traceback."""
+    assert "Traceback (most recent call last)" not in result.output, result.describe()
+
+
+def free_port() -> int:
+    """A TCP port on localhost that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun(nproc: int, log_dir: Path, *args: str | os.PathLike) -> list[str]:
+    """``torchrun`` running ``dp --pt-expt <args>`` on ``nproc`` local ranks.
+
+    Each rank's output goes to its own files under ``log_dir`` (see
+    :func:`rank_logs`).
+    """
+    return [
+        str(TORCHRUN),
+        f"--nproc_per_node={nproc}",
+        f"--master_port={free_port()}",
+        f"--log-dir={log_dir}",
+        "--redirects=3",
+        *dp(*args),
+    ]
+
+
+def rank_logs(log_dir: Path) -> dict[int, str]:
+    """The stdout and stderr of each rank that torchrun wrote under ``log_dir``."""
+    logs: dict[int, str] = {}
+    for path in sorted(log_dir.rglob("*.log")):
+        if path.parent.name.isdigit():
+            rank = int(path.parent.name)
+            logs[rank] = logs.get(rank, "") + path.read_text("utf-8", "replace")
+    return logs
+
+
+def frozen_variables(path: Path) -> dict[str, Any]:
+    """The model variables a frozen ``.pte`` archive carries, by their path.
+
+    deepmd-kit stores the serialized model (``extra/model.json``) in the
+    archive; its variables are the weights and statistics of the checkpoint
+    that was frozen.
+
+    Returns
+    -------
+    dict
+        ``/model/.../@variables/<name>`` to a numpy array.
+    """
+    import zipfile
+
+    import numpy as np
+
+    with zipfile.ZipFile(path) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith("/extra/model.json")]
+        serialized = json.loads(archive.read(name))
+    found: dict[str, Any] = {}
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, dict):
+            if node.get("@class") == "np.ndarray" and "value" in node:
+                found[where] = np.asarray(node["value"], dtype=node.get("dtype"))
+                return
+            for key, value in node.items():
+                walk(value, f"{where}/{key}")
+        elif isinstance(node, list):
+            for index, value in enumerate(node):
+                walk(value, f"{where}[{index}]")
+
+    walk(serialized, "")
+    return found
+
+
+def unmatched_variables(frozen: Path, checkpoint: Path) -> list[str]:
+    """Variables of a frozen model that no tensor of a checkpoint equals exactly.
+
+    An empty list means the frozen model was made from that checkpoint's
+    weights (values are compared bit for bit; JSON keeps doubles exactly).
+
+    Parameters
+    ----------
+    frozen : Path
+        A ``.pte`` file written by ``dp --pt-expt freeze``.
+    checkpoint : Path
+        A training checkpoint.
+
+    Returns
+    -------
+    list of str
+        Paths of the variables without an equal tensor in the checkpoint.
+    """
+    import numpy as np
+
+    tensors = [
+        value.detach().cpu().numpy()
+        for key, value in load_payload(checkpoint)["model"].items()
+        if key != "_extra_state" and hasattr(value, "detach")
+    ]
+    variables = frozen_variables(frozen)
+    assert variables, f"{frozen} carries no model variables"
+    return [
+        where
+        for where, array in variables.items()
+        if not any(t.shape == array.shape and np.array_equal(t, array) for t in tensors)
+    ]
+
+
+ENERGY_RMSE = re.compile(r"Energy RMSE\s*:\s*(\S+) eV")
+"""``dp test``'s energy RMSE line."""

@@ -1,0 +1,590 @@
+"""End to end: the real ``dp --pt-expt`` command on tiny data, in subprocesses.
+
+Each ``dp`` run costs seconds (importing torch and deepmd-kit dominates), so
+one trained run is shared through module-scoped fixtures, and every fixture
+that continues a run works on a copy of its directory. Runs:
+
+``main``
+    ``dp --pt-expt train`` with ``save_dir: models``, 20 steps, a checkpoint
+    every 5, a window of 2 and EMA on. Read, never written, by later runs.
+``restarted``
+    A copy of ``main``, continued to step 30 with ``--restart latest``.
+``relocated``
+    A fresh directory restarting from a moved copy of ``main/models`` and
+    continuing under another ``save_ckpt`` name (``run.ckpt``), then frozen
+    with ``freeze -c models`` and evaluated with ``dp test``. ``main`` itself is
+    frozen with ``freeze`` in its working directory. (Three freezes would cost
+    a fifth of the module's time; these two cover ``-c D`` and the working
+    directory, the default name and a custom one.)
+``plain``
+    ``DP_CKPT_DISABLE=1``: deepmd-kit's own code, for the layout and payloads.
+``two_ranks``
+    ``torchrun`` with two CPU ranks and ``save_ckpt: run.ckpt``, then a copy
+    continued with ``--restart latest`` on two ranks.
+
+Run with ``pytest tests/test_e2e.py -s`` to see the wall time of each command.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from e2e_support import (
+    DP,
+    ENERGY_RMSE,
+    TIMINGS,
+    TORCHRUN,
+    Result,
+    assert_committed,
+    assert_no_traceback,
+    copy_tree,
+    dp,
+    dp_env,
+    example_config,
+    make_data,
+    make_workdir,
+    payload_step,
+    payload_structure,
+    rank_logs,
+    read_pointer,
+    records_in,
+    resumed_from,
+    run,
+    steps,
+    stray_files,
+    torchrun,
+    tree_state,
+    unmatched_variables,
+    write_config,
+)
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(not DP.exists(), reason=f"no dp command at {DP}"),
+]
+
+FRAMES = 12
+"""Training frames of the generated data (the validation set gets 3)."""
+
+TRAINING = {
+    "numb_steps": 20,
+    "save_freq": 5,
+    "max_ckpt_keep": 2,
+    "save_dir": "models",
+    "enable_ema": True,
+}
+"""The ``training`` keys of every run, on top of ``examples/input.json``."""
+
+FAST = 30.0
+"""Seconds within which a refused run must have ended."""
+
+COMMITTED = re.compile(r"committed (\S+) \(step (\d+)\)")
+"""The plugin's log line for each committed checkpoint."""
+
+BATCH = re.compile(r"Batch\s+(\d+):")
+"""deepmd-kit's log line for each displayed training step."""
+
+
+@dataclass
+class Run:
+    """A working directory and the ``dp`` command that ran in it.
+
+    Attributes
+    ----------
+    workdir : Path
+        The working directory.
+    result : Result
+        The outcome of the command.
+    """
+
+    workdir: Path
+    result: Result
+
+    @property
+    def models(self) -> Path:
+        """The ``save_dir`` of the run."""
+        return self.workdir / "models"
+
+
+def training_config(**changes):
+    """:data:`TRAINING` on top of the example input, with ``changes``."""
+    dp_ckpt = changes.pop("dp_ckpt", None)
+    return example_config(dp_ckpt=dp_ckpt, **{**TRAINING, **changes})
+
+
+def batches(text: str) -> list[int]:
+    """The training steps a log displays."""
+    return sorted({int(s) for s in BATCH.findall(text)})
+
+
+# -- fixtures -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def timing_summary():
+    """Print the wall time of every command once the module is done."""
+    start = len(TIMINGS)
+    yield
+    rows = TIMINGS[start:]
+    print("\n[e2e] wall time of each command:")
+    for label, seconds in rows:
+        print(f"[e2e] {seconds:6.1f} s  {label}")
+    print(f"[e2e] {sum(s for _, s in rows):6.1f} s  in all ({len(rows)} commands)")
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    """A directory holding every working directory of this module."""
+    return tmp_path_factory.mktemp("e2e")
+
+
+@pytest.fixture(scope="module")
+def data(base) -> Path:
+    """The tiny Cu/Ag training and validation sets."""
+    return make_data(base / "data_source", frames=FRAMES)
+
+
+@pytest.fixture(scope="module")
+def main_run(base, data) -> Run:
+    """Train 20 steps with ``save_dir``, EMA and a window of 2."""
+    workdir = make_workdir(base, "main", data, training_config())
+    return Run(workdir, run(dp("train", "input.json"), workdir).check())
+
+
+@pytest.fixture(scope="module")
+def restarted_run(base, main_run) -> Run:
+    """A copy of the main run continued to step 30 with ``--restart latest``."""
+    workdir = copy_tree(main_run.workdir, base / "restarted")
+    write_config(workdir / "input.json", training_config(numb_steps=30))
+    result = run(dp("train", "input.json", "--restart", "latest"), workdir)
+    return Run(workdir, result.check())
+
+
+@pytest.fixture(scope="module")
+def relocated(base, data, main_run):
+    """Move a copy of the main run's store elsewhere and restart from it there.
+
+    The new run has its own ``save_dir`` and ``save_ckpt: run.ckpt``, and
+    trains to step 25.
+
+    Returns
+    -------
+    tuple
+        The run, the moved store, and the state of the moved store before the run.
+    """
+    staging = copy_tree(main_run.models, base / "staging" / "models")
+    moved = base / "elsewhere" / "deep" / "moved_store"
+    moved.parent.mkdir(parents=True)
+    shutil.move(staging, moved)
+    before = tree_state(moved)
+    config = training_config(numb_steps=25, save_ckpt="run.ckpt")
+    workdir = make_workdir(base, "relocated", data, config)
+    spec = os.path.relpath(moved, workdir)
+    result = run(dp("train", "input.json", "--restart", spec), workdir)
+    return Run(workdir, result.check()), moved, before
+
+
+@pytest.fixture(scope="module")
+def frozen_by_dir(relocated) -> Result:
+    """``dp --pt-expt freeze -c models -o frozen`` of the relocated run."""
+    return run(dp("freeze", "-c", "models", "-o", "frozen"), relocated[0].workdir)
+
+
+@pytest.fixture(scope="module")
+def evaluated(relocated, frozen_by_dir) -> Result:
+    """``dp --pt-expt test`` of that ``frozen.pte`` on the validation set."""
+    frozen_by_dir.check()
+    workdir = relocated[0].workdir
+    return run(dp("test", "-m", "frozen.pte", "-s", "data/valid"), workdir)
+
+
+@pytest.fixture(scope="module")
+def frozen_in_cwd(main_run) -> Result:
+    """``dp --pt-expt freeze`` (no ``-c``) in the main run's working directory."""
+    return run(dp("freeze"), main_run.workdir)
+
+
+@pytest.fixture(scope="module")
+def plain_run(base, data) -> Run:
+    """The same training with the plugin off (deepmd-kit's own code)."""
+    workdir = make_workdir(base, "plain", data, training_config())
+    result = run(
+        dp("train", "input.json"),
+        workdir,
+        env=dp_env(DP_CKPT_DISABLE="1"),
+        label="DP_CKPT_DISABLE=1 dp --pt-expt train input.json",
+    )
+    return Run(workdir, result.check())
+
+
+@pytest.fixture(scope="module")
+def plain_from_plugin(base, main_run) -> Run:
+    """A copy of the main run continued to step 25 by plain deepmd-kit."""
+    workdir = copy_tree(main_run.workdir, base / "plain_from_plugin")
+    write_config(workdir / "input.json", training_config(numb_steps=25))
+    result = run(
+        dp("train", "input.json", "--restart", "models/model.ckpt-20.pt"),
+        workdir,
+        env=dp_env(DP_CKPT_DISABLE="1"),
+        label="DP_CKPT_DISABLE=1 dp --pt-expt train --restart models/model.ckpt-20.pt",
+    )
+    return Run(workdir, result.check())
+
+
+@pytest.fixture(scope="module")
+def plugin_from_plain(base, plain_run) -> Run:
+    """A copy of the plain run continued to step 25 through the plugin."""
+    workdir = copy_tree(plain_run.workdir, base / "plugin_from_plain")
+    write_config(workdir / "input.json", training_config(numb_steps=25))
+    result = run(
+        dp("train", "input.json", "--restart", "models/model.ckpt-20.pt"), workdir
+    )
+    return Run(workdir, result.check())
+
+
+@pytest.fixture(scope="module")
+def bad_workdir(base, data) -> Path:
+    """A directory with a valid input and two broken ones."""
+    workdir = make_workdir(base, "bad", data, training_config())
+    write_config(
+        workdir / "unknown_key.json", training_config(dp_ckpt={"verfy": "size"})
+    )
+    write_config(
+        workdir / "file_save_dir.json", training_config(save_dir="not_a_directory")
+    )
+    (workdir / "not_a_directory").write_text("a regular file\n")
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def two_ranks(base, data):
+    """Two CPU ranks under torchrun, ``save_ckpt: run.ckpt``, 10 steps.
+
+    Returns
+    -------
+    tuple
+        The run and the output of each rank.
+    """
+    if not TORCHRUN.exists():
+        pytest.skip(f"no torchrun at {TORCHRUN}")
+    workdir = make_workdir(
+        base, "two_ranks", data, training_config(numb_steps=10, save_ckpt="run.ckpt")
+    )
+    logs = workdir / "torchrun_logs_train"
+    result = run(torchrun(2, logs, "train", "input.json"), workdir)
+    return Run(workdir, result.check()), rank_logs(logs)
+
+
+@pytest.fixture(scope="module")
+def two_ranks_restarted(two_ranks):
+    """A copy of the two-rank run continued to step 20, ``--restart latest``.
+
+    Returns
+    -------
+    tuple
+        The run and the output of each rank.
+    """
+    workdir = copy_tree(
+        two_ranks[0].workdir, two_ranks[0].workdir.parent / "two_ranks_restarted"
+    )
+    write_config(
+        workdir / "input.json", training_config(numb_steps=20, save_ckpt="run.ckpt")
+    )
+    logs = workdir / "torchrun_logs_restart"
+    result = run(
+        torchrun(2, logs, "train", "input.json", "--restart", "latest"), workdir
+    )
+    return Run(workdir, result.check()), rank_logs(logs)
+
+
+# -- rules 1-3: layout ----------------------------------------------------------------
+
+
+def test_layout_with_save_dir(main_run):
+    """Numbered files, window, pointers, aliases and records of a finished run."""
+    models, cwd = main_run.models, main_run.workdir
+    assert_no_traceback(main_run.result)
+
+    # Rule 1, with the window of 2 applied to each family.
+    assert steps(models, "model.ckpt") == [15, 20]
+    assert steps(models, "model_ema.ckpt") == [15, 20]
+    committed = [
+        (Path(p).name, int(s)) for p, s in COMMITTED.findall(main_run.result.output)
+    ]
+    assert ("model.ckpt-5.pt", 5) in committed, "every save goes through the store"
+    assert ("model_ema.ckpt-20.pt", 20) in committed
+
+    # Rule 6: one record per file left, matching its bytes; none for pruned ones.
+    for family in ("model.ckpt", "model_ema.ckpt"):
+        for step in (15, 20):
+            assert_committed(models / f"{family}-{step}.pt", step=step, family=family)
+    assert records_in(models) == sorted(
+        f"{f}-{s}.pt" for f in ("model.ckpt", "model_ema.ckpt") for s in (15, 20)
+    )
+
+    # Rule 2: pointer and aliases inside the store, relative to it.
+    assert read_pointer(models / "checkpoint") == "model.ckpt-20.pt"
+    assert read_pointer(models / "checkpoint.model_ema.ckpt") == "model_ema.ckpt-20.pt"
+    assert os.readlink(models / "model.ckpt.pt") == "model.ckpt-20.pt"
+    assert os.readlink(models / "model_ema.ckpt.pt") == "model_ema.ckpt-20.pt"
+
+    # Rule 3: deepmd-kit's pointer and aliases in the working directory.
+    assert read_pointer(cwd / "checkpoint") == "models/model.ckpt-20.pt"
+    for alias, target in (
+        ("model.ckpt.pt", "model.ckpt-20.pt"),
+        ("model_ema.ckpt.pt", "model_ema.ckpt-20.pt"),
+    ):
+        assert (cwd / alias).is_symlink()
+        assert (cwd / alias).resolve() == (models / target).resolve()
+
+    # Rule 5: no temporary file is left anywhere.
+    assert stray_files(cwd) == []
+    assert payload_step(models / "model.ckpt-20.pt") == 20
+
+
+# -- rule 16: restart latest --------------------------------------------------------
+
+
+def test_restart_latest_continues_the_step_count(restarted_run):
+    """``--restart latest`` resumes at step 20 and saves 25 and 30, window 2."""
+    models, out = restarted_run.models, restarted_run.result.output
+    assert_no_traceback(restarted_run.result)
+    assert resumed_from(out, restarted_run.workdir) == [
+        (models / "model.ckpt-20.pt").resolve()
+    ]
+    assert min(batches(out)) > 20, "the step count started over"
+
+    assert steps(models, "model.ckpt") == [25, 30]
+    assert steps(models, "model_ema.ckpt") == [25, 30]
+    for step in (25, 30):
+        assert payload_step(models / f"model.ckpt-{step}.pt") == step
+        assert_committed(
+            models / f"model.ckpt-{step}.pt", step=step, family="model.ckpt"
+        )
+    assert read_pointer(models / "checkpoint") == "model.ckpt-30.pt"
+    assert (
+        read_pointer(restarted_run.workdir / "checkpoint") == "models/model.ckpt-30.pt"
+    )
+    assert stray_files(restarted_run.workdir) == []
+
+
+# -- rules 2 and 17: a relocated store ----------------------------------------------
+
+
+def test_moved_store_restarts_from_its_new_place(relocated):
+    """``--restart <moved directory>`` resumes from step 20 and leaves it alone."""
+    new_run, moved, before = relocated
+    out = new_run.result.output
+    assert_no_traceback(new_run.result)
+    assert resumed_from(out, new_run.workdir) == [
+        (moved / "model.ckpt-20.pt").resolve()
+    ]
+    assert min(batches(out)) > 20
+    assert steps(new_run.models, "run.ckpt") == [25]
+    assert payload_step(new_run.models / "run.ckpt-25.pt") == 25
+    assert_committed(new_run.models / "run.ckpt-25.pt", step=25, family="run.ckpt")
+    assert tree_state(moved) == before, "the run wrote into the store it resumed from"
+
+
+# -- rule 22: freezing -------------------------------------------------------------
+
+
+def test_freeze_directory_with_custom_save_ckpt_evaluates(
+    relocated, frozen_by_dir, evaluated
+):
+    """``freeze -c models`` freezes the latest ``run.ckpt``; the model evaluates."""
+    new_run, moved, _ = relocated
+    assert_no_traceback(frozen_by_dir)
+    frozen_by_dir.check()
+    frozen_file = new_run.workdir / "frozen.pte"
+    assert unmatched_variables(frozen_file, new_run.models / "run.ckpt-25.pt") == []
+    assert unmatched_variables(frozen_file, moved / "model.ckpt-20.pt") != []
+
+    assert_no_traceback(evaluated)
+    evaluated.check()
+    rmse = [float(x) for x in ENERGY_RMSE.findall(evaluated.output)]
+    assert rmse, evaluated.describe()
+    assert all(math.isfinite(x) for x in rmse)
+
+
+def test_freeze_in_working_directory(main_run, frozen_in_cwd):
+    """``dp --pt-expt freeze`` without ``-c`` freezes the latest checkpoint."""
+    models = main_run.models
+    assert_no_traceback(frozen_in_cwd)
+    frozen_in_cwd.check()
+    frozen_file = main_run.workdir / "frozen_model.pte"
+    assert unmatched_variables(frozen_file, models / "model.ckpt-20.pt") == []
+    assert unmatched_variables(frozen_file, models / "model.ckpt-15.pt") != []
+
+
+# -- rules 16, 21 and input checks: fail fast, no traceback --------------------------
+
+
+BAD_CASES = {
+    "restart_names_nothing": (
+        ["input.json", "--restart", "nowhere"],
+        ["no checkpoint found", "looked at", "{cwd}/nowhere", "{cwd}/nowhere.pt"],
+    ),
+    "unknown_dp_ckpt_key": (
+        ["unknown_key.json"],
+        ["dp_ckpt/verfy", "Did you mean", "verify"],
+    ),
+    "save_dir_is_a_file": (
+        ["file_save_dir.json"],
+        ["save_dir", "{cwd}/not_a_directory", "not a directory"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CASES))
+def test_mistake_fails_fast_without_traceback(bad_workdir, case):
+    """A bad handle or input ends in seconds, before any data is read."""
+    args, expected = BAD_CASES[case]
+    result = run(dp("train", *args), bad_workdir, timeout=120)
+    print(f"[e2e] {case}: refused after {result.seconds:.2f} s")
+    assert result.returncode != 0, result.describe()
+    assert_no_traceback(result)
+    for text in expected:
+        assert text.format(cwd=bad_workdir) in result.output, result.describe()
+    assert "Summary of DataSystem" not in result.output, "data was built first"
+    assert result.seconds < FAST
+    models = bad_workdir / "models"
+    assert not models.exists() or steps(models, "model.ckpt") == []
+
+
+# -- rule 10: one writer -------------------------------------------------------------
+
+
+def test_second_writer_is_refused(base, data):
+    """A run on a store this process holds is refused fast, naming this pid."""
+    from dp_ckpt_plugin.lock import StoreLock
+
+    workdir = make_workdir(base, "locked", data, training_config())
+    (workdir / "models").mkdir()
+    lock = StoreLock(workdir / "models")
+    lock.acquire()
+    try:
+        result = run(dp("train", "input.json"), workdir, timeout=120)
+    finally:
+        lock.release()
+    print(f"[e2e] second writer refused after {result.seconds:.2f} s")
+    assert result.returncode != 0, result.describe()
+    assert_no_traceback(result)
+    assert f"pid {os.getpid()}" in result.output, result.describe()
+    assert str(workdir / "models") in result.output
+    assert result.seconds < FAST
+    assert steps(workdir / "models", "model.ckpt") == []
+
+
+# -- DP_CKPT_DISABLE ------------------------------------------------------------------
+
+
+def test_disabled_plugin_leaves_deepmd_layout(plain_run):
+    """With ``DP_CKPT_DISABLE=1`` deepmd-kit writes its own layout, untouched."""
+    models, cwd, out = plain_run.models, plain_run.workdir, plain_run.result.output
+    assert steps(models, "model.ckpt") == [15, 20]
+    assert steps(models, "model_ema.ckpt") == [15, 20]
+    assert records_in(models) == []
+    assert not (models / "checkpoint").exists()
+    assert not (models / "model.ckpt.pt").exists()
+    assert not (models / ".dp_ckpt.lock").exists()
+    assert stray_files(cwd) == []
+    assert read_pointer(cwd / "checkpoint") == "models/model.ckpt-20.pt"
+    assert os.readlink(cwd / "model.ckpt.pt") == "models/model.ckpt-20.pt"
+    assert not COMMITTED.search(out), "the plugin logged a commit"
+
+
+# -- interoperability with plain deepmd-kit --------------------------------------------
+
+
+def test_plugin_checkpoint_restarts_under_plain_deepmd(plain_from_plugin):
+    """deepmd-kit alone resumes a plugin checkpoint and continues the count."""
+    models, out = plain_from_plugin.models, plain_from_plugin.result.output
+    assert_no_traceback(plain_from_plugin.result)
+    assert resumed_from(out, plain_from_plugin.workdir) == [
+        (models / "model.ckpt-20.pt").resolve()
+    ]
+    assert min(batches(out)) > 20
+    assert 25 in steps(models, "model.ckpt")
+    assert payload_step(models / "model.ckpt-25.pt") == 25
+    assert read_pointer(plain_from_plugin.workdir / "checkpoint") == (
+        "models/model.ckpt-25.pt"
+    )
+
+
+def test_plain_checkpoint_restarts_under_the_plugin(plugin_from_plain):
+    """A file without a commit record is accepted when named, with a note."""
+    models, out = plugin_from_plain.models, plugin_from_plain.result.output
+    assert_no_traceback(plugin_from_plain.result)
+    assert "could not be verified" in out
+    assert re.search(r"model\.ckpt-20\.pt has no commit record", out)
+    assert resumed_from(out, plugin_from_plain.workdir) == [
+        (models / "model.ckpt-20.pt").resolve()
+    ]
+    assert min(batches(out)) > 20
+    assert payload_step(models / "model.ckpt-25.pt") == 25
+    assert_committed(models / "model.ckpt-25.pt", step=25, family="model.ckpt")
+    # Rule 15: files written without the plugin are not the plugin's to prune.
+    assert steps(models, "model.ckpt") == [15, 20, 25]
+    assert records_in(models) == ["model.ckpt-25.pt", "model_ema.ckpt-25.pt"]
+    assert read_pointer(models / "checkpoint") == "model.ckpt-25.pt"
+
+
+def test_payload_structure_matches_plain_deepmd(main_run, plain_run):
+    """Plugin and deepmd-kit checkpoints hold the same keys at every level."""
+    for name in ("model.ckpt-20.pt", "model_ema.ckpt-20.pt"):
+        ours = payload_structure(main_run.models / name)
+        theirs = payload_structure(plain_run.models / name)
+        assert ours == theirs, name
+    periodic = payload_structure(main_run.models / "model.ckpt-20.pt")
+    assert periodic["top"] == ["ema", "model", "optimizer"]
+    assert "_extra_state" in periodic["model"]
+    assert "step" in periodic["train_infos"]
+    assert payload_structure(main_run.models / "model_ema.ckpt-20.pt")["top"] == [
+        "model"
+    ]
+
+
+# -- rule 9: two ranks ----------------------------------------------------------------
+
+
+def test_two_ranks_only_the_chief_writes(two_ranks):
+    """Two gloo ranks train; one set of files and records, logged by rank 0 only."""
+    run_, logs = two_ranks
+    models, cwd = run_.models, run_.workdir
+    assert_no_traceback(run_.result)
+    assert sorted(logs) == [0, 1], f"rank logs: {sorted(logs)}"
+    assert steps(models, "run.ckpt") == [5, 10]
+    assert steps(models, "run_ema.ckpt") == [5, 10]
+    for family in ("run.ckpt", "run_ema.ckpt"):
+        for step in (5, 10):
+            assert_committed(models / f"{family}-{step}.pt", step=step, family=family)
+    assert len(records_in(models)) == 4
+    assert len(COMMITTED.findall(logs[0])) == 4
+    assert COMMITTED.findall(logs[1]) == [], "rank 1 committed a checkpoint"
+    assert read_pointer(models / "checkpoint") == "run.ckpt-10.pt"
+    assert read_pointer(cwd / "checkpoint") == "models/run.ckpt-10.pt"
+    assert (cwd / "run.ckpt.pt").resolve() == (models / "run.ckpt-10.pt").resolve()
+    assert stray_files(cwd) == []
+
+
+def test_two_ranks_restart_latest_resume_the_same_checkpoint(two_ranks_restarted):
+    """Both ranks resume from ``run.ckpt-10.pt`` and the count goes on to 20."""
+    run_, logs = two_ranks_restarted
+    models = run_.models
+    assert_no_traceback(run_.result)
+    expected = [(models / "run.ckpt-10.pt").resolve()]
+    assert resumed_from(logs[0], run_.workdir) == expected
+    assert resumed_from(logs[1], run_.workdir) == expected
+    assert min(batches(logs[0])) > 10
+    assert steps(models, "run.ckpt") == [15, 20]
+    assert payload_step(models / "run.ckpt-20.pt") == 20
+    assert_committed(models / "run.ckpt-20.pt", step=20, family="run.ckpt")
+    assert COMMITTED.findall(logs[1]) == []
+    assert stray_files(run_.workdir) == []
