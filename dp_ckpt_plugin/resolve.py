@@ -19,6 +19,7 @@ naming both. Nothing found raises an error listing every place looked at.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import CorruptCheckpointError, RestartNotFoundError, UnsafePointerError
-from .layout import QUARANTINE_DIR, Family
+from .layout import QUARANTINE_DIR, Family, ema_prefix, record_target
 from .records import CommitRecord, read_record, record_path, verify
 
 log = logging.getLogger(__name__)
@@ -365,6 +366,30 @@ def committed_checkpoints(
         ):
             found.append((record.step, path))
     return sorted(found, reverse=newest_first)
+
+
+def primary_family_in(directory: Path, suffix: str, default: Family) -> Family:
+    """Guess the primary family of a store from its commit records.
+
+    Used where no training input says what ``save_ckpt`` was (``dp freeze -c
+    D``). The families recorded in ``directory`` that are not the EMA family of
+    another recorded one are candidates; if there is exactly one, it is the
+    answer, otherwise ``default``.
+    """
+    families = set()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(directory):
+            target = record_target(name)
+            if target is None or not target.endswith(suffix):
+                continue
+            record = read_record_or_none(directory / target)
+            if record is not None:
+                families.add(record.family)
+    primaries = [f for f in families if not any(ema_prefix(g) == f for g in families)]
+    if len(primaries) == 1:
+        with contextlib.suppress(ValueError):
+            return Family(primaries[0], suffix)
+    return default
 
 
 def quarantine(path: Path) -> Path | None:

@@ -310,3 +310,24 @@ def test_restore_reads_exact_content(tmp_path, make_manager):
     r = make_manager(d).restore(str(d / "model.ckpt-1.h5"))
     np.testing.assert_array_equal(r.state["w"], payload(1)["w"])
     assert r.state["tag"] == "step-1"
+
+
+def test_primary_family_is_read_from_commit_records(tmp_path, pm):
+    from dp_ckpt_plugin import CheckpointStore, FamilyConfig
+    from dp_ckpt_plugin.resolve import primary_family_in
+
+    d = tmp_path / "models"
+    run = Family("run.ckpt", ".h5")
+    families = [FamilyConfig(run), FamilyConfig(run.ema())]
+    with CheckpointStore(d, backend="hdf5", pm=pm, families=families) as store:
+        store.save(1, payload(1))
+        store.save(1, payload(1), prefix="run_ema.ckpt")
+    assert primary_family_in(d, ".h5", FAM) == Family("run.ckpt", ".h5")
+    # without its pointer the directory still resolves, for that family
+    (d / "checkpoint").unlink()
+    c = ctx(tmp_path)
+    c.family = primary_family_in(d, ".h5", FAM)
+    assert resolve(str(d), c).path == d / "run.ckpt-1.h5"
+    # an empty or unknown directory keeps the default
+    (tmp_path / "empty").mkdir()
+    assert primary_family_in(tmp_path / "empty", ".h5", FAM) == FAM

@@ -8,12 +8,15 @@ The built-in :class:`FreezePTExpt` plugin then calls deepmd-kit's own freeze.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from ..hookspecs import hookimpl
 from ..layout import Family
-from ..resolve import ResolveContext
+from ..resolve import ResolveContext, primary_family_in
 from ..store import resolve_with_hooks
+
+log = logging.getLogger("dp_ckpt_plugin")
 
 
 class FreezePTExpt:
@@ -34,12 +37,17 @@ class FreezePTExpt:
 
 def run_freeze(flags, pm) -> str:
     """Resolve ``flags.checkpoint_folder`` and freeze it; return the output."""
+    spec = Path(flags.checkpoint_folder)
+    family = Family("model.ckpt", ".pt")
+    if spec.is_dir():
+        family = primary_family_in(spec, ".pt", family)
     context = ResolveContext(
-        family=Family("model.ckpt", ".pt"),
+        family=family,
         cwd=Path.cwd(),
         sha256=True,
         quarantine=False,  # a reader: leave the files of a possibly running job alone
     )
     found = resolve_with_hooks(pm, flags.checkpoint_folder, context)
+    log.info("freezing %s (%s; checked: %s)", found.path, found.how, found.checked)
     options = {"head": flags.head, "lower_kind": getattr(flags, "lower_kind", "nlist")}
     return pm.hook.on_freeze(checkpoint=found, output=flags.output, options=options)
