@@ -263,8 +263,21 @@ class CheckpointStore:
             return path
         self.open()
         self._check_space(cfg.family, path)
-        # a step saved before is replaced: keep its record to put back if the
-        # move fails after the record was dropped
+        replaces = self._write_payload(path, step, state)
+        record = self._commit(path, step, cfg.family, replaces=replaces)
+        self._last_size[cfg.family.prefix] = record.size
+        checkpoint = Checkpoint(path, step, cfg.family, record)
+        self.pm.hook.on_commit(store=self, checkpoint=checkpoint)
+        return path
+
+    def _write_payload(self, path: Path, step: int, state: Any) -> bool:
+        """Write the payload atomically at ``path``; return whether it replaced one.
+
+        Re-saving a step (deepmd-kit does after ``change_bias_after_training``)
+        drops the old record just before the move; if the move then fails, the
+        old record is put back. A payload that reached its name but whose
+        directory fsync failed is removed, unless it replaced an older one.
+        """
         previous = _file_id(path)
         old_record = read_record_or_none(path) if previous else None
         try:
@@ -277,8 +290,6 @@ class CheckpointStore:
         except CheckpointWriteError:
             current = _file_id(path)
             if current is not None and current != previous:
-                # failed after the move (directory fsync): a new step's payload
-                # has no record and nobody uses it; do not leave it behind
                 if previous is None:
                     with contextlib.suppress(OSError):
                         os.unlink(path)
@@ -286,15 +297,25 @@ class CheckpointStore:
                 with contextlib.suppress(OSError):
                     write_record(path, old_record, durable=self.durable)
             raise
+        return previous is not None
+
+    def _commit(
+        self, path: Path, step: int, family: Family, *, replaces: bool
+    ) -> CommitRecord:
+        """Write the commit record of a durable payload, last.
+
+        On failure the record (if its directory fsync was what failed) and a
+        new payload are removed; a payload that replaced an older one stays,
+        since a pointer may name it.
+        """
         try:
             record = make_record(
-                path, step=step, family=cfg.family.prefix, backend=self.backend.name
+                path, step=step, family=family.prefix, backend=self.backend.name
             )
             write_record(path, record, durable=self.durable)
         except (OSError, CheckpointWriteError) as exc:
-            # the record may be in place if only the directory fsync failed;
-            # a replaced step's payload stays (its pointer may name it)
-            for leftover in (record_path(path), path)[: 1 if previous else 2]:
+            leftovers = (record_path(path),) if replaces else (record_path(path), path)
+            for leftover in leftovers:
                 with contextlib.suppress(OSError):
                     fsio.remove_file(leftover)
             if isinstance(exc, CheckpointWriteError):
@@ -302,10 +323,7 @@ class CheckpointStore:
             raise CheckpointWriteError(
                 f"could not commit {path}: {exc.strerror or exc}"
             ) from exc
-        self._last_size[cfg.family.prefix] = record.size
-        checkpoint = Checkpoint(path, step, cfg.family, record)
-        self.pm.hook.on_commit(store=self, checkpoint=checkpoint)
-        return path
+        return record
 
     def _serialize(self, step: int, state: Any, handle) -> None:
         written = self.pm.hook.on_save_step(
