@@ -588,3 +588,29 @@ def test_two_ranks_restart_latest_resume_the_same_checkpoint(two_ranks_restarted
     assert_committed(models / "run.ckpt-20.pt", step=20, family="run.ckpt")
     assert COMMITTED.findall(logs[1]) == []
     assert stray_files(run_.workdir) == []
+
+
+def test_best_validation_files_and_bias_resave(base, data):
+    """Best-validation files keep their own place; the bias re-save is committed."""
+    config = training_config(change_bias_after_training=True)
+    config["validating"] = {
+        "full_validation": True,
+        "validation_freq": 5,
+        "full_val_start": 0.0,
+    }
+    workdir = make_workdir(base, "best_and_bias", data, config)
+    result = run(dp("train", "input.json"), workdir).check()
+    text = result.stdout + result.stderr
+    # deepmd-kit names and places best files itself (the working directory
+    # here); the plugin writes them atomically but never prunes or records them
+    best = sorted(workdir.glob("best.ckpt-*.t-*.pt"))
+    assert best, text[-2000:]
+    assert not list(workdir.glob(".best*.commit.json"))
+    assert not list((workdir / "models").glob("best*"))
+    # the final step is saved twice (after the bias change); both commits go
+    # through the store and the record describes the second payload
+    final = workdir / "models" / "model.ckpt-20.pt"
+    assert text.count(f"committed {final}") == 2
+    assert_committed(final, step=20, family="model.ckpt")
+    assert steps(workdir / "models", "model.ckpt") == [15, 20]
+    assert stray_files(workdir) == []
