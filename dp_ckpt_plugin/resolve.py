@@ -3,8 +3,10 @@
 Rules (see ``docs/semantics.md``):
 
 - ``latest``: the configured store's pointer, then its alias, then its newest
-  committed numbered checkpoint; without a store directory, deepmd-kit's own
-  pointer in the working directory, then the alias beside the prefix.
+  committed numbered checkpoint, then (for a store plain deepmd-kit wrote)
+  deepmd-kit's pointer in the working directory if it leads into the store;
+  without a store directory, deepmd-kit's own pointer in the working
+  directory, then the alias beside the prefix.
 - a directory: its own pointer, then its alias, then its newest committed
   numbered checkpoint.
 - a file: itself. A prefix such as ``model.ckpt``: its alias ``model.ckpt.pt``.
@@ -246,7 +248,13 @@ def _dispatch(search: _Search, spec: str, ctx: ResolveContext) -> Resolved | Non
     fam = ctx.family
     if spec == "latest":
         if ctx.store_dir is not None:
-            return search.directory(_absolute(ctx.store_dir, ctx.cwd))
+            store = _absolute(ctx.store_dir, ctx.cwd)
+            found = search.directory(store)
+            if found is None and ctx.cwd / fam.pointer != store / fam.pointer:
+                # a store plain deepmd-kit wrote (no records, its pointer in
+                # the working directory): follow that pointer into the store
+                found = search.pointer(ctx.cwd / fam.pointer, [store])
+            return found
         found = search.pointer(ctx.cwd / fam.pointer, [ctx.cwd])
         if found is None:
             prefix = _absolute(ctx.prefix_path or Path(fam.prefix), ctx.cwd)

@@ -331,3 +331,20 @@ def test_primary_family_is_read_from_commit_records(tmp_path, pm):
     # an empty or unknown directory keeps the default
     (tmp_path / "empty").mkdir()
     assert primary_family_in(tmp_path / "empty", ".h5", FAM) == FAM
+
+
+def test_latest_in_a_store_plain_deepmd_wrote(tmp_path):
+    # deepmd-kit 3.2 with save_dir: numbered files in models/, no records,
+    # its pointer in the working directory; the plugin is installed afterwards
+    d = tmp_path / "models"
+    d.mkdir()
+    for step in (15, 20):
+        (d / f"model.ckpt-{step}.h5").write_bytes(b"plain" * step)
+    (tmp_path / "checkpoint").write_text("models/model.ckpt-20.h5")
+    found = resolve("latest", ctx(tmp_path, store_dir=Path("models")))
+    assert found.path == d / "model.ckpt-20.h5" and found.checked == "unverified"
+    # a working-directory pointer leading anywhere else is not followed
+    (tmp_path / "elsewhere.h5").write_bytes(b"x")
+    (tmp_path / "checkpoint").write_text("elsewhere.h5")
+    with pytest.raises(RestartNotFoundError, match="outside"):
+        resolve("latest", ctx(tmp_path, store_dir=Path("models")))
