@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -384,16 +385,25 @@ def check_save_dir(value: Any, key: str = "training.save_dir") -> Path | None:
 
 
 def _check_directory_usable(path: Path, key: str) -> None:
-    """Raise if ``path`` is not a writable directory and cannot be made one."""
-    if path.is_dir():
+    """Raise if ``path`` is not a writable directory and cannot be made one.
+
+    One ``stat`` decides whether the path exists, so another process creating
+    the directory meanwhile (the chief rank of the same run) is no error.
+    """
+    try:
+        is_dir = stat.S_ISDIR(os.stat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        is_dir = None  # absent, or below a file: the ancestor check says which
+    if is_dir is False:
+        raise ConfigError(f"`{key}` names {path}, which exists but is not a directory")
+    if is_dir:
         if not _writable(path):
             raise ConfigError(
                 f"`{key}` names directory {path}, which is not writable by this user"
             )
         return
-    if os.path.lexists(path):
-        what = "a broken symbolic link" if path.is_symlink() else "not a directory"
-        raise ConfigError(f"`{key}` names {path}, which exists but is {what}")
+    if path.is_symlink():
+        raise ConfigError(f"`{key}` names {path}, which is a broken symbolic link")
     ancestor = nearest_existing_ancestor(path)
     if not ancestor.is_dir():
         raise ConfigError(

@@ -359,3 +359,23 @@ def test_save_dir_schema_refuses(value):
 def test_save_dir_with_nul_character():
     with pytest.raises(ConfigError, match="NUL"):
         check_save_dir("models\0x")
+
+
+def test_save_dir_created_by_another_process_meanwhile_is_fine(tmp_path, monkeypatch):
+    """Two ranks validate the same input while the chief creates ``save_dir``."""
+    import dp_ckpt_plugin.argcheck as argcheck
+
+    target = tmp_path / "models"
+    real_stat = argcheck.os.stat
+    raced = []
+
+    def stat_then_create(path, *args, **kwargs):
+        try:
+            return real_stat(path, *args, **kwargs)
+        finally:
+            if not raced and str(path) == str(target):
+                raced.append(True)
+                os.mkdir(target)  # the chief wins the race right here
+
+    monkeypatch.setattr(argcheck.os, "stat", stat_then_create)
+    assert check_save_dir(str(target)) == target
