@@ -20,7 +20,7 @@ from dp_ckpt_plugin.resolve import Resolved
 
 def test_builtins_are_registered_by_name(pm):
     names = {pm.get_name(p) for p in pm.get_plugins()}
-    assert {"publish", "prune", "resolve", "hdf5", "torch"} <= names
+    assert {"publish", "prune", "resolve", "freeze", "hdf5", "torch"} <= names
 
 
 def test_hook_call_order_save_commit_publish_observe_prune(tmp_path, pm, monkeypatch):
