@@ -378,3 +378,19 @@ def test_open_sweeps_temporaries_and_orphan_records_only(tmp_path, pm):
     names = set(os.listdir(d))
     assert not names & set(leftovers)
     assert set(kept) <= names
+
+
+def test_save_dir_equal_to_the_working_directory(tmp_path, pm):
+    """With ``save_dir: "."`` the compat pointer and alias are the store's own."""
+    compat = {
+        "compat_pointer": tmp_path / "checkpoint",
+        "compat_alias": tmp_path / "model.ckpt.h5",
+    }
+    with make_store(pm, tmp_path, keep=1, compat=compat) as store:
+        store.save(1, payload(1))
+        store.save(2, payload(2))
+    assert (tmp_path / "checkpoint").read_text() == "model.ckpt-2.h5\n"
+    assert os.readlink(tmp_path / "model.ckpt.h5") == "model.ckpt-2.h5"
+    assert [n for n in visible(tmp_path) if n.startswith("model.ckpt-")] == [
+        "model.ckpt-2.h5"
+    ]
