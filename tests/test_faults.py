@@ -30,8 +30,8 @@ import os
 import shutil
 import subprocess
 
-import numpy as np
 import pytest
+from saver_child import make_payload, payload_mismatches
 
 from dp_ckpt_plugin import CheckpointManager, CheckpointWriteError, fsio
 from dp_ckpt_plugin.layout import Family, is_temp, record_name, temp_target
@@ -76,47 +76,13 @@ CASES = [("hdf5", p) for p in (*BEFORE_COMMIT, *WHILE_PUBLISHING)] + [
 
 
 def make_state(step, backend="hdf5", size=64):
-    """Return a payload whose content is a function of ``step``.
-
-    Parameters
-    ----------
-    step : int
-        Seeds the content.
-    backend : str
-        ``"torch"`` gives tensors, anything else numpy arrays.
-    size : int
-        Number of elements of each array.
-
-    Returns
-    -------
-    dict
-        Two arrays, ``w`` (float64) and ``i`` (int64).
-    """
-    rng = np.random.default_rng(step)
-    state = {"w": rng.standard_normal(size), "i": rng.integers(0, 1 << 40, size)}
-    if backend == "torch":
-        import torch
-
-        state = {key: torch.from_numpy(value) for key, value in state.items()}
-    return state
+    """The payload of ``step`` (:func:`saver_child.make_payload`) with small arrays."""
+    return make_payload(step, backend, sizes=(size,) * 3)
 
 
 def assert_state(state, step, backend="hdf5", size=64):
-    """Assert that ``state`` is exactly what :func:`make_state` gave for ``step``.
-
-    Parameters
-    ----------
-    state : dict
-        A payload read back.
-    step, backend, size
-        As for :func:`make_state`.
-    """
-    expected = make_state(step, "hdf5", size)
-    assert sorted(state) == sorted(expected)
-    for key, value in expected.items():
-        got = state[key].numpy() if backend == "torch" else state[key]
-        assert got.dtype == value.dtype
-        np.testing.assert_array_equal(got, value)
+    """Assert that ``state`` is exactly what :func:`make_state` gave for ``step``."""
+    assert payload_mismatches(state, step, backend, sizes=(size,) * 3) == []
 
 
 def open_manager(directory, backend="hdf5", **kwargs):
