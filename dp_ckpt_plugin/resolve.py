@@ -116,8 +116,12 @@ class _Search:
         """Verify a candidate; return it, or ``None`` after moving it aside.
 
         ``trusted`` candidates (named explicitly or by their directory's own
-        pointer) are accepted without a commit record.
+        pointer) are accepted without a commit record. A candidate already
+        found corrupt (the pointer's target, met again through the alias) is
+        skipped without a second report.
         """
+        if path in self.bad:
+            return None
         try:
             record = read_record(path)
             if record is None:

@@ -348,3 +348,16 @@ def test_latest_in_a_store_plain_deepmd_wrote(tmp_path):
     (tmp_path / "checkpoint").write_text("elsewhere.h5")
     with pytest.raises(RestartNotFoundError, match="outside"):
         resolve("latest", ctx(tmp_path, store_dir=Path("models")))
+
+
+def test_corrupt_target_met_twice_is_reported_once(tmp_path, make_manager):
+    # freeze resolves without moving files: pointer and alias both lead to
+    # the corrupt newest checkpoint; it is reported once, the previous used
+    d = tmp_path / "models"
+    fill(make_manager, d, [1, 2])
+    with open(d / "model.ckpt-2.h5", "ab") as fh:
+        fh.write(b"torn")
+    found = resolve(str(d), ctx(tmp_path, quarantine=False))
+    assert found.step == 1
+    assert sum("model.ckpt-2.h5 has" in w for w in found.warnings) == 1
+    assert (d / "model.ckpt-2.h5").exists()
