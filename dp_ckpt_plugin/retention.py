@@ -109,10 +109,7 @@ def plan_prune(
     """
     keep = set(protected)
     remnants = [n for n, s in committed.items() if s > current_step and n not in keep]
-    rest = sorted(
-        ((s, n) for n, s in committed.items() if n not in remnants),
-        key=lambda item: item,
-    )
+    rest = sorted((s, n) for n, s in committed.items() if n not in remnants)
     doomed = sorted(remnants, key=lambda n: committed[n])
     window = policy.window
     if window is None:

@@ -410,12 +410,12 @@ class CheckpointStore:
         names = set()
         if current is not None:
             names.add(current.name)
-        pointer = self.directory / family.pointer
-        with contextlib.suppress(OSError, UnicodeDecodeError):
-            names.add(Path(pointer.read_text("utf-8").strip()).name)
-        alias = self.directory / family.alias
-        if alias.is_symlink():
-            names.add(Path(os.readlink(alias)).name)
+        pointed = _read_or_none(self.directory / family.pointer)
+        if pointed and pointed.strip():
+            names.add(Path(pointed.strip()).name)
+        linked = _link_or_none(self.directory / family.alias)
+        if linked:
+            names.add(Path(linked).name)
         resumed = self._resumed_from.get(family.prefix)
         if resumed is not None:
             names.add(resumed.name)

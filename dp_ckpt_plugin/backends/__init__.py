@@ -54,9 +54,3 @@ def get_backend(pm: pluggy.PluginManager, name: str) -> BackendInfo:
         raise ConfigError(
             f"unknown checkpoint backend {name!r}; available: {known}"
         ) from None
-
-
-def backend_for_suffix(pm: pluggy.PluginManager, suffix: str) -> BackendInfo | None:
-    """Return the backend whose files end in ``suffix``, if exactly one does."""
-    matches = [b for b in available_backends(pm).values() if b.suffix == suffix]
-    return matches[0] if len(matches) == 1 else None

@@ -18,11 +18,10 @@ from typing import Any
 import pluggy
 
 from ..errors import ConfigError
-from ..layout import Family
 from ..ranks import Ranks
 from ..retention import KeepLast
 from ..store import CheckpointStore, FamilyConfig, resolve_on_chief
-from .settings import SUFFIX, RunSettings, read_settings
+from .settings import RunSettings, read_settings
 
 
 @dataclass
@@ -103,7 +102,7 @@ def build_store(
 
     Retention windows are set by the trainer once the run length is known.
     """
-    family = Family(settings.save_ckpt.name, SUFFIX)
+    family = settings.family
     ema = family.ema()
     compat = settings.options.compat_links
     prefix_dir = settings.cwd / settings.save_ckpt.parent
