@@ -48,9 +48,9 @@ def bench(sizes: list[int], repeat: int, root: Path) -> list[tuple]:
         plain_dir = root / f"plain-{size}"
         plain_dir.mkdir()
         stores = {
-            "store": CheckpointStore(root / f"store-{size}", backend="torch", pm=pm),
+            "store": CheckpointStore(root / f"store-{size}", format="torch", pm=pm),
             "store-nofsync": CheckpointStore(
-                root / f"nofsync-{size}", backend="torch", pm=pm, durable=False
+                root / f"nofsync-{size}", format="torch", pm=pm, durable=False
             ),
         }
         times: dict[str, list[float]] = {"plain": [], "store": [], "store-nofsync": []}

@@ -2,7 +2,7 @@
 
 Importing this package imports nothing heavy: the public names below are
 loaded on first use, so the ``deepmd.backend`` entry point that every ``dp``
-process loads (:mod:`dp_ckpt_plugin.deepmd.entry`) costs next to nothing, and
+process loads (:mod:`dp_ckpt_plugin.deepmd.takeover`) costs next to nothing, and
 torch, h5py and deepmd-kit are imported only when a checkpoint is written or read.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 #: Public name -> module that defines it.
 _EXPORTS = {
@@ -26,9 +26,22 @@ _EXPORTS = {
     "CheckpointManager": "manager",
     "Restored": "manager",
     "get_plugin_manager": "plugins",
-    "Checkpoint": "store",
+    "Checkpoint": "checkpoint",
+    "CommitRecord": "records",
     "CheckpointStore": "store",
     "FamilyConfig": "store",
+    "Family": "layout",
+    "FormatInfo": "formats",
+    "Mirror": "publish",
+    "ResolveContext": "resolution",
+    "Resolved": "resolution",
+    "resolve": "resolution",
+    "resolve_restart": "resolution",
+    "AnyOf": "retention",
+    "KeepAll": "retention",
+    "KeepEveryNSteps": "retention",
+    "KeepLast": "retention",
+    "RetentionPolicy": "retention",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])

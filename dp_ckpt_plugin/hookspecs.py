@@ -1,20 +1,36 @@
-"""The hooks of dp_ckpt_plugin, in the order a run meets them.
+"""The hooks of dp_ckpt_plugin, in the order a checkpoint meets them.
 
 Implement a hook by decorating a function of the same name with
-:data:`dp_ckpt_plugin.hookimpl` in a module or class that you register through
-the ``dp_ckpt`` entry-point group::
+:data:`dp_ckpt_plugin.hookimpl` in a module or class registered through the
+``dp_ckpt`` entry-point group::
 
     [project.entry-points.dp_ckpt]
     my_plugin = "my_package.my_module"
 
-Built-in implementations are ordinary plugins marked ``trylast`` (the publish
-step ``tryfirst``), so a third-party implementation runs before them and, for
-``firstresult`` hooks, can answer in their place.
+The store runs its invariants itself, in a straight line: write the payload,
+write the commit record, publish (pointer, alias, mirrors), call the
+``on_commit`` observers, apply retention. Hooks extend that line; none of them
+is the only way an invariant happens, so no plugin order or block list can
+skip publication or retention.
+
+The built-in formats and resolver are ordinary plugins marked ``trylast``, so a
+third-party implementation runs before them and, for ``firstresult`` hooks,
+can answer in their place. ``on_save_step``, ``on_commit``,
+``on_resolve_restart`` and ``on_freeze`` are the project's public API.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
+
 import pluggy
+
+if TYPE_CHECKING:
+    from .checkpoint import Checkpoint
+    from .formats import FormatInfo
+    from .resolution import ResolveContext, Resolved
+    from .store import CheckpointStore
 
 #: Project name shared by the hook markers and the plugin manager.
 PROJECT = "dp_ckpt"
@@ -23,19 +39,19 @@ hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
-# -- backends -----------------------------------------------------------------
+# -- formats ------------------------------------------------------------------
 
 
 @hookspec
-def register_backends():
-    """Declare the serialization backends a plugin provides.
+def register_formats() -> list[FormatInfo]:
+    """Declare the serialization formats a plugin provides.
 
-    Called once when the plugin manager is asked for its backends.
+    Called whenever a store or manager looks a format up by name.
 
     Returns
     -------
-    list of dp_ckpt_plugin.backends.BackendInfo
-        Each gives a backend's ``name`` (as passed to ``backend=``) and its file
+    list of dp_ckpt_plugin.FormatInfo
+        Each gives a format's ``name`` (as passed to ``format=``) and its file
         ``suffix`` (such as ``".pt"``).
     """
 
@@ -44,22 +60,22 @@ def register_backends():
 
 
 @hookspec(firstresult=True)
-def on_save_step(backend, step, state, file):
+def on_save_step(format: str, step: int, state: Any, file: BinaryIO) -> object | None:
     """Serialize the payload of one step into an open file.
 
     Called on the chief rank with a binary file object opened on a temporary
-    name inside the store directory. The store flushes, fsyncs and moves the
-    file into place afterwards; an implementation only writes bytes.
+    name inside the store directory. The store flushes, fsyncs, hashes and
+    moves the file into place afterwards; an implementation only writes bytes.
 
     Parameters
     ----------
-    backend : str
-        Name of the backend that must write; an implementation for another
-        backend returns ``None``.
+    format : str
+        Name of the format that must write; an implementation of another
+        format returns ``None``.
     step : int
         Training step of the payload.
     state : object
-        What the trainer saves (for the torch backend, the dict deepmd-kit's
+        What the trainer saves (for the torch format, the dict deepmd-kit's
         trainer passes to ``torch.save``).
     file : BinaryIO
         Where to write, positioned at 0, readable and seekable.
@@ -67,12 +83,14 @@ def on_save_step(backend, step, state, file):
     Returns
     -------
     object or None
-        Anything but ``None`` means "written"; the first such result ends the call.
+        Anything but ``None`` means "written"; the first such result ends the
+        call. Raise :class:`TypeError` naming the key path for a value the
+        format cannot round-trip exactly.
     """
 
 
 @hookspec(firstresult=True)
-def on_load_step(backend, path):
+def on_load_step(format: str, path: Path) -> Any | None:
     """Read back a payload written by :func:`on_save_step`.
 
     Called after the path was resolved and, where a commit record exists,
@@ -80,8 +98,8 @@ def on_load_step(backend, path):
 
     Parameters
     ----------
-    backend : str
-        Name of the backend that wrote the file.
+    format : str
+        Name of the format that wrote the file.
     path : pathlib.Path
         The checkpoint file.
 
@@ -89,7 +107,7 @@ def on_load_step(backend, path):
     -------
     object or None
         The payload, or ``None`` when this implementation does not read that
-        backend.
+        format.
     """
 
 
@@ -97,21 +115,25 @@ def on_load_step(backend, path):
 
 
 @hookspec
-def on_commit(store, checkpoint):
-    """React to a checkpoint that is durable and committed.
+def on_commit(store: CheckpointStore, checkpoint: Checkpoint) -> None:
+    """Observe a checkpoint that is durable, committed and published.
 
-    Called on the chief rank, once per checkpoint, right after its commit
-    record was written. The built-in publisher (``tryfirst``) moves the latest
-    pointer and alias to it; the built-in pruner (``trylast``) then applies
-    retention. Observers (logging, copying elsewhere) fit between them. An
-    exception stops the remaining implementations and reaches the trainer.
+    Called on the chief rank, once per checkpoint, after its commit record was
+    written and the family's pointer, alias and mirrors were moved to it, and
+    before retention runs (so an observer may still copy the checkpoint that
+    retention is about to replace). Observers log, mirror elsewhere, notify.
+
+    Every observer is called even if an earlier one raised: an exception is
+    logged as a warning naming the plugin and the checkpoint, and the save
+    goes on (the checkpoint stays committed and published, retention runs).
 
     Parameters
     ----------
-    store : dp_ckpt_plugin.store.CheckpointStore
-        The store the checkpoint belongs to.
-    checkpoint : dp_ckpt_plugin.store.Checkpoint
-        Path, step, family and commit record of the new checkpoint.
+    store : dp_ckpt_plugin.CheckpointStore
+        The store the checkpoint belongs to (``store.directory``).
+    checkpoint : dp_ckpt_plugin.Checkpoint
+        ``path``, ``step``, ``family`` and commit ``record`` of the new
+        checkpoint.
     """
 
 
@@ -119,25 +141,27 @@ def on_commit(store, checkpoint):
 
 
 @hookspec(firstresult=True)
-def on_resolve_restart(spec, context):
+def on_resolve_restart(spec: str, context: ResolveContext) -> Resolved | None:
     """Turn a restart specification into a checkpoint.
 
-    Called for ``--restart``, ``--init-model``, ``dp freeze -c`` and
-    :meth:`CheckpointManager.resolve`, before any model or data is built.
+    Called on the chief rank for ``--restart``, ``--init-model``,
+    ``dp freeze -c`` and :meth:`CheckpointManager.resolve`, before any model
+    or data is built; the answer is broadcast to the other ranks.
 
     Parameters
     ----------
     spec : str
-        What the user gave: ``latest``, a directory, a file or a prefix.
-    context : dp_ckpt_plugin.resolve.ResolveContext
+        What the user gave: ``latest``, a directory, a file or a prefix,
+        exactly as typed.
+    context : dp_ckpt_plugin.ResolveContext
         Where to look (store directory, working directory, family) and how
         strictly to verify.
 
     Returns
     -------
-    dp_ckpt_plugin.resolve.Resolved or None
+    dp_ckpt_plugin.Resolved or None
         The first non-``None`` result wins. Raise
-        :class:`~dp_ckpt_plugin.errors.RestartNotFoundError` to fail.
+        :class:`~dp_ckpt_plugin.RestartNotFoundError` to fail.
     """
 
 
@@ -145,17 +169,20 @@ def on_resolve_restart(spec, context):
 
 
 @hookspec(firstresult=True)
-def on_freeze(checkpoint, output, options):
+def on_freeze(checkpoint: Checkpoint, output: str, options: dict) -> str | None:
     """Turn a resolved checkpoint into a frozen model.
 
     Parameters
     ----------
-    checkpoint : dp_ckpt_plugin.resolve.Resolved
-        The checkpoint :func:`on_resolve_restart` chose.
+    checkpoint : dp_ckpt_plugin.Checkpoint
+        The checkpoint :func:`on_resolve_restart` chose (``path``, ``step``,
+        ``record`` or ``None`` for a file written without the plugin).
     output : str
         Where the frozen model goes.
     options : dict
-        Further options of the freeze command (such as ``head``).
+        Further options of the freeze command: ``host`` names the trainer
+        that wrote the checkpoint (such as ``"pt_expt"``); others (such as
+        ``head``) are the host's.
 
     Returns
     -------

@@ -12,9 +12,8 @@ import os
 import re
 import secrets
 from dataclasses import dataclass
-from pathlib import PurePath
 
-#: Name of the primary family's pointer file, as deepmd-kit names it.
+#: Default name of a family's latest pointer file.
 POINTER_NAME = "checkpoint"
 #: Folder inside a store where corrupt checkpoints are moved aside.
 QUARANTINE_DIR = "quarantine"
@@ -28,28 +27,6 @@ _RECORD_SUFFIX = ".commit.json"
 _STEP_RE = re.compile(r"0|[1-9][0-9]*")
 
 
-def ema_prefix(prefix: str) -> str:
-    """Return the EMA family's prefix, as deepmd-kit derives it.
-
-    ``_ema`` goes before the last suffix: ``model.ckpt`` becomes
-    ``model_ema.ckpt`` and ``run`` becomes ``run_ema``.
-
-    Parameters
-    ----------
-    prefix : str
-        The periodic family's prefix (the file name of ``save_ckpt``).
-
-    Returns
-    -------
-    str
-        The EMA family's prefix.
-    """
-    path = PurePath(prefix)
-    if path.suffix:
-        return f"{path.stem}_ema{path.suffix}"
-    return f"{path.name}_ema"
-
-
 @dataclass(frozen=True)
 class Family:
     """One series of numbered checkpoints sharing a prefix.
@@ -59,7 +36,7 @@ class Family:
     prefix : str
         File-name prefix, such as ``model.ckpt``. It must be a bare file name.
     suffix : str
-        Backend suffix including the dot, such as ``.pt`` or ``.h5``.
+        Format suffix including the dot, such as ``.pt`` or ``.h5``.
     pointer : str
         File name of the family's latest pointer inside the store directory.
     """
@@ -100,14 +77,6 @@ class Family:
         if not _STEP_RE.fullmatch(text):
             return None
         return int(text)
-
-    def ema(self) -> Family:
-        """Return the EMA family that goes with this one."""
-        return Family(
-            ema_prefix(self.prefix),
-            self.suffix,
-            f"{POINTER_NAME}.{ema_prefix(self.prefix)}",
-        )
 
 
 def temp_name(final_name: str) -> str:

@@ -4,7 +4,7 @@
 
     from dp_ckpt_plugin import CheckpointManager
 
-    m = CheckpointManager("models", backend="hdf5", prefix="model.ckpt", max_keep=5)
+    m = CheckpointManager("models", format="hdf5", prefix="model.ckpt", max_keep=5)
     path = m.save(step, state)     # the committed path
     r = m.restore("latest")        # r.step, r.path, r.state
     p = m.resolve("latest")        # the path only, nothing loaded
@@ -19,11 +19,11 @@ from typing import Any
 
 import pluggy
 
-from .backends import get_backend
+from .formats import get_format
 from .layout import Family
 from .plugins import get_plugin_manager
 from .ranks import Ranks, current_ranks
-from .resolve import Resolved
+from .resolution import Resolved
 from .retention import KeepLast
 from .store import CheckpointStore, FamilyConfig
 
@@ -39,7 +39,7 @@ class Restored:
     path : Path
         Its file.
     state : object
-        The payload, as the backend reads it.
+        The payload, as the format reads it.
     resolved : Resolved
         How it was found and checked.
     """
@@ -57,8 +57,8 @@ class CheckpointManager:
     ----------
     directory : str or Path
         The checkpoint directory (``training.save_dir``).
-    backend : str, optional
-        ``"hdf5"`` (NumPy arrays) or ``"torch"``, or a backend a plugin adds.
+    format : str, optional
+        ``"hdf5"`` (NumPy arrays) or ``"torch"``, or a format a plugin adds.
     prefix : str, optional
         File-name prefix of the checkpoints.
     max_keep : int, optional
@@ -80,7 +80,7 @@ class CheckpointManager:
         self,
         directory: str | os.PathLike,
         *,
-        backend: str = "hdf5",
+        format: str = "hdf5",
         prefix: str = "model.ckpt",
         max_keep: int = 5,
         verify: str = "size",
@@ -93,10 +93,10 @@ class CheckpointManager:
             raise ValueError(f"verify must be 'size' or 'sha256', got {verify!r}")
         self.pm = pm or get_plugin_manager()
         self.verify = verify
-        family = Family(prefix, get_backend(self.pm, backend).suffix)
+        family = Family(prefix, get_format(self.pm, format).suffix)
         self.store = CheckpointStore(
             directory,
-            backend=backend,
+            format=format,
             pm=self.pm,
             families=[FamilyConfig(family, KeepLast(int(max_keep)))],
             ranks=ranks or current_ranks(),

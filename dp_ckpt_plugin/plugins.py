@@ -3,7 +3,8 @@
 :func:`get_plugin_manager` is the only place a manager is made: nothing is
 registered at import time. It blocks the names listed in
 ``DP_CKPT_DISABLE_PLUGINS``, loads third-party plugins from the ``dp_ckpt``
-entry-point group, registers the built-in ones and checks that every
+entry-point group, registers the built-in plugins (one list of modules, plus
+the modules a host asks for, by one mechanism) and checks that every
 implementation matches a spec.
 """
 
@@ -11,40 +12,47 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Iterable, Mapping
 
 import pluggy
 
 from . import hookspecs
-from .builtin import BUILTINS
 
 #: Environment variable naming plugins (built-in or third-party) to block.
-DISABLE_ENV = "DP_CKPT_DISABLE_PLUGINS"
+BLOCK_PLUGINS_ENV = "DP_CKPT_DISABLE_PLUGINS"
 #: Entry-point group third-party plugins register under.
 ENTRY_POINT_GROUP = "dp_ckpt"
 
-#: Backend plugins shipped with the package: name to module.
-BUILTIN_BACKENDS = {
-    "hdf5": "dp_ckpt_plugin.backends.hdf5",
-    "torch": "dp_ckpt_plugin.backends.torch",
+#: The core's built-in plugins: name to module. Each is marked ``trylast``.
+CORE_PLUGINS: Mapping[str, str] = {
+    "hdf5": "dp_ckpt_plugin.formats.hdf5",
+    "torch": "dp_ckpt_plugin.formats.torch",
+    "resolve": "dp_ckpt_plugin.resolution",
 }
 
 
 def blocked_names(value: str | None = None) -> list[str]:
     """Parse a comma-separated list of plugin names (the environment's by default)."""
-    raw = os.environ.get(DISABLE_ENV, "") if value is None else value
+    raw = os.environ.get(BLOCK_PLUGINS_ENV, "") if value is None else value
     return [name.strip() for name in raw.split(",") if name.strip()]
 
 
 def get_plugin_manager(
-    *, entry_points: bool = True, extra: tuple = ()
+    *,
+    host_plugins: Mapping[str, str] | None = None,
+    entry_points: bool = True,
+    extra: Iterable[object] = (),
 ) -> pluggy.PluginManager:
     """Build a plugin manager with the built-in and installed plugins.
 
     Parameters
     ----------
+    host_plugins : Mapping[str, str], optional
+        Further built-in plugins a host brings (name to module), such as the
+        freezer of a deepmd-kit backend.
     entry_points : bool, optional
         Whether to load plugins from the ``dp_ckpt`` entry-point group.
-    extra : tuple, optional
+    extra : iterable, optional
         Further plugin objects to register (tests, embedding applications).
 
     Returns
@@ -57,16 +65,9 @@ def get_plugin_manager(
         pm.set_blocked(name)
     if entry_points:
         pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
-    for name, module in BUILTIN_BACKENDS.items():
+    for name, module in {**CORE_PLUGINS, **(host_plugins or {})}.items():
         if not pm.is_blocked(name):
             pm.register(importlib.import_module(module), name=name)
-    if not pm.is_blocked("freeze"):
-        from .deepmd.freeze import FreezePTExpt
-
-        pm.register(FreezePTExpt(), name="freeze")
-    for name, factory in BUILTINS.items():
-        if not pm.is_blocked(name):
-            pm.register(factory(), name=name)
     for plugin in extra:
         pm.register(plugin)
     pm.check_pending()

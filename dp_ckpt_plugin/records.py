@@ -1,9 +1,12 @@
 """Commit records: the marker that makes a checkpoint count.
 
 A checkpoint ``D/<name>`` is committed once ``D/.<name>.commit.json`` exists and
-describes it: its size and sha256, the step, the family, the backend and the
+describes it: its size and sha256, the step, the family, the format and the
 record format version. The record is written last, atomically, after the
 payload is durable; readers ignore a numbered file that has no record.
+
+Records written before the serialization kind was called a *format* name it
+under the key ``backend``; they are still read.
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ class CommitRecord:
         Training step it was saved at.
     family : str
         Prefix of its family, such as ``model.ckpt``.
-    backend : str
-        Name of the backend that serialized it.
+    format : str
+        Name of the format that serialized it.
     size : int
         Size of the payload in bytes.
     sha256 : str
@@ -50,7 +53,7 @@ class CommitRecord:
     name: str
     step: int
     family: str
-    backend: str
+    format: str
     size: int
     sha256: str
     created: float = 0.0
@@ -71,11 +74,13 @@ class CommitRecord:
             ) from exc
         if not isinstance(data, dict):
             raise CorruptCheckpointError(f"commit record {source} is not a JSON object")
+        if "format" not in data and "backend" in data:
+            data["format"] = data["backend"]  # records of version 1 before 0.2
         fields = {
             "name": str,
             "step": int,
             "family": str,
-            "backend": str,
+            "format": str,
             "size": int,
             "sha256": str,
             "format_version": int,
@@ -100,7 +105,7 @@ class CommitRecord:
             name=data["name"],
             step=data["step"],
             family=data["family"],
-            backend=data["backend"],
+            format=data["format"],
             size=data["size"],
             sha256=data["sha256"],
             created=float(created) if isinstance(created, (int, float)) else 0.0,
@@ -123,14 +128,14 @@ def record_path(checkpoint: Path) -> Path:
 
 
 def make_record(
-    checkpoint: Path, *, step: int, family: str, backend: str
+    checkpoint: Path, *, step: int, family: str, format: str
 ) -> CommitRecord:
     """Describe a durable payload, hashing it."""
     return CommitRecord(
         name=checkpoint.name,
         step=step,
         family=family,
-        backend=backend,
+        format=format,
         size=checkpoint.stat().st_size,
         sha256=sha256_of(checkpoint),
         created=time.time(),

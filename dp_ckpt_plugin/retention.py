@@ -1,33 +1,61 @@
-"""Retention policies: which committed checkpoints of a family to keep.
+"""Retention: which committed checkpoints of a family to keep.
 
-A policy is a small object that says how many committed numbered checkpoints a
-family may hold. :func:`plan_prune` applies it together with the rules that do
-not depend on the policy: checkpoints numbered above the current step are
-remnants of an earlier, longer run; protected checkpoints (the one just
-written, the published one, the one the run resumed from) are never removed
-and occupy slots of the window.
+A policy is a small object with one method, :meth:`RetentionPolicy.keeps`,
+that names the checkpoints it wants kept (orbax's preservation policies are
+the model). Policies compose with :class:`AnyOf`: a checkpoint stays if any
+policy keeps it. :func:`plan_prune` applies a policy together with the rules
+no policy can change: protected checkpoints (the one just written, the
+published one, the one the run resumed from) are never removed, and
+checkpoints numbered above the current step (remnants of an earlier, longer
+run) are not the window's to keep. A new policy needs no edit of the planner.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from math import ceil
+from typing import Protocol, runtime_checkable
+
+#: A committed checkpoint as a policy sees it: its file name and its step.
+Candidate = tuple[str, int]
+
+
+@runtime_checkable
+class RetentionPolicy(Protocol):
+    """Decides which committed checkpoints of a family to keep."""
+
+    def keeps(
+        self, candidates: Sequence[Candidate], protected: frozenset[str]
+    ) -> set[str]:
+        """Return the names of ``candidates`` this policy keeps.
+
+        Parameters
+        ----------
+        candidates : sequence of (name, step)
+            The family's committed checkpoints, oldest first.
+        protected : frozenset of str
+            Names kept whatever the policy says; a window policy counts them
+            towards its window.
+        """
+        ...
 
 
 @dataclass(frozen=True)
 class KeepAll:
     """Keep every committed checkpoint."""
 
-    @property
-    def window(self) -> int | None:
-        """No window: nothing is removed for count."""
-        return None
+    def keeps(self, candidates, protected):
+        """Every candidate."""
+        return {name for name, _ in candidates}
 
 
 @dataclass(frozen=True)
 class KeepLast:
-    """Keep the newest ``count`` committed checkpoints; below one keeps all."""
+    """Keep the newest ``count`` committed checkpoints; below one keeps all.
+
+    Protected checkpoints occupy slots of the window: the family holds
+    ``max(count, number protected)`` files at most, never ``count + 1``.
+    """
 
     count: int
 
@@ -36,54 +64,43 @@ class KeepLast:
         """The number of checkpoints kept, or ``None`` for all."""
         return self.count if self.count >= 1 else None
 
-
-RetentionPolicy = KeepAll | KeepLast
-
-
-def keep_count_from_ratio(ratio: float, num_steps: int, save_freq: int) -> int:
-    """Turn ``ckpt_keep_ratio`` into a count, as deepmd-kit 3.2.0 does.
-
-    A run writes ``ceil(num_steps / save_freq)`` checkpoints (the final one is
-    off-cadence when ``num_steps`` is not a multiple); the newest
-    ``ceil(ratio * total)`` of them, at least one, are kept.
-    """
-    total = max(1, ceil(num_steps / save_freq)) if save_freq > 0 else 1
-    return max(1, ceil(ratio * total))
+    def keeps(self, candidates, protected):
+        """The newest ``count`` minus the protected ones among the candidates."""
+        if self.window is None:
+            return {name for name, _ in candidates}
+        taken = sum(1 for name, _ in candidates if name in protected)
+        free = max(0, self.window - taken)
+        others = [name for name, _ in candidates if name not in protected]
+        return set(others[len(others) - free :]) if free else set()
 
 
-def policy_from_training(
-    training: Mapping[str, object],
-    *,
-    num_steps: int | None = None,
-    ema: bool = False,
-) -> RetentionPolicy:
-    """Build the policy deepmd-kit's ``training`` keys describe.
+@dataclass(frozen=True)
+class KeepEveryNSteps:
+    """Keep milestones: every checkpoint whose step is a multiple of ``n``."""
 
-    Parameters
-    ----------
-    training : Mapping
-        The ``training`` section: ``max_ckpt_keep`` (default 5),
-        ``ckpt_keep_ratio``, ``ema_ckpt_keep``, ``save_freq``, ``numb_steps``.
-    num_steps : int, optional
-        The resolved run length; defaults to ``training["numb_steps"]``.
-    ema : bool, optional
-        Whether the policy is for the EMA family (``ema_ckpt_keep``, else the
-        periodic family's count).
-    """
-    ratio = training.get("ckpt_keep_ratio")
-    if ratio is not None:
-        steps = int(
-            num_steps if num_steps is not None else training.get("numb_steps", 0) or 0
-        )
-        return KeepLast(
-            keep_count_from_ratio(
-                float(ratio), steps, int(training.get("save_freq", 1000))
-            )
-        )
-    count = int(training.get("max_ckpt_keep", 5))
-    if ema and training.get("ema_ckpt_keep") is not None:
-        count = int(training["ema_ckpt_keep"])
-    return KeepLast(count)
+    n: int
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"keep every n steps needs n >= 1, got {self.n}")
+
+    def keeps(self, candidates, protected):
+        """The candidates whose step is a multiple of ``n``."""
+        return {name for name, step in candidates if step % self.n == 0}
+
+
+@dataclass(frozen=True)
+class AnyOf:
+    """Keep what any of ``policies`` keeps."""
+
+    policies: tuple[RetentionPolicy, ...]
+
+    def keeps(self, candidates, protected):
+        """The union of what each policy keeps."""
+        kept: set[str] = set()
+        for policy in self.policies:
+            kept |= policy.keeps(candidates, protected)
+        return kept
 
 
 def plan_prune(
@@ -102,24 +119,17 @@ def plan_prune(
     current_step : int
         Step of the checkpoint just committed.
     protected : Iterable[str]
-        Names never to remove. They count towards the window, so the family
-        keeps ``max(window, number protected)`` files at most.
+        Names never to remove.
     policy : RetentionPolicy
-        How many to keep.
+        Which of the others to keep.
     """
-    keep = set(protected)
-    remnants = [n for n, s in committed.items() if s > current_step and n not in keep]
-    rest = sorted((s, n) for n, s in committed.items() if n not in remnants)
-    doomed = sorted(remnants, key=lambda n: committed[n])
-    window = policy.window
-    if window is None:
-        return doomed
-    limit = max(window, sum(1 for _, n in rest if n in keep))
-    excess = len(rest) - limit
-    for _, name in rest:
-        if excess <= 0:
-            break
-        if name not in keep:
-            doomed.append(name)
-            excess -= 1
-    return doomed
+    keep = frozenset(protected)
+    remnants = sorted(
+        (s, n) for n, s in committed.items() if s > current_step and n not in keep
+    )
+    rest = sorted(
+        (s, n) for n, s in committed.items() if s <= current_step or n in keep
+    )
+    candidates = [(n, s) for s, n in rest]
+    kept = keep | policy.keeps(candidates, keep)
+    return [n for _, n in remnants] + [n for n, _ in candidates if n not in kept]

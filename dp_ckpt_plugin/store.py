@@ -1,24 +1,27 @@
-"""The checkpoint store: naming, commit, publication, retention, resolution.
+"""The checkpoint store: one directory, its families, and the save line.
 
 A :class:`CheckpointStore` owns one directory ``D``. It holds one or more
 families of numbered checkpoints (``D/<prefix>-<step><suffix>``), each with a
-latest pointer and alias inside ``D``. Saving a checkpoint:
+latest pointer and alias inside ``D`` and optional mirrors outside it.
+:meth:`CheckpointStore.save` runs in a straight line:
 
-1. checks free space against the size of the family's previous checkpoint;
-2. has the backend serialize the payload (``on_save_step``) into a temporary
-   name in ``D``, fsyncs it, moves it into place and fsyncs ``D``;
-3. writes the commit record last (size, sha256, step, family, backend,
-   format version), atomically: the checkpoint is now committed;
-4. calls ``on_commit``: the built-in publisher moves the pointer and alias,
-   observers run, the built-in pruner applies retention.
+1. check free space against the size of the family's previous checkpoint;
+2. write the payload (``on_save_step``) to a temporary name, fsync, move it
+   into place, fsync ``D`` (:func:`~dp_ckpt_plugin.commit.write_payload`);
+3. write the commit record, last: the checkpoint now counts
+   (:func:`~dp_ckpt_plugin.commit.commit`);
+4. publish: pointer, alias and mirrors, all or none
+   (:func:`~dp_ckpt_plugin.publish.publish`);
+5. call the ``on_commit`` observers;
+6. apply retention (:func:`~dp_ckpt_plugin.retention.plan_prune`).
 
-Only the chief rank touches the filesystem; other ranks get the same path
-back. The store never imports a serialization library: backends do.
+Steps 1-4 and 6 are the store's own; no plugin can skip them. Only the chief
+rank touches the filesystem; other ranks get the same path back. The store
+knows no trainer and imports no serialization library: formats do.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from collections.abc import Iterable
@@ -29,46 +32,25 @@ from typing import Any
 import pluggy
 
 from . import fsio
-from .backends import BackendInfo, get_backend
+from .catalogue import committed
+from .checkpoint import Checkpoint
+from .commit import commit, write_payload
 from .errors import CheckpointWriteError, RestartNotFoundError
-from .layout import Family, is_temp, record_target
+from .formats import FormatInfo, get_format
+from .layout import Family
 from .lock import StoreLock
+from .pointers import read_link_or_none, read_text_or_none
+from .publish import Mirror, publish
 from .ranks import Ranks, SingleProcess
-from .records import CommitRecord, make_record, read_record, record_path, write_record
-from .resolve import (
-    ResolveContext,
-    Resolved,
-    committed_checkpoints,
-    read_record_or_none,
-)
+from .records import record_path
+from .resolution import ResolveContext, Resolved, resolve_restart
 from .retention import KeepLast, RetentionPolicy, plan_prune
+from .sweep import sweep
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("dp_ckpt_plugin")
 
 #: Headroom asked for beyond the previous checkpoint's size before a write.
 SPACE_HEADROOM = 1.05
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A committed checkpoint.
-
-    Attributes
-    ----------
-    path : Path
-        Where it lies.
-    step : int
-        Its step.
-    family : Family
-        Its family.
-    record : CommitRecord
-        Its commit record.
-    """
-
-    path: Path
-    step: int
-    family: Family
-    record: CommitRecord
 
 
 @dataclass
@@ -80,20 +62,17 @@ class FamilyConfig:
     family : Family
         Names of the family.
     policy : RetentionPolicy
-        How many committed checkpoints to keep.
-    compat_pointer : Path or None
-        A pointer outside the store to keep up to date too (deepmd-kit's
-        ``checkpoint`` in the working directory), holding a path relative to
-        its own directory.
-    compat_alias : Path or None
-        An alias outside the store to keep up to date too (deepmd-kit's
-        ``<save_ckpt>.pt`` beside the prefix).
+        Which committed checkpoints to keep.
+    mirrors : tuple of Mirror
+        Pointers and aliases outside the store to keep up to date too (a
+        host's compatibility files), each holding a path relative to its own
+        directory. Pointer mirrors are also where ``latest`` looks when the
+        store itself names nothing.
     """
 
     family: Family
     policy: RetentionPolicy = field(default_factory=lambda: KeepLast(5))
-    compat_pointer: Path | None = None
-    compat_alias: Path | None = None
+    mirrors: tuple[Mirror, ...] = ()
 
 
 class CheckpointStore:
@@ -103,11 +82,11 @@ class CheckpointStore:
     ----------
     directory : str or Path
         The store directory ``D``; created on the first save.
-    backend : str
-        Name of the serialization backend (``"hdf5"``, ``"torch"``, or one a
+    format : str
+        Name of the serialization format (``"hdf5"``, ``"torch"``, or one a
         plugin registers).
     pm : pluggy.PluginManager
-        The plugin manager whose hooks serialize, publish, prune and resolve.
+        The plugin manager whose hooks serialize, observe and resolve.
     families : iterable of FamilyConfig, optional
         The families; the first is the primary one (the one ``latest`` means).
         Defaults to ``model.ckpt`` keeping 5.
@@ -128,7 +107,7 @@ class CheckpointStore:
         self,
         directory: str | os.PathLike,
         *,
-        backend: str,
+        format: str,
         pm: pluggy.PluginManager,
         families: Iterable[FamilyConfig] | None = None,
         ranks: Ranks | None = None,
@@ -138,11 +117,11 @@ class CheckpointStore:
     ) -> None:
         self.directory = Path(os.path.abspath(directory))
         self.pm = pm
-        self.backend: BackendInfo = get_backend(pm, backend)
+        self.format: FormatInfo = get_format(pm, format)
         configs = (
             list(families)
             if families is not None
-            else [FamilyConfig(Family("model.ckpt", self.backend.suffix))]
+            else [FamilyConfig(Family("model.ckpt", self.format.suffix))]
         )
         if not configs:
             raise ValueError("a store needs at least one family")
@@ -163,7 +142,7 @@ class CheckpointStore:
         return self.ranks.rank == 0
 
     def open(self) -> None:
-        """Create ``D``, take the lock and sweep leftover temporary files.
+        """Create ``D``, take the lock and sweep leftovers.
 
         Called by the first save; idempotent. Only the chief does anything.
         """
@@ -177,7 +156,8 @@ class CheckpointStore:
             ) from exc
         if self._lock is not None:
             self._lock.acquire()
-        self.sweep_leftovers()
+        mirrors = [m.path for cfg in self.families.values() for m in cfg.mirrors]
+        sweep(self.directory, mirrors)
         self._ready = True
 
     def close(self) -> None:
@@ -192,64 +172,19 @@ class CheckpointStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def sweep_leftovers(self) -> list[Path]:
-        """Remove what a killed writer left; return the paths removed.
-
-        That is our temporary files (in ``D`` and beside the compatibility
-        pointer and alias) and commit records whose checkpoint is gone (a kill
-        between the two unlinks of a prune). Safe only while holding the lock,
-        which :meth:`open` guarantees.
-        """
-        removed = []
-        dirs = {self.directory}
-        for cfg in self.families.values():
-            for extra in (cfg.compat_pointer, cfg.compat_alias):
-                if extra is not None:
-                    dirs.add(extra.parent)
-        for directory in dirs:
-            try:
-                names = os.listdir(directory)
-            except OSError:
-                continue
-            for name in names:
-                target = record_target(name) if directory == self.directory else None
-                orphan = target is not None and not os.path.lexists(directory / target)
-                if orphan or (
-                    is_temp(name)
-                    and (
-                        directory == self.directory
-                        or self._is_compat_temp(directory, name)
-                    )
-                ):
-                    with contextlib.suppress(OSError):
-                        os.unlink(directory / name)
-                        removed.append(directory / name)
-        return removed
-
-    def _is_compat_temp(self, directory: Path, name: str) -> bool:
-        for cfg in self.families.values():
-            for extra in (cfg.compat_pointer, cfg.compat_alias):
-                if (
-                    extra is not None
-                    and extra.parent == directory
-                    and name.startswith(f".{extra.name}.tmp-")
-                ):
-                    return True
-        return False
-
     # -- saving ------------------------------------------------------------
     def family(self, prefix: str | None = None) -> FamilyConfig:
         """Return the configuration of a family (the primary one by default)."""
         return self.families[prefix or self.primary.prefix]
 
-    def path_for(self, step: int, prefix: str | None = None) -> Path:
+    def path_for(self, step: int, family: str | None = None) -> Path:
         """Return where the checkpoint of ``step`` goes."""
-        return self.directory / self.family(prefix).family.numbered(step)
+        return self.directory / self.family(family).family.numbered(step)
 
-    def save(self, step: int, state: Any, *, prefix: str | None = None) -> Path:
-        """Write, commit, publish and prune one checkpoint; return its path.
+    def save(self, step: int, state: Any, *, family: str | None = None) -> Path:
+        """Write, commit, publish, observe and retain one checkpoint.
 
-        On every rank the same path is returned; only the chief writes.
+        Returns its path, the same on every rank; only the chief writes.
 
         Raises
         ------
@@ -257,97 +192,50 @@ class CheckpointStore:
             Naming the path and the cause. Temporary files are removed and
             the previous checkpoint, pointer and alias are untouched.
         """
-        cfg = self.family(prefix)
-        path = self.path_for(step, prefix)
+        cfg = self.family(family)
+        path = self.path_for(step, family)
         if not self.is_chief:
             return path
         self.open()
         self._check_space(cfg.family, path)
-        replaces = self._write_payload(path, step, state)
-        record = self._commit(path, step, cfg.family, replaces=replaces)
+        replaces = write_payload(
+            path,
+            lambda handle: self._serialize(step, state, handle),
+            durable=self.durable,
+        )
+        record = commit(
+            path,
+            step=step,
+            family=cfg.family.prefix,
+            format=self.format.name,
+            replaces=replaces,
+            durable=self.durable,
+        )
         self._last_size[cfg.family.prefix] = record.size
-        checkpoint = Checkpoint(path, step, cfg.family, record)
-        self.pm.hook.on_commit(store=self, checkpoint=checkpoint)
+        checkpoint = Checkpoint(path, step, cfg.family.prefix, record)
+        publish(path, self.publication_targets(cfg), durable=self.durable)
+        log.info("committed %s (step %d)", path, step)
+        self._notify(checkpoint)
+        for removed in self.prune(checkpoint):
+            log.info("removed %s (retention)", removed)
         return path
-
-    def _write_payload(self, path: Path, step: int, state: Any) -> bool:
-        """Write the payload atomically at ``path``; return whether it replaced one.
-
-        Re-saving a step (deepmd-kit does after ``change_bias_after_training``)
-        drops the old record just before the move; if the move then fails, the
-        old record is put back. A payload that reached its name but whose
-        directory fsync failed is removed, unless it replaced an older one.
-        """
-        previous = _file_id(path)
-        old_record = read_record_or_none(path) if previous else None
-        try:
-            fsio.write_file_atomic(
-                path,
-                lambda handle: self._serialize(step, state, handle),
-                durable=self.durable,
-                before_replace=lambda: self._uncommit(path),
-            )
-        except CheckpointWriteError:
-            current = _file_id(path)
-            if current is not None and current != previous:
-                if previous is None:
-                    with contextlib.suppress(OSError):
-                        os.unlink(path)
-            elif old_record is not None and not record_path(path).exists():
-                with contextlib.suppress(OSError):
-                    write_record(path, old_record, durable=self.durable)
-            raise
-        return previous is not None
-
-    def _commit(
-        self, path: Path, step: int, family: Family, *, replaces: bool
-    ) -> CommitRecord:
-        """Write the commit record of a durable payload, last.
-
-        On failure the record (if its directory fsync was what failed) and a
-        new payload are removed; a payload that replaced an older one stays,
-        since a pointer may name it.
-        """
-        try:
-            record = make_record(
-                path, step=step, family=family.prefix, backend=self.backend.name
-            )
-            write_record(path, record, durable=self.durable)
-        except (OSError, CheckpointWriteError) as exc:
-            leftovers = (record_path(path),) if replaces else (record_path(path), path)
-            for leftover in leftovers:
-                with contextlib.suppress(OSError):
-                    fsio.remove_file(leftover)
-            if isinstance(exc, CheckpointWriteError):
-                raise
-            raise CheckpointWriteError(
-                f"could not commit {path}: {exc.strerror or exc}"
-            ) from exc
-        return record
 
     def _serialize(self, step: int, state: Any, handle) -> None:
         written = self.pm.hook.on_save_step(
-            backend=self.backend.name, step=step, state=state, file=handle
+            format=self.format.name, step=step, state=state, file=handle
         )
         if written is None:
             raise CheckpointWriteError(
-                f"no plugin serialized backend {self.backend.name!r}"
+                f"no plugin serialized format {self.format.name!r}"
             )
-
-    def _uncommit(self, path: Path) -> None:
-        """Drop the record of a checkpoint about to be overwritten (same step)."""
-        rec = record_path(path)
-        if rec.exists():
-            fsio.remove_file(rec)
 
     def _check_space(self, family: Family, path: Path) -> None:
         if not self.check_free_space:
             return
         size = self._last_size.get(family.prefix)
         if size is None:
-            newest = committed_checkpoints(self.directory, family, newest_first=True)
-            record = read_record_or_none(newest[0][1]) if newest else None
-            size = record.size if record else None
+            newest = committed(self.directory, family, newest_first=True)
+            size = newest[0].record.size if newest else None
         if size is None:
             return
         free = fsio.free_bytes(self.directory)
@@ -358,62 +246,46 @@ class CheckpointStore:
                 f"the previous checkpoint took {size})"
             )
 
-    # -- publication and retention (called from on_commit) ----------------
-    def publish(self, checkpoint: Checkpoint) -> None:
-        """Point the family's pointer and alias (and compatibility ones) at it."""
-        cfg = self.family(checkpoint.family.prefix)
-        name = checkpoint.path.name
-        pointer = self.directory / cfg.family.pointer
-        alias = self.directory / cfg.family.alias
-        before = (_read_or_none(pointer), _link_or_none(alias))
-        try:
-            fsio.write_text_atomic(pointer, name + "\n", durable=self.durable)
-            fsio.replace_link(alias, name, durable=self.durable)
-            self._publish_compat(cfg, checkpoint)
-        except CheckpointWriteError:
-            self._unpublish(pointer, alias, *before)
-            raise
+    # -- publication, observers, retention -----------------------------------
+    def publication_targets(self, cfg: FamilyConfig) -> list[Mirror]:
+        """The family's in-store pointer and alias, then its mirrors (no repeats)."""
+        targets = [
+            Mirror(self.directory / cfg.family.pointer, "pointer"),
+            Mirror(self.directory / cfg.family.alias, "alias"),
+            *cfg.mirrors,
+        ]
+        seen: set[Path] = set()
+        unique = []
+        for target in targets:
+            if target.path not in seen:
+                seen.add(target.path)
+                unique.append(target)
+        return unique
 
-    def _unpublish(
-        self, pointer: Path, alias: Path, text: str | None, target: str | None
-    ) -> None:
-        """Put the pointer and alias back after a failed publication (rule 8).
-
-        Best effort: the new checkpoint stays committed, ``latest`` goes on
-        naming the previous one.
-        """
-        with contextlib.suppress(OSError):
-            if text is None:
-                fsio.remove_file(pointer)
-            else:
-                fsio.write_text_atomic(pointer, text, durable=self.durable)
-        with contextlib.suppress(OSError):
-            if target is not None:
-                fsio.replace_link(alias, target, durable=self.durable)
-
-    def _publish_compat(self, cfg: FamilyConfig, checkpoint: Checkpoint) -> None:
-        if (
-            cfg.compat_pointer is not None
-            and cfg.compat_pointer != self.directory / cfg.family.pointer
-        ):
-            rel = os.path.relpath(checkpoint.path, cfg.compat_pointer.parent)
-            fsio.write_text_atomic(cfg.compat_pointer, rel + "\n", durable=self.durable)
-        if (
-            cfg.compat_alias is not None
-            and cfg.compat_alias != self.directory / cfg.family.alias
-        ):
-            rel = os.path.relpath(checkpoint.path, cfg.compat_alias.parent)
-            fsio.replace_link(cfg.compat_alias, rel, durable=self.durable)
+    def _notify(self, checkpoint: Checkpoint) -> None:
+        """Call every ``on_commit`` observer; one that raises is logged, not fatal."""
+        given = {"store": self, "checkpoint": checkpoint}
+        for impl in reversed(self.pm.hook.on_commit.get_hookimpls()):
+            try:
+                impl.function(*[given[name] for name in impl.argnames])
+            except Exception as exc:
+                log.warning(
+                    "on_commit observer %r failed for %s: %s: %s",
+                    impl.plugin_name,
+                    checkpoint.path,
+                    type(exc).__name__,
+                    exc,
+                )
 
     def protected(self, family: Family, current: Path | None = None) -> set[str]:
         """Names retention must not remove in ``family``."""
         names = set()
         if current is not None:
             names.add(current.name)
-        pointed = _read_or_none(self.directory / family.pointer)
+        pointed = read_text_or_none(self.directory / family.pointer)
         if pointed and pointed.strip():
             names.add(Path(pointed.strip()).name)
-        linked = _link_or_none(self.directory / family.alias)
+        linked = read_link_or_none(self.directory / family.alias)
         if linked:
             names.add(Path(linked).name)
         resumed = self._resumed_from.get(family.prefix)
@@ -423,14 +295,13 @@ class CheckpointStore:
 
     def prune(self, checkpoint: Checkpoint) -> list[Path]:
         """Apply retention after ``checkpoint`` was committed and published."""
-        fam = checkpoint.family
-        cfg = self.family(fam.prefix)
+        cfg = self.family(checkpoint.family)
+        fam = cfg.family
         resumed = self._resumed_from.get(fam.prefix)
         if resumed is not None and checkpoint.step >= (fam.step_of(resumed.name) or 0):
             del self._resumed_from[fam.prefix]
-        committed = {p.name: s for s, p in committed_checkpoints(self.directory, fam)}
         doomed = plan_prune(
-            committed,
+            {c.name: c.step for c in committed(self.directory, fam)},
             current_step=checkpoint.step,
             protected=self.protected(fam, checkpoint.path),
             policy=cfg.policy,
@@ -439,7 +310,7 @@ class CheckpointStore:
         for name in doomed:
             path = self.directory / name
             # the payload goes first: a kill or a failure in between leaves a
-            # small record that names no file (readers never look at it), not
+            # small record that names no file (the next open sweeps it), not
             # a full-size payload without a record that no rule would remove
             fsio.remove_file(path)
             fsio.remove_file(record_path(path))
@@ -448,19 +319,21 @@ class CheckpointStore:
             fsio.fsync_dir(self.directory)
         return removed
 
-    # -- resolution ---------------------------------------------------------
+    # -- resolution and loading ----------------------------------------------
     def context(
         self,
         *,
         sha256: bool = False,
         cwd: Path | None = None,
-        prefix: str | None = None,
+        family: str | None = None,
     ) -> ResolveContext:
         """Return the resolution context of this store."""
+        cfg = self.family(family)
         return ResolveContext(
-            family=self.family(prefix).family,
+            family=cfg.family,
             store_dir=self.directory,
             cwd=cwd or Path.cwd(),
+            fallback_pointers=tuple(m.path for m in cfg.mirrors if m.kind == "pointer"),
             sha256=sha256,
             quarantine=self.is_chief,
         )
@@ -468,13 +341,13 @@ class CheckpointStore:
     def resolve(
         self, spec: str, *, sha256: bool = False, cwd: Path | None = None
     ) -> Resolved:
-        """Resolve a restart specification on the chief; broadcast the result.
+        """Resolve a restart specification (on the chief, broadcast to all).
 
         The checkpoint found becomes protected from retention until this run
         commits one of a later step.
         """
         ctx = self.context(sha256=sha256, cwd=cwd) if self.is_chief else None
-        found = resolve_on_chief(self.pm, spec, ctx, self.ranks)
+        found = resolve_restart(self.pm, spec, ctx, self.ranks)
         self.protect_resumed(found.path)
         return found
 
@@ -492,73 +365,15 @@ class CheckpointStore:
                 self._resumed_from[prefix] = path
 
     def load(self, resolved: Resolved) -> Any:
-        """Read a resolved checkpoint through its backend."""
-        backend = resolved.record.backend if resolved.record else self.backend.name
-        state = self.pm.hook.on_load_step(backend=backend, path=resolved.path)
+        """Read a resolved checkpoint through its format."""
+        name = resolved.record.format if resolved.record else self.format.name
+        state = self.pm.hook.on_load_step(format=name, path=resolved.path)
         if state is None:
             raise RestartNotFoundError(
-                f"no plugin reads backend {backend!r} (checkpoint {resolved.path})"
+                f"no plugin reads format {name!r} (checkpoint {resolved.path})"
             )
         return state
 
-    def committed(self, prefix: str | None = None) -> list[Checkpoint]:
+    def committed(self, family: str | None = None) -> list[Checkpoint]:
         """Return the committed checkpoints of a family, oldest first."""
-        fam = self.family(prefix).family
-        out = []
-        for step, path in committed_checkpoints(self.directory, fam):
-            record = read_record(path)
-            out.append(Checkpoint(path, step, fam, record))
-        return out
-
-
-def _file_id(path: Path) -> tuple[int, int] | None:
-    """Return the device and inode of ``path``, or ``None`` if absent."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino)
-
-
-def _read_or_none(path: Path) -> str | None:
-    try:
-        return path.read_text("utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def _link_or_none(path: Path) -> str | None:
-    try:
-        return os.readlink(path)
-    except OSError:
-        return None
-
-
-def resolve_with_hooks(
-    pm: pluggy.PluginManager, spec: str, context: ResolveContext
-) -> Resolved:
-    """Ask ``on_resolve_restart`` for a checkpoint; fail if nobody answers."""
-    found = pm.hook.on_resolve_restart(spec=spec, context=context)
-    if found is None:
-        raise RestartNotFoundError(f"no plugin resolved restart {spec!r}")
-    return found
-
-
-def resolve_on_chief(
-    pm: pluggy.PluginManager, spec: str, context: ResolveContext | None, ranks: Ranks
-) -> Resolved:
-    """Resolve on rank 0 and broadcast the outcome, success or error, to all ranks.
-
-    ``context`` is used on rank 0 only (other ranks may pass ``None``), so only
-    the chief touches the filesystem, and every rank raises the same error.
-    """
-    outcome: tuple[Resolved | None, BaseException | None] = (None, None)
-    if ranks.rank == 0:
-        try:
-            outcome = (resolve_with_hooks(pm, spec, context), None)
-        except Exception as exc:
-            outcome = (None, exc)
-    found, error = ranks.broadcast(outcome)
-    if error is not None:
-        raise error
-    return found
+        return committed(self.directory, self.family(family).family)

@@ -40,7 +40,7 @@ def loss_and_grad(w: np.ndarray, x: np.ndarray, y: np.ndarray):
 def train(args: argparse.Namespace) -> int:
     """Run (or resume) the training loop; return the exit code."""
     x, y = make_problem()
-    manager = CheckpointManager(args.save_dir, backend="hdf5", max_keep=args.max_keep)
+    manager = CheckpointManager(args.save_dir, format="hdf5", max_keep=args.max_keep)
     step, w, lr = 0, np.zeros(x.shape[1]), args.lr
     if args.restart:
         restored = manager.restore(args.restart)

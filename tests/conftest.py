@@ -31,7 +31,7 @@ def make_manager(tmp_path, pm):
 
     def make(directory=None, **kwargs):
         kwargs.setdefault("pm", pm)
-        kwargs.setdefault("backend", "hdf5")
+        kwargs.setdefault("format", "hdf5")
         m = CheckpointManager(directory or tmp_path / "models", **kwargs)
         made.append(m)
         return m

@@ -326,7 +326,7 @@ def assert_committed(checkpoint: Path, *, step: int, family: str) -> None:
     assert record["name"] == checkpoint.name
     assert record["step"] == step
     assert record["family"] == family
-    assert record["backend"] == "torch"
+    assert record["format"] == "torch"
     assert record["size"] == checkpoint.stat().st_size
     assert record["sha256"] == sha256(checkpoint)
     assert isinstance(record["format_version"], int)

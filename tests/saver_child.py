@@ -108,7 +108,7 @@ def open_manager(directory, backend="hdf5", max_keep=0):
     """Return the manager this child writes with (sha256-verified restores)."""
     return CheckpointManager(
         directory,
-        backend=backend,
+        format=backend,
         max_keep=max_keep,
         verify="sha256",
         pm=get_plugin_manager(entry_points=False),

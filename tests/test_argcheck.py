@@ -12,7 +12,7 @@ import sys
 import pytest
 from dargs.dargs import ArgumentError
 
-from dp_ckpt_plugin.argcheck import (
+from dp_ckpt_plugin.deepmd.argcheck import (
     SECTION,
     PluginOptions,
     check_save_dir,
@@ -53,7 +53,7 @@ def options_error(section) -> str:
 
 def test_import_pulls_in_neither_torch_nor_deepmd():
     code = (
-        "import sys, dp_ckpt_plugin.argcheck; "
+        "import sys, dp_ckpt_plugin.deepmd.argcheck; "
         "print(sorted(m for m in ('torch', 'deepmd') if m in sys.modules))"
     )
     out = subprocess.run(
@@ -363,7 +363,7 @@ def test_save_dir_with_nul_character():
 
 def test_save_dir_created_by_another_process_meanwhile_is_fine(tmp_path, monkeypatch):
     """Two ranks validate the same input while the chief creates ``save_dir``."""
-    import dp_ckpt_plugin.argcheck as argcheck
+    import dp_ckpt_plugin.deepmd.argcheck as argcheck
 
     target = tmp_path / "models"
     real_stat = argcheck.os.stat

@@ -63,7 +63,7 @@ def backend(request):
 
 
 def test_round_trip_is_exact(make_manager, backend):
-    m = make_manager(backend=backend)
+    m = make_manager(format=backend)
     state = state_for(backend, 3)
     path = m.save(3, state)
     assert path.suffix == (".h5" if backend == "hdf5" else ".pt")
@@ -73,11 +73,11 @@ def test_round_trip_is_exact(make_manager, backend):
 
 
 def test_every_save_is_committed_and_leaves_no_temporary(make_manager, backend):
-    m = make_manager(backend=backend, max_keep=2)
+    m = make_manager(format=backend, max_keep=2)
     for step in range(4):
         path = m.save(step, state_for(backend, step))
         record = read_record(path)
-        assert record.backend == backend and record.sha256 == sha256_of(path)
+        assert record.format == backend and record.sha256 == sha256_of(path)
     names = os.listdir(m.directory)
     assert not [n for n in names if is_temp(n)]
     assert sorted(n for n in names if not n.startswith(".")) == sorted(
@@ -91,7 +91,7 @@ def test_every_save_is_committed_and_leaves_no_temporary(make_manager, backend):
 
 
 def test_resolution_forms(make_manager, backend, tmp_path):
-    m = make_manager(backend=backend, max_keep=0)
+    m = make_manager(format=backend, max_keep=0)
     for step in (1, 2):
         m.save(step, state_for(backend, step))
     sfx = ".h5" if backend == "hdf5" else ".pt"
@@ -107,7 +107,7 @@ def test_resolution_forms(make_manager, backend, tmp_path):
 
 
 def test_unserializable_payload_fails_cleanly(make_manager, backend):
-    m = make_manager(backend=backend)
+    m = make_manager(format=backend)
     m.save(1, state_for(backend, 1))
     expected = (
         TypeError

@@ -15,14 +15,13 @@ import numpy as np
 import pytest
 
 from dp_ckpt_plugin import CheckpointManager, get_plugin_manager, hookspecs
-from dp_ckpt_plugin.argcheck import PluginOptions, check_save_dir, plugin_options
-from dp_ckpt_plugin.builtin import BUILTINS
+from dp_ckpt_plugin.deepmd.argcheck import PluginOptions, check_save_dir, plugin_options
 from dp_ckpt_plugin.errors import (
     ConfigError,
     CorruptCheckpointError,
     RestartNotFoundError,
 )
-from dp_ckpt_plugin.plugins import BUILTIN_BACKENDS, DISABLE_ENV, ENTRY_POINT_GROUP
+from dp_ckpt_plugin.plugins import BLOCK_PLUGINS_ENV, CORE_PLUGINS, ENTRY_POINT_GROUP
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 HOOKS = sorted(
@@ -97,9 +96,9 @@ def test_hooks_doc_has_one_section_per_hook():
 
 def test_hooks_doc_names_builtins_entry_points_and_switch():
     source = (DOCS / "hooks.md").read_text("utf-8")
-    for name in [*BUILTINS, *BUILTIN_BACKENDS]:
+    for name in CORE_PLUGINS:
         assert f"| `{name}` |" in source, name
-    assert DISABLE_ENV in source
+    assert BLOCK_PLUGINS_ENV in source
     assert f"[project.entry-points.{ENTRY_POINT_GROUP}]" in source
 
 
@@ -192,9 +191,9 @@ def test_restart_by_step_verifies_the_file(tmp_path):
         m.close()
 
 
-def test_npz_backend_round_trip(tmp_path):
-    plugin = load_example("npz_backend")
-    m = manager(tmp_path, plugin, backend="npz", max_keep=2)
+def test_npz_format_round_trip(tmp_path):
+    plugin = load_example("npz_format")
+    m = manager(tmp_path, plugin, format="npz", max_keep=2)
     try:
         for step in range(3):
             path = m.save(step, state(step))
@@ -226,8 +225,8 @@ def test_freeze_npz_exports_hdf5_checkpoints(tmp_path):
 
 def test_freeze_npz_leaves_other_checkpoints_alone(tmp_path):
     plugin = load_example("freeze_npz")
-    npz = load_example("npz_backend")
-    m = manager(tmp_path, npz, backend="npz")
+    npz = load_example("npz_format")
+    m = manager(tmp_path, npz, format="npz")
     try:
         m.save(1, state(1))
         resolved = m.store.resolve("latest")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from dargs.dargs import ArgumentKeyError
 
-from dp_ckpt_plugin.argcheck import SECTION, check_save_dir, plugin_options
+from dp_ckpt_plugin.deepmd.argcheck import SECTION, check_save_dir, plugin_options
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 INPUTS = sorted(EXAMPLES.rglob("*.json"))

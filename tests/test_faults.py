@@ -34,10 +34,10 @@ import pytest
 from saver_child import make_payload, payload_mismatches
 
 from dp_ckpt_plugin import CheckpointManager, CheckpointWriteError, fsio
+from dp_ckpt_plugin.catalogue import committed as committed_in
 from dp_ckpt_plugin.layout import Family, is_temp, record_name, temp_target
 from dp_ckpt_plugin.plugins import get_plugin_manager
 from dp_ckpt_plugin.records import read_record, verify
-from dp_ckpt_plugin.resolve import committed_checkpoints
 
 SUFFIX = {"hdf5": ".h5", "torch": ".pt"}
 CODES = [errno.ENOSPC, errno.EIO, errno.EACCES]
@@ -99,7 +99,7 @@ def open_manager(directory, backend="hdf5", **kwargs):
     """
     kwargs.setdefault("verify", "sha256")
     pm = get_plugin_manager(entry_points=False)
-    return CheckpointManager(directory, backend=backend, pm=pm, **kwargs)
+    return CheckpointManager(directory, format=backend, pm=pm, **kwargs)
 
 
 def file_names(backend, step):
@@ -157,7 +157,7 @@ def snapshot(directory, backend="hdf5"):
 def committed_steps(directory, backend="hdf5"):
     """Return the steps of the committed checkpoints in ``directory``."""
     family = Family("model.ckpt", SUFFIX[backend])
-    return [step for step, _ in committed_checkpoints(directory, family)]
+    return [c.step for c in committed_in(directory, family)]
 
 
 def assert_names_cause(exc, path, code):

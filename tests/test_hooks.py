@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 
@@ -9,53 +10,106 @@ import pytest
 from conftest import payload
 
 from dp_ckpt_plugin import (
+    Checkpoint,
     CheckpointManager,
     RestartNotFoundError,
     get_plugin_manager,
     hookimpl,
 )
-from dp_ckpt_plugin.plugins import DISABLE_ENV
-from dp_ckpt_plugin.resolve import Resolved
+from dp_ckpt_plugin.plugins import BLOCK_PLUGINS_ENV
+from dp_ckpt_plugin.resolution import Resolved
 
 
 def test_builtins_are_registered_by_name(pm):
     names = {pm.get_name(p) for p in pm.get_plugins()}
-    assert {"publish", "prune", "resolve", "freeze", "hdf5", "torch"} <= names
+    assert names == {"resolve", "hdf5", "torch"}
 
 
-def test_hook_call_order_save_commit_publish_observe_prune(tmp_path, pm, monkeypatch):
-    calls = []
+def test_hosts_add_their_plugins_by_module_name():
+    pm = get_plugin_manager(
+        entry_points=False,
+        host_plugins={"freeze": "dp_ckpt_plugin.deepmd.pt_expt.freeze"},
+    )
+    assert pm.get_plugin("freeze") is not None
 
-    class Tracer:
+
+def test_hook_call_order_save_commit_publish_observe_prune(tmp_path, pm):
+    """The store's straight line, as an observer sees the directory at each hook."""
+    seen = []
+
+    class Observer:
         @hookimpl(hookwrapper=True)
-        def on_save_step(self, backend, step):
-            calls.append(("save", step))
+        def on_save_step(self, format, step, file):
+            seen.append(("write", step, sorted(os.listdir(tmp_path / "m"))))
             yield
 
         @hookimpl
         def on_commit(self, store, checkpoint):
-            # the record exists (committed) and the pointer already moved
-            assert (store.directory / f".{checkpoint.path.name}.commit.json").exists()
-            calls.append(("observe", checkpoint.step))
+            d = store.directory
+            seen.append(
+                (
+                    "observe",
+                    checkpoint.step,
+                    checkpoint.committed,
+                    (d / "checkpoint").read_text().strip(),
+                    sorted(p.name for p in d.glob("model.ckpt-*.h5")),
+                )
+            )
 
-    store_cls = __import__(
-        "dp_ckpt_plugin.store", fromlist=["CheckpointStore"]
-    ).CheckpointStore
-    real_publish, real_prune = store_cls.publish, store_cls.prune
-    monkeypatch.setattr(
-        store_cls,
-        "publish",
-        lambda s, c: (calls.append(("publish", c.step)), real_publish(s, c))[1],
-    )
-    monkeypatch.setattr(
-        store_cls,
-        "prune",
-        lambda s, c: (calls.append(("prune", c.step)), real_prune(s, c))[1],
-    )
-    pm.register(Tracer())
-    with CheckpointManager(tmp_path / "m", pm=pm) as m:
+    pm.register(Observer())
+    with CheckpointManager(tmp_path / "m", pm=pm, max_keep=1) as m:
         m.save(1, payload(1))
-    assert calls == [("save", 1), ("publish", 1), ("observe", 1), ("prune", 1)]
+        m.save(2, payload(2))
+        # after save returned, retention has removed step 1
+        assert sorted(p.name for p in m.directory.glob("model.ckpt-*.h5")) == [
+            "model.ckpt-2.h5"
+        ]
+    assert [s[:2] for s in seen] == [
+        ("write", 1),
+        ("observe", 1),
+        ("write", 2),
+        ("observe", 2),
+    ]
+    # the payload of step 2 is written before its name exists
+    assert "model.ckpt-2.h5" not in seen[2][2]
+    # observers see it committed and published, and retention not yet applied
+    assert seen[3][2:] == (
+        True,
+        "model.ckpt-2.h5",
+        ["model.ckpt-1.h5", "model.ckpt-2.h5"],
+    )
+
+
+def test_a_failing_observer_skips_nothing(tmp_path, pm, caplog):
+    """Other observers still run, the save returns, publication and retention hold."""
+    later = []
+
+    class Broken:
+        @hookimpl(tryfirst=True)
+        def on_commit(self, checkpoint):
+            raise RuntimeError("mirror disk is full")
+
+    class Recorder:
+        @hookimpl
+        def on_commit(self, checkpoint):
+            later.append(checkpoint.step)
+
+    pm.register(Recorder())
+    pm.register(Broken(), name="broken-mirror")
+    with CheckpointManager(tmp_path / "m", pm=pm, max_keep=1) as m:
+        m.save(1, payload(1))
+        path = m.save(2, payload(2))
+        assert path.name == "model.ckpt-2.h5"
+        assert (m.directory / "checkpoint").read_text().strip() == path.name
+        assert sorted(p.name for p in m.directory.glob("model.ckpt-*.h5")) == [
+            path.name
+        ]
+    assert later == [1, 2]
+    messages = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(
+        "'broken-mirror' failed" in msg and "mirror disk is full" in msg
+        for msg in messages
+    ), messages
 
 
 def test_third_party_resolver_overrides_the_builtin(tmp_path, pm, make_manager):
@@ -68,7 +122,7 @@ def test_third_party_resolver_overrides_the_builtin(tmp_path, pm, make_manager):
         def on_resolve_restart(self, spec, context):
             if spec == "first":
                 path = context.store_dir / "model.ckpt-1.h5"
-                return Resolved(path, 1, None, "unverified", "pinned")
+                return Resolved(Checkpoint(path, 1, None), "unverified", "pinned")
             return None  # let the built-in answer
 
     pm.register(PinnedResolver())
@@ -76,43 +130,46 @@ def test_third_party_resolver_overrides_the_builtin(tmp_path, pm, make_manager):
     assert m.restore("latest").step == 2  # the built-in still answers the rest
 
 
-def test_third_party_backend(tmp_path, pm):
+def test_third_party_format(tmp_path, pm):
     import json
 
-    from dp_ckpt_plugin.backends import BackendInfo
+    from dp_ckpt_plugin.formats import FormatInfo
 
     class JsonBackend:
         @hookimpl
-        def register_backends(self):
-            return [BackendInfo("json", ".json")]
+        def register_formats(self):
+            return [FormatInfo("json", ".json")]
 
         @hookimpl
-        def on_save_step(self, backend, state, file):
-            if backend == "json":
+        def on_save_step(self, format, state, file):
+            if format == "json":
                 file.write(json.dumps(state).encode())
                 return True
             return None
 
         @hookimpl
-        def on_load_step(self, backend, path):
-            return json.loads(path.read_text()) if backend == "json" else None
+        def on_load_step(self, format, path):
+            return json.loads(path.read_text()) if format == "json" else None
 
     pm.register(JsonBackend())
-    with CheckpointManager(tmp_path / "m", backend="json", pm=pm) as m:
+    with CheckpointManager(tmp_path / "m", format="json", pm=pm) as m:
         assert m.save(3, {"a": [1, 2]}).name == "model.ckpt-3.json"
         assert m.restore("latest").state == {"a": [1, 2]}
 
 
 def test_blocking_a_builtin_by_environment(tmp_path, monkeypatch):
-    monkeypatch.setenv(DISABLE_ENV, "prune, resolve")
+    monkeypatch.setenv(BLOCK_PLUGINS_ENV, "publish, prune, resolve")
     pm = get_plugin_manager(entry_points=False)
     names = {pm.get_name(p) for p in pm.get_plugins()}
-    assert "prune" not in names and "resolve" not in names and "publish" in names
+    assert "resolve" not in names and "hdf5" in names
     with CheckpointManager(tmp_path / "m", pm=pm, max_keep=1) as m:
         for step in range(3):
             m.save(step, payload(step))
-        # retention is off: all three remain
-        assert len(list(m.directory.glob("model.ckpt-*.h5"))) == 3
+        # publication and retention are the store's own: no block list skips them
+        assert [p.name for p in m.directory.glob("model.ckpt-*.h5")] == [
+            "model.ckpt-2.h5"
+        ]
+        assert (m.directory / "checkpoint").read_text() == "model.ckpt-2.h5\n"
         with pytest.raises(RestartNotFoundError, match="no plugin resolved"):
             m.resolve("latest")
 
@@ -121,9 +178,9 @@ def test_unknown_backend_is_a_clear_error(tmp_path, pm):
     from dp_ckpt_plugin import ConfigError
 
     with pytest.raises(
-        ConfigError, match="unknown checkpoint backend 'nope'; available: hdf5, torch"
+        ConfigError, match="unknown checkpoint format 'nope'; available: hdf5, torch"
     ):
-        CheckpointManager(tmp_path, backend="nope", pm=pm)
+        CheckpointManager(tmp_path, format="nope", pm=pm)
 
 
 def test_entry_point_plugin_is_loaded_and_can_be_blocked(tmp_path, monkeypatch):
@@ -159,7 +216,7 @@ def test_entry_point_plugin_is_loaded_and_can_be_blocked(tmp_path, monkeypatch):
         m.save(4, payload(4))
     assert sys.modules["ckpt_observer"].COMMITTED == [4]
 
-    monkeypatch.setenv(DISABLE_ENV, "observer")
+    monkeypatch.setenv(BLOCK_PLUGINS_ENV, "observer")
     assert get_plugin_manager().get_plugin("observer") is None
 
 

@@ -9,8 +9,8 @@ import pytest
 
 LIGHT = [
     "dp_ckpt_plugin",
-    "dp_ckpt_plugin.backends.torch",
-    "dp_ckpt_plugin.backends.hdf5",
+    "dp_ckpt_plugin.formats.torch",
+    "dp_ckpt_plugin.formats.hdf5",
     "dp_ckpt_plugin.store",
     "dp_ckpt_plugin.plugins",
 ]
@@ -57,11 +57,11 @@ PROBE = (
 def test_deepmd_backend_entry_point_is_light_and_takes_over_pt_expt():
     pytest.importorskip("deepmd")
     keys, loaded = run_probe(PROBE).splitlines()
-    assert keys == "dp_ckpt_plugin.deepmd.entry dp_ckpt_plugin.deepmd.entry"
+    assert keys == "dp_ckpt_plugin.deepmd.takeover dp_ckpt_plugin.deepmd.takeover"
     # the entry point loads three tiny modules and no torch
     assert (
         loaded
-        == "['dp_ckpt_plugin', 'dp_ckpt_plugin.deepmd', 'dp_ckpt_plugin.deepmd.entry']"
+        == "['dp_ckpt_plugin', 'dp_ckpt_plugin.deepmd', 'dp_ckpt_plugin.deepmd.takeover']"
     )
 
 

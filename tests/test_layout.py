@@ -6,9 +6,9 @@ import fnmatch
 
 import pytest
 
+from dp_ckpt_plugin.deepmd.naming import ema_family, ema_prefix
 from dp_ckpt_plugin.layout import (
     Family,
-    ema_prefix,
     is_temp,
     record_name,
     temp_name,
@@ -55,7 +55,7 @@ def test_huge_step_is_parsed_exactly():
 )
 def test_ema_prefix_matches_deepmd(prefix, expected):
     assert ema_prefix(prefix) == expected
-    assert Family(prefix, ".pt").ema().prefix == expected
+    assert ema_family(Family(prefix, ".pt")).prefix == expected
 
 
 def test_ema_prefix_is_deepmd_kits():

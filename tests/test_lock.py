@@ -26,7 +26,7 @@ CHILD = Path(__file__).with_name("saver_child.py")
 def open_manager(directory):
     """Return an hdf5 manager on ``directory`` without third-party plugins."""
     return CheckpointManager(
-        directory, backend="hdf5", max_keep=0, pm=get_plugin_manager(entry_points=False)
+        directory, format="hdf5", max_keep=0, pm=get_plugin_manager(entry_points=False)
     )
 
 

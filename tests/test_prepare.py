@@ -32,7 +32,7 @@ def write_input(tmp_path, **training):
 
 def fill(tmp_path, steps, prefix="model.ckpt"):
     with CheckpointManager(
-        tmp_path / "models", backend="torch", prefix=prefix, max_keep=0
+        tmp_path / "models", format="torch", prefix=prefix, max_keep=0
     ) as m:
         for step in steps:
             m.save(step, {"step": step})

@@ -39,7 +39,7 @@ def worker(rank: int, world: int, port: int, directory: str, out: str) -> None:
             return real_open(path, *args, **kwargs)
 
         fsio.os.replace, fsio.os.open = replace, os_open
-    m = CheckpointManager(directory, backend="torch", max_keep=2)
+    m = CheckpointManager(directory, format="torch", max_keep=2)
     paths = [
         str(m.save(step, {"w": torch.full((3,), float(step))})) for step in (1, 2, 3)
     ]

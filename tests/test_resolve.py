@@ -13,7 +13,7 @@ from conftest import payload
 
 from dp_ckpt_plugin import CorruptCheckpointError, RestartNotFoundError
 from dp_ckpt_plugin.layout import Family
-from dp_ckpt_plugin.resolve import ResolveContext, resolve
+from dp_ckpt_plugin.resolution import ResolveContext, resolve
 
 FAM = Family("model.ckpt", ".h5")
 
@@ -314,14 +314,14 @@ def test_restore_reads_exact_content(tmp_path, make_manager):
 
 def test_primary_family_is_read_from_commit_records(tmp_path, pm):
     from dp_ckpt_plugin import CheckpointStore, FamilyConfig
-    from dp_ckpt_plugin.resolve import primary_family_in
+    from dp_ckpt_plugin.deepmd.naming import ema_family, primary_family_in
 
     d = tmp_path / "models"
     run = Family("run.ckpt", ".h5")
-    families = [FamilyConfig(run), FamilyConfig(run.ema())]
-    with CheckpointStore(d, backend="hdf5", pm=pm, families=families) as store:
+    families = [FamilyConfig(run), FamilyConfig(ema_family(run))]
+    with CheckpointStore(d, format="hdf5", pm=pm, families=families) as store:
         store.save(1, payload(1))
-        store.save(1, payload(1), prefix="run_ema.ckpt")
+        store.save(1, payload(1), family="run_ema.ckpt")
     assert primary_family_in(d, ".h5", FAM) == Family("run.ckpt", ".h5")
     # without its pointer the directory still resolves, for that family
     (d / "checkpoint").unlink()
@@ -341,13 +341,22 @@ def test_latest_in_a_store_plain_deepmd_wrote(tmp_path):
     for step in (15, 20):
         (d / f"model.ckpt-{step}.h5").write_bytes(b"plain" * step)
     (tmp_path / "checkpoint").write_text("models/model.ckpt-20.h5")
-    found = resolve("latest", ctx(tmp_path, store_dir=Path("models")))
+    fallback = (tmp_path / "checkpoint",)  # the host's pointer mirror
+    # a store configured without that mirror does not look there
+    with pytest.raises(RestartNotFoundError):
+        resolve("latest", ctx(tmp_path, store_dir=Path("models")))
+    found = resolve(
+        "latest", ctx(tmp_path, store_dir=Path("models"), fallback_pointers=fallback)
+    )
     assert found.path == d / "model.ckpt-20.h5" and found.checked == "unverified"
     # a working-directory pointer leading anywhere else is not followed
     (tmp_path / "elsewhere.h5").write_bytes(b"x")
     (tmp_path / "checkpoint").write_text("elsewhere.h5")
     with pytest.raises(RestartNotFoundError, match="outside"):
-        resolve("latest", ctx(tmp_path, store_dir=Path("models")))
+        resolve(
+            "latest",
+            ctx(tmp_path, store_dir=Path("models"), fallback_pointers=fallback),
+        )
 
 
 def test_corrupt_target_met_twice_is_reported_once(tmp_path, make_manager):

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from dp_ckpt_plugin.deepmd.policy import keep_count_from_ratio, policy_from_training
 from dp_ckpt_plugin.retention import (
     KeepAll,
     KeepLast,
-    keep_count_from_ratio,
     plan_prune,
-    policy_from_training,
 )
 
 

@@ -12,18 +12,21 @@ import pytest
 from conftest import payload
 
 from dp_ckpt_plugin import CheckpointStore, FamilyConfig, fsio
+from dp_ckpt_plugin.deepmd.naming import ema_family
 from dp_ckpt_plugin.layout import Family
+from dp_ckpt_plugin.publish import Mirror
 from dp_ckpt_plugin.records import FORMAT_VERSION, read_record, sha256_of
 from dp_ckpt_plugin.retention import KeepLast
 
 
 def make_store(pm, directory, *, keep=2, ema_keep=None, compat=None, backend="hdf5"):
     fam = Family("model.ckpt", ".h5" if backend == "hdf5" else ".pt")
-    configs = [FamilyConfig(fam, KeepLast(keep), **(compat or {}))]
+    mirrors = tuple(Mirror(path, kind) for kind, path in (compat or {}).items())
+    configs = [FamilyConfig(fam, KeepLast(keep), mirrors=mirrors)]
     configs.append(
-        FamilyConfig(fam.ema(), KeepLast(keep if ema_keep is None else ema_keep))
+        FamilyConfig(ema_family(fam), KeepLast(keep if ema_keep is None else ema_keep))
     )
-    return CheckpointStore(directory, backend=backend, pm=pm, families=configs)
+    return CheckpointStore(directory, format=backend, pm=pm, families=configs)
 
 
 def visible(directory):
@@ -36,7 +39,7 @@ def test_layout_of_numbered_ema_pointer_and_alias(tmp_path, pm):
         for step in (5, 10):
             assert store.save(step, payload(step)) == d / f"model.ckpt-{step}.h5"
             assert (
-                store.save(step, payload(1000 + step), prefix="model_ema.ckpt")
+                store.save(step, payload(1000 + step), family="model_ema.ckpt")
                 == d / f"model_ema.ckpt-{step}.h5"
             )
     assert visible(d) == [
@@ -77,10 +80,7 @@ def test_compat_pointer_and_alias_outside_the_store(tmp_path, pm):
     work = tmp_path / "work"
     work.mkdir()
     d = work / "models"
-    compat = {
-        "compat_pointer": work / "checkpoint",
-        "compat_alias": work / "model.ckpt.h5",
-    }
+    compat = {"pointer": work / "checkpoint", "alias": work / "model.ckpt.h5"}
     with make_store(pm, d, compat=compat) as store:
         store.save(3, payload(3))
         store.save(4, payload(4))
@@ -100,13 +100,17 @@ def test_commit_record_fields(tmp_path, pm):
         path = store.save(7, payload(7))
     record = read_record(path)
     assert (
-        record.step == 7 and record.family == "model.ckpt" and record.backend == "hdf5"
+        record.step == 7 and record.family == "model.ckpt" and record.format == "hdf5"
     )
     assert record.size == path.stat().st_size
     assert record.sha256 == sha256_of(path)
     assert record.format_version == FORMAT_VERSION
     raw = json.loads((d / ".model.ckpt-7.h5.commit.json").read_text())
-    assert set(raw) >= {"size", "sha256", "step", "family", "backend", "format_version"}
+    assert set(raw) >= {"size", "sha256", "step", "family", "format", "format_version"}
+    # a record written before "backend" was renamed "format" still reads
+    raw["backend"] = raw.pop("format")
+    (d / ".model.ckpt-7.h5.commit.json").write_text(json.dumps(raw))
+    assert read_record(path) == record
 
 
 def test_write_sequence_is_temp_fsync_replace_dirfsync(tmp_path, pm, monkeypatch):
@@ -234,7 +238,7 @@ def test_ema_family_has_its_own_window(tmp_path, pm):
     with make_store(pm, d, keep=1, ema_keep=3) as store:
         for step in range(5):
             store.save(step, payload(step))
-            store.save(step, payload(step), prefix="model_ema.ckpt")
+            store.save(step, payload(step), family="model_ema.ckpt")
     assert [n for n in visible(d) if n.startswith("model.ckpt-")] == ["model.ckpt-4.h5"]
     assert [n for n in visible(d) if n.startswith("model_ema.ckpt-")] == [
         "model_ema.ckpt-2.h5",
@@ -350,7 +354,7 @@ def test_non_chief_rank_writes_nothing_and_returns_the_same_path(tmp_path, pm):
             raise AssertionError("not used by save")
 
     d = tmp_path / "models"
-    store = CheckpointStore(d, backend="hdf5", pm=pm, ranks=Rank1())
+    store = CheckpointStore(d, format="hdf5", pm=pm, ranks=Rank1())
     assert store.save(3, payload(3)) == d / "model.ckpt-3.h5"
     assert not d.exists()
 
@@ -382,10 +386,7 @@ def test_open_sweeps_temporaries_and_orphan_records_only(tmp_path, pm):
 
 def test_save_dir_equal_to_the_working_directory(tmp_path, pm):
     """With ``save_dir: "."`` the compat pointer and alias are the store's own."""
-    compat = {
-        "compat_pointer": tmp_path / "checkpoint",
-        "compat_alias": tmp_path / "model.ckpt.h5",
-    }
+    compat = {"pointer": tmp_path / "checkpoint", "alias": tmp_path / "model.ckpt.h5"}
     with make_store(pm, tmp_path, keep=1, compat=compat) as store:
         store.save(1, payload(1))
         store.save(2, payload(2))

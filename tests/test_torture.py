@@ -36,9 +36,9 @@ import pytest
 from saver_child import make_payload, payload_mismatches
 
 from dp_ckpt_plugin import CheckpointManager, RestartNotFoundError, get_plugin_manager
+from dp_ckpt_plugin.catalogue import committed as committed_in
 from dp_ckpt_plugin.layout import Family, is_temp
 from dp_ckpt_plugin.records import read_record, verify
-from dp_ckpt_plugin.resolve import committed_checkpoints
 
 pytestmark = pytest.mark.torture
 
@@ -163,7 +163,7 @@ def check_after_kill(manager, family, backend, max_keep, reported, pids, hashed,
         f"temporary files of earlier writers survived: {temps}"
     )
     tally.mid_write += bool(temps)
-    committed = dict(committed_checkpoints(directory, family))
+    committed = {c.step: c.path for c in committed_in(directory, family)}
     uncommitted = {family.step_of(name) for name in names} - {None, *committed}
 
     try:
@@ -216,7 +216,7 @@ def test_kill_torture(tmp_path, backend, max_keep):
     delays = random.Random(f"torture-{backend}-{max_keep}")
     manager = CheckpointManager(
         directory,
-        backend=backend,
+        format=backend,
         max_keep=max_keep,
         verify="sha256",
         pm=get_plugin_manager(entry_points=False),
@@ -258,7 +258,7 @@ def test_kill_torture(tmp_path, backend, max_keep):
     final = manager.restore("latest")
     assert final.step == latest + 1
     assert payload_mismatches(final.state, latest + 1, backend) == []
-    committed = dict(committed_checkpoints(directory, family))
+    committed = {c.step: c.path for c in committed_in(directory, family)}
     if max_keep < 1:
         assert sorted(committed) == list(range(1, latest + 2))
     else:

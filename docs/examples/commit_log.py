@@ -1,9 +1,9 @@
 """An ``on_commit`` observer: remember every committed checkpoint.
 
 Register an instance with the plugin manager (or point the ``dp_ckpt``
-entry-point group at a module that creates one). The built-in publisher has
-already moved the latest pointer to the checkpoint when this runs, and the
-built-in pruner runs after it.
+entry-point group at a module that creates one). The store has already
+committed the checkpoint and moved the latest pointer to it when this runs,
+and applies retention after every observer has run.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """An ``on_freeze`` implementation: export the arrays of an HDF5 checkpoint.
 
-It answers only for checkpoints of the ``hdf5`` backend and leaves every other
+It answers only for checkpoints of the ``hdf5`` format and leaves every other
 checkpoint to the next implementation by returning ``None``.
 """
 
@@ -9,15 +9,15 @@ from __future__ import annotations
 import numpy as np
 
 from dp_ckpt_plugin import hookimpl
-from dp_ckpt_plugin.backends import hdf5
+from dp_ckpt_plugin.formats import hdf5
 
 
 @hookimpl
 def on_freeze(checkpoint, output, options):
     """Write the top-level arrays of ``checkpoint`` to ``output`` (``.npz``)."""
-    if checkpoint.record is None or checkpoint.record.backend != hdf5.NAME:
+    if checkpoint.record is None or checkpoint.record.format != hdf5.NAME:
         return None
-    state = hdf5.on_load_step(backend=hdf5.NAME, path=checkpoint.path)
+    state = hdf5.on_load_step(format=hdf5.NAME, path=checkpoint.path)
     arrays = {k: v for k, v in state.items() if isinstance(v, np.ndarray)}
     with open(output, "wb") as handle:
         np.savez(handle, **arrays)

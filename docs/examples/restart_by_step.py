@@ -9,9 +9,7 @@ record like any other restart.
 
 from __future__ import annotations
 
-from dp_ckpt_plugin import hookimpl
-from dp_ckpt_plugin.errors import RestartNotFoundError
-from dp_ckpt_plugin.resolve import resolve
+from dp_ckpt_plugin import RestartNotFoundError, hookimpl, resolve
 
 PREFIX = "step:"
 

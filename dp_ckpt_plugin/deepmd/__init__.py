@@ -1,7 +1,13 @@
-"""Integration with deepmd-kit 3.2's ``pt_expt`` (PyTorch-exportable) backend.
+"""The deepmd-kit host: everything that knows deepmd-kit 3.2.
 
-:mod:`.entry` is loaded by every process that imports ``deepmd.backend`` (the
-``deepmd.backend`` entry-point group) and imports neither torch nor the rest of
-this package. Everything else here is imported only when ``dp --pt-expt`` runs
-a command.
+The trainer-neutral core (the rest of the package) knows nothing of this
+folder. Here live the ``deepmd.backend`` entry point (:mod:`.takeover`), the
+command dispatch (:mod:`.cli`), the input schema (:mod:`.argcheck`), the
+settings read from a training input (:mod:`.settings`), deepmd-kit's names
+(:mod:`.naming`) and retention keys (:mod:`.policy`), the preflight run before
+anything is built (:mod:`.prepare`), and one folder per deepmd-kit backend
+(:mod:`.pt_expt`).
+
+:mod:`.takeover` is loaded by every process that imports ``deepmd.backend``
+and imports neither torch nor the rest of this package.
 """

@@ -19,8 +19,8 @@ import pluggy
 
 from ..errors import ConfigError
 from ..ranks import Ranks
-from ..retention import KeepLast
-from ..store import CheckpointStore, FamilyConfig, resolve_on_chief
+from ..resolution import resolve_restart
+from ..store import CheckpointStore
 from .settings import RunSettings, read_settings
 
 
@@ -73,7 +73,7 @@ def prepare_run(
     resumed_from = None
     for key, spec in (("restart", restart), ("init_model", init_model)):
         if spec is not None:
-            found = resolve_on_chief(pm, spec, ctx, ranks)
+            found = resolve_restart(pm, spec, ctx, ranks)
             resolved[key] = str(found.path)
             resumed_from = found.path
     if store is not None and resumed_from is not None:
@@ -98,30 +98,12 @@ def load_input(input_file: str) -> dict[str, Any]:
 def build_store(
     settings: RunSettings, pm: pluggy.PluginManager, ranks: Ranks
 ) -> CheckpointStore:
-    """The store of ``save_dir``: the periodic and EMA families and their compat links.
-
-    Retention windows are set by the trainer once the run length is known.
-    """
-    family = settings.family
-    ema = family.ema()
-    compat = settings.options.compat_links
-    prefix_dir = settings.cwd / settings.save_ckpt.parent
-    configs = [
-        FamilyConfig(
-            family,
-            KeepLast(5),
-            compat_pointer=settings.cwd / "checkpoint" if compat else None,
-            compat_alias=prefix_dir / family.alias if compat else None,
-        ),
-        FamilyConfig(
-            ema, KeepLast(5), compat_alias=prefix_dir / ema.alias if compat else None
-        ),
-    ]
+    """The store of ``save_dir``, with the families :class:`RunSettings` describes."""
     return CheckpointStore(
         settings.save_dir,
-        backend="torch",
+        format="torch",
         pm=pm,
-        families=configs,
+        families=settings.family_configs(),
         ranks=ranks,
         durable=settings.options.fsync,
         lock=settings.options.lock,

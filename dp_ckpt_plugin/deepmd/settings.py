@@ -12,12 +12,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..argcheck import PluginOptions, check_save_dir, plugin_options
 from ..errors import ConfigError
 from ..layout import Family
-from ..resolve import ResolveContext
+from ..publish import Mirror
+from ..resolution import ResolveContext
+from ..retention import KeepLast
+from ..store import FamilyConfig
+from .argcheck import PluginOptions, check_save_dir, plugin_options
+from .naming import ema_family
 
+#: Suffix of deepmd-kit's PyTorch checkpoints (the torch format's).
 SUFFIX = ".pt"
+#: deepmd-kit's latest pointer in the working directory.
+WORKDIR_POINTER = "checkpoint"
 
 
 @dataclass
@@ -49,16 +56,74 @@ class RunSettings:
         """The periodic family (the one ``latest`` means)."""
         return Family(self.save_ckpt.name, SUFFIX)
 
+    @property
+    def prefix_dir(self) -> Path:
+        """The directory of the ``save_ckpt`` prefix, where deepmd-kit puts its alias."""
+        return self.cwd / self.save_ckpt.parent
+
+    def family_configs(self) -> list[FamilyConfig]:
+        """The periodic and EMA families of the store, with deepmd-kit's files as mirrors.
+
+        Retention windows are set by the trainer once the run length is known.
+        """
+        family = self.family
+        ema = ema_family(family)
+        compat = self.options.compat_links
+        return [
+            FamilyConfig(
+                family,
+                KeepLast(5),
+                mirrors=(
+                    Mirror(self.cwd / WORKDIR_POINTER, "pointer"),
+                    Mirror(self.prefix_dir / family.alias, "alias"),
+                )
+                if compat
+                else (),
+            ),
+            FamilyConfig(
+                ema,
+                KeepLast(5),
+                mirrors=(Mirror(self.prefix_dir / ema.alias, "alias"),)
+                if compat
+                else (),
+            ),
+        ]
+
     def resolve_context(self, *, chief: bool = True) -> ResolveContext:
         """Where ``--restart``/``--init-model`` look, and how strictly."""
-        return ResolveContext(
-            family=self.family,
+        return restart_context(
+            self.family,
             store_dir=self.save_dir,
             cwd=self.cwd,
             prefix_path=self.save_ckpt,
             sha256=self.options.verify == "sha256",
             quarantine=self.options.quarantine and chief,
         )
+
+
+def restart_context(
+    family: Family,
+    *,
+    cwd: Path,
+    store_dir: Path | None = None,
+    prefix_path: Path | None = None,
+    sha256: bool = True,
+    quarantine: bool = True,
+) -> ResolveContext:
+    """The resolution context of a deepmd-kit command (train or freeze).
+
+    With a store, deepmd-kit's working-directory pointer is where ``latest``
+    looks last (a ``save_dir`` plain deepmd-kit wrote has its pointer there).
+    """
+    return ResolveContext(
+        family=family,
+        store_dir=store_dir,
+        cwd=cwd,
+        prefix_path=prefix_path,
+        fallback_pointers=(cwd / WORKDIR_POINTER,) if store_dir is not None else (),
+        sha256=sha256,
+        quarantine=quarantine,
+    )
 
 
 def read_settings(config: dict[str, Any], *, cwd: Path | None = None) -> RunSettings:

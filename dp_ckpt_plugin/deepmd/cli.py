@@ -37,17 +37,16 @@ def main(args: list[str] | argparse.Namespace | None = None) -> None:
         if flags.command == "train":
             run_train(flags)
         else:
-            from ..plugins import get_plugin_manager
-            from .freeze import run_freeze
+            from .pt_expt.freeze import run_freeze
 
-            run_freeze(flags, get_plugin_manager())
+            run_freeze(flags, plugin_manager())
     except CheckpointError as exc:
         log.error("%s", exc)
         sys.exit(1)
 
 
 def run_train(flags: argparse.Namespace) -> None:
-    """``dp --pt-expt train`` through :class:`.entrypoint.CheckpointTrainEntrypoint`.
+    """``dp --pt-expt train`` through :class:`.pt_expt.train.CheckpointTrainEntrypoint`.
 
     A single process validates the input, takes the lock and resolves the
     restart before torch and deepmd-kit's training code are imported, so a
@@ -57,7 +56,6 @@ def run_train(flags: argparse.Namespace) -> None:
 
     prepared = None
     if os.environ.get("LOCAL_RANK") is None:
-        from ..plugins import get_plugin_manager
         from ..ranks import SingleProcess
         from .prepare import prepare_run
 
@@ -65,12 +63,12 @@ def run_train(flags: argparse.Namespace) -> None:
             flags.INPUT,
             restart=flags.restart,
             init_model=flags.init_model,
-            pm=get_plugin_manager(),
+            pm=plugin_manager(),
             ranks=SingleProcess(),
         )
     from deepmd.dpmodel.train.entrypoint import TrainEntrypointOptions
 
-    from .entrypoint import CheckpointTrainEntrypoint
+    from .pt_expt.train import CheckpointTrainEntrypoint
 
     CheckpointTrainEntrypoint(prepared).run(
         TrainEntrypointOptions(
@@ -84,6 +82,17 @@ def run_train(flags: argparse.Namespace) -> None:
             skip_neighbor_stat=flags.skip_neighbor_stat,
         )
     )
+
+
+#: The host's own built-in plugins: name to module.
+HOST_PLUGINS = {"freeze": "dp_ckpt_plugin.deepmd.pt_expt.freeze"}
+
+
+def plugin_manager():
+    """The plugin manager of a ``dp`` command: the core's plugins and the host's."""
+    from ..plugins import get_plugin_manager
+
+    return get_plugin_manager(host_plugins=HOST_PLUGINS)
 
 
 def share_deepmd_handlers(logger: logging.Logger) -> None:

@@ -2,13 +2,13 @@
 
 Two methods of deepmd-kit's trainer are overridden:
 
-- ``_write_checkpoint`` assembles the same payload deepmd-kit writes (model,
-  optimizer, EMA state, with ``train_infos.step`` set) and hands it to the
-  store (numbered checkpoints) or writes it atomically at the exact path given
-  (best-validation files, which keep their own names and place);
-- ``save_checkpoint`` saves the periodic and EMA families through the store,
-  which commits, publishes and prunes them. deepmd-kit's own checkpoint stores
-  are left unused.
+- ``save_checkpoint`` assembles the same payload deepmd-kit writes (model,
+  optimizer, EMA state, with ``train_infos.step`` set) for the periodic and the
+  EMA family and hands each to the store by family and step, which commits,
+  publishes and prunes it. deepmd-kit's own checkpoint stores are left unused;
+- ``_write_checkpoint`` (reached only for best-validation files now) writes
+  the same payload atomically at the exact path given, which keeps its own
+  name and place.
 
 Without ``save_dir``, deepmd-kit's layout, publication and pruning are kept and
 only the write itself is made atomic.
@@ -23,9 +23,10 @@ from typing import Any
 from deepmd.pt_expt.train import training
 from deepmd.pt_expt.train.ema import EMA_CHECKPOINT_KEY
 
-from .. import fsio
-from ..retention import policy_from_training
-from ..store import CheckpointStore
+from ... import fsio
+from ...store import CheckpointStore
+from ..naming import ema_prefix
+from ..policy import policy_from_training
 
 log = logging.getLogger("dp_ckpt_plugin.deepmd")
 
@@ -111,29 +112,12 @@ def make_trainer_class(
                 include_optimizer=include_optimizer,
                 include_ema_state=include_ema_state,
             )
-            if state is None:
-                return
-            ckpt_path = Path(ckpt_path)
-            prefix = self._store_family_of(ckpt_path, step)
-            if prefix is not None:
-                self.dp_store.save(step, state, prefix=prefix)
-                return
-            write_torch_atomic(
-                ckpt_path,
-                state,
-                durable=self.dp_store.durable if self.dp_store else True,
-            )
-
-        def _store_family_of(self, path: Path, step: int) -> str | None:
-            if (
-                self.dp_store is None
-                or path.parent.resolve() != self.dp_store.directory.resolve()
-            ):
-                return None
-            for prefix, cfg in self.dp_store.families.items():
-                if cfg.family.step_of(path.name) == step:
-                    return prefix
-            return None
+            if state is not None:
+                write_torch_atomic(
+                    Path(ckpt_path),
+                    state,
+                    durable=self.dp_store.durable if self.dp_store else True,
+                )
 
         # -- the periodic save ------------------------------------------------
         def save_checkpoint(self, step: int) -> None:
@@ -141,14 +125,19 @@ def make_trainer_class(
                 super().save_checkpoint(step)
                 return
             self.nonfinite_grad_guard.raise_if_nonfinite(self.wrapper.named_parameters)
-            primary = self.dp_store.primary
-            ckpt_path = self.dp_store.path_for(step, primary.prefix)
-            self._save_checkpoint_to_path(ckpt_path, step=step)
+            primary = self.dp_store.primary.prefix
+            state = self._checkpoint_payload(
+                step, include_optimizer=True, include_ema_state=True
+            )
+            path = self.dp_store.save(step, state, family=primary)
             if self.rank == 0:
-                log.info("Saved model to %s", ckpt_path)
+                log.info("Saved model to %s", path)
             if self.model_ema is not None:
-                ema_path = self.dp_store.path_for(step, primary.ema().prefix)
-                self._save_checkpoint_to_path(ema_path, step=step, use_ema_weights=True)
+                with self.model_ema.apply_shadow(self.model):
+                    state = self._checkpoint_payload(
+                        step, include_optimizer=False, include_ema_state=False
+                    )
+                self.dp_store.save(step, state, family=ema_prefix(primary))
 
     return CheckpointingTrainer
 

@@ -31,7 +31,7 @@ from typing import Any
 from dargs import Argument
 from dargs.dargs import ArgumentError, ArgumentKeyError
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 #: Name of the top-level input section holding the plugin's options.
 SECTION = "dp_ckpt"

@@ -1,6 +1,6 @@
-"""The PyTorch backend (suffix ``.pt``): ``torch.save`` through the store.
+"""The PyTorch format (suffix ``.pt``): ``torch.save`` through the store.
 
-The store hands this backend an open temporary file; ``torch.save`` writes the
+The store hands this format an open temporary file; ``torch.save`` writes the
 payload (for deepmd-kit, the dict of model, optimizer and EMA state) into it,
 and the store makes it durable and atomic. Loading uses ``weights_only=True``,
 which deepmd-kit's checkpoints allow.
@@ -15,22 +15,22 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..hookspecs import hookimpl
-from . import BackendInfo
+from . import FormatInfo
 
 NAME = "torch"
 SUFFIX = ".pt"
 
 
 @hookimpl(trylast=True)
-def register_backends():
-    """Declare the torch backend."""
-    return [BackendInfo(NAME, SUFFIX, "torch.save / torch.load(weights_only=True)")]
+def register_formats():
+    """Declare the torch format."""
+    return [FormatInfo(NAME, SUFFIX, "torch.save / torch.load(weights_only=True)")]
 
 
 @hookimpl(trylast=True)
-def on_save_step(backend: str, step: int, state: Any, file: BinaryIO):
+def on_save_step(format: str, step: int, state: Any, file: BinaryIO):
     """Write ``state`` with ``torch.save`` into ``file``."""
-    if backend != NAME:
+    if format != NAME:
         return None
     import torch
 
@@ -39,9 +39,9 @@ def on_save_step(backend: str, step: int, state: Any, file: BinaryIO):
 
 
 @hookimpl(trylast=True)
-def on_load_step(backend: str, path: Path):
+def on_load_step(format: str, path: Path):
     """Read a checkpoint with ``torch.load(..., weights_only=True)`` on the CPU."""
-    if backend != NAME:
+    if format != NAME:
         return None
     import torch
 

@@ -5,7 +5,7 @@ overridden; the rest is inherited:
 
 ``prepare_options``
     Runs before deepmd-kit reads anything. Under ``torchrun`` it starts the
-    process group (gloo without a GPU). Unless :func:`.prepare.prepare_run` ran
+    process group (gloo without a GPU). Unless :func:`dp_ckpt_plugin.deepmd.prepare.prepare_run` ran
     already (a single process does it before importing torch), it validates the
     input, opens and locks the store and resolves ``--restart``/``--init-model``.
     The resolved paths are handed on as they are: ``latest`` is never turned
@@ -28,10 +28,10 @@ from typing import Any
 from deepmd.pt_expt.entrypoints.main import PTExptTrainEntrypoint
 from deepmd.pt_expt.train import training
 
+from ...ranks import current_ranks
 from ..argcheck import plugin_options
-from ..plugins import get_plugin_manager
-from ..ranks import current_ranks
-from .prepare import PreparedRun, prepare_run
+from ..cli import plugin_manager
+from ..prepare import PreparedRun, prepare_run
 from .trainer import make_trainer_class
 
 
@@ -41,7 +41,7 @@ class CheckpointTrainEntrypoint(PTExptTrainEntrypoint):
     Parameters
     ----------
     prepared : PreparedRun, optional
-        The outcome of :func:`.prepare.prepare_run` if it ran already.
+        The outcome of :func:`dp_ckpt_plugin.deepmd.prepare.prepare_run` if it ran already.
     """
 
     def __init__(self, prepared: PreparedRun | None = None) -> None:
@@ -56,7 +56,7 @@ class CheckpointTrainEntrypoint(PTExptTrainEntrypoint):
                 options.input_file,
                 restart=options.restart,
                 init_model=options.init_model,
-                pm=get_plugin_manager(),
+                pm=plugin_manager(),
                 ranks=current_ranks(),
             )
         return replace(

@@ -1,4 +1,4 @@
-"""The NumPy/HDF5 reference backend (suffix ``.h5``).
+"""The NumPy/HDF5 reference format (suffix ``.h5``).
 
 A payload is a nested mapping whose leaves are numpy arrays, numpy or Python
 scalars (bool, int, float, complex), strings, ``None`` and lists or tuples of
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..hookspecs import hookimpl
-from . import BackendInfo
+from . import FormatInfo
 
 NAME = "hdf5"
 SUFFIX = ".h5"
@@ -28,20 +28,20 @@ _ORDER = "%order"
 
 
 @hookimpl(trylast=True)
-def register_backends():
-    """Declare the HDF5 backend."""
-    return [BackendInfo(NAME, SUFFIX, "NumPy arrays in HDF5 (h5py)")]
+def register_formats():
+    """Declare the HDF5 format."""
+    return [FormatInfo(NAME, SUFFIX, "NumPy arrays in HDF5 (h5py)")]
 
 
 @hookimpl(trylast=True)
-def on_save_step(backend: str, step: int, state: Any, file: BinaryIO):
+def on_save_step(format: str, step: int, state: Any, file: BinaryIO):
     """Write ``state`` as HDF5 into ``file``."""
-    if backend != NAME:
+    if format != NAME:
         return None
     import h5py
 
     if not isinstance(state, Mapping):
-        raise TypeError(f"the hdf5 backend saves a mapping, got {type(state).__name__}")
+        raise TypeError(f"the hdf5 format saves a mapping, got {type(state).__name__}")
     with h5py.File(file, "w") as h5:
         h5.attrs["dp_ckpt_step"] = int(step)
         _write_group(h5, state)
@@ -49,9 +49,9 @@ def on_save_step(backend: str, step: int, state: Any, file: BinaryIO):
 
 
 @hookimpl(trylast=True)
-def on_load_step(backend: str, path: Path):
+def on_load_step(format: str, path: Path):
     """Read back a payload written by :func:`on_save_step`."""
-    if backend != NAME:
+    if format != NAME:
         return None
     import h5py
 
@@ -64,7 +64,7 @@ def _write_group(group, mapping: Mapping) -> None:
     keys = []
     for key, value in mapping.items():
         if not isinstance(key, str):
-            raise TypeError(f"the hdf5 backend needs string keys, got {key!r}")
+            raise TypeError(f"the hdf5 format needs string keys, got {key!r}")
         keys.append(key)
         _write_value(group, _safe(key), value)
     group.create_dataset(_ORDER, data=_string_array(keys))
@@ -101,13 +101,13 @@ def _write_value(group, name: str, value: Any) -> None:
     elif isinstance(value, np.ndarray):
         if value.dtype.kind in "OUS":
             raise TypeError(
-                f"the hdf5 backend cannot store arrays of dtype {value.dtype} (key {name!r})"
+                f"the hdf5 format cannot store arrays of dtype {value.dtype} (key {name!r})"
             )
         dset = group.create_dataset(name, data=value)
         dset.attrs[_KIND] = "ndarray"
     else:
         raise TypeError(
-            f"the hdf5 backend cannot store {type(value).__name__} (key {name!r})"
+            f"the hdf5 format cannot store {type(value).__name__} (key {name!r})"
         )
 
 

@@ -4,7 +4,7 @@ deepmd-kit registers its own backends first, then imports every module of the
 ``deepmd.backend`` entry-point group; its registry lets a later registration of
 a key win. Registering a subclass of the PyTorch-exportable backend under both
 of its keys routes ``dp --pt-expt`` and ``dp --pytorch-exportable`` through
-:func:`dp_ckpt_plugin.deepmd.main.main`. Every other property (model file
+:func:`dp_ckpt_plugin.deepmd.cli.main`. Every other property (model file
 detection, inference, serialization) is inherited unchanged.
 
 This module is imported in every process that imports ``deepmd.backend``: it
@@ -17,12 +17,17 @@ from __future__ import annotations
 import os
 
 #: Environment variable that turns the plugin off when set to a true value.
-DISABLE_ENV = "DP_CKPT_DISABLE"
+PLUGIN_OFF_ENV = "DP_CKPT_DISABLE"
 
 
 def disabled() -> bool:
     """Whether ``DP_CKPT_DISABLE`` asks for deepmd-kit's own behaviour."""
-    return os.environ.get(DISABLE_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+    return os.environ.get(PLUGIN_OFF_ENV, "").strip().lower() in {
+        "1",
+        "true",
+        "yes",
+        "on",
+    }
 
 
 def _register() -> type | None:
@@ -34,7 +39,7 @@ def _register() -> type | None:
 
         @property
         def entry_point_hook(self):
-            from .main import main
+            from .cli import main
 
             return main
 

@@ -1,0 +1,75 @@
+"""What a store directory holds: its numbered files and which are committed.
+
+A numbered file of a family counts as committed when its commit record is well
+formed and agrees with the file: the record's name, step and family are those
+of the file it sits beside. Order always comes from steps, never timestamps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from .checkpoint import Checkpoint
+from .errors import CorruptCheckpointError
+from .layout import Family, record_target
+from .records import CommitRecord, read_record
+
+
+def numbered_files(directory: Path, family: Family) -> list[Path]:
+    """Return the numbered checkpoint files of ``family`` in ``directory``."""
+    try:
+        entries = list(os.scandir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [
+        Path(e.path)
+        for e in entries
+        if family.step_of(e.name) is not None and e.is_file(follow_symlinks=False)
+    ]
+
+
+def read_record_or_none(path: Path) -> CommitRecord | None:
+    """Return a checkpoint's commit record; malformed counts as none."""
+    try:
+        return read_record(path)
+    except CorruptCheckpointError:
+        return None
+
+
+def committed(
+    directory: Path, family: Family, *, newest_first: bool = False
+) -> list[Checkpoint]:
+    """Return every committed checkpoint of ``family`` in ``directory``, by step."""
+    found = []
+    for path in numbered_files(directory, family):
+        record = read_record_or_none(path)
+        if (
+            record is not None
+            and record.step == family.step_of(path.name)
+            and record.family == family.prefix
+        ):
+            found.append(Checkpoint(path, record.step, family.prefix, record))
+    return sorted(found, key=lambda c: c.step, reverse=newest_first)
+
+
+def uncommitted(directory: Path, family: Family) -> list[Path]:
+    """Return the numbered files of ``family`` that have no usable record."""
+    return [
+        p for p in numbered_files(directory, family) if read_record_or_none(p) is None
+    ]
+
+
+def recorded_families(directory: Path, suffix: str) -> set[str]:
+    """Return the prefixes named by the commit records in ``directory``."""
+    families = set()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(directory):
+            target = record_target(name)
+            if target is None or not target.endswith(suffix):
+                continue
+            record = read_record_or_none(directory / target)
+            if record is not None:
+                families.add(record.family)
+    return families

@@ -1,0 +1,56 @@
+"""Serialization formats.
+
+A format only turns a payload into bytes in an open file and back
+(:func:`~dp_ckpt_plugin.hookspecs.on_save_step`,
+:func:`~dp_ckpt_plugin.hookspecs.on_load_step`). Names, commit, publication and
+retention belong to the store. Formats declare themselves through
+:func:`~dp_ckpt_plugin.hookspecs.register_formats`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pluggy
+
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class FormatInfo:
+    """A serialization format as the store knows it.
+
+    Attributes
+    ----------
+    name : str
+        The name users pass as ``format=``.
+    suffix : str
+        File suffix of its checkpoints, with the dot.
+    description : str
+        One line for listings and errors.
+    """
+
+    name: str
+    suffix: str
+    description: str = ""
+
+
+def available_formats(pm: pluggy.PluginManager) -> dict[str, FormatInfo]:
+    """Return every registered format by name."""
+    found: dict[str, FormatInfo] = {}
+    for infos in pm.hook.register_formats():
+        for info in infos or ():
+            found.setdefault(info.name, info)
+    return found
+
+
+def get_format(pm: pluggy.PluginManager, name: str) -> FormatInfo:
+    """Return the format called ``name`` or raise a :class:`ConfigError`."""
+    formats = available_formats(pm)
+    try:
+        return formats[name]
+    except KeyError:
+        known = ", ".join(sorted(formats)) or "none"
+        raise ConfigError(
+            f"unknown checkpoint format {name!r}; available: {known}"
+        ) from None
