@@ -71,7 +71,7 @@ class KeepLast:
         taken = sum(1 for name, _ in candidates if name in protected)
         free = max(0, self.window - taken)
         others = [name for name, _ in candidates if name not in protected]
-        return set(others[len(others) - free :]) if free else set()
+        return set(others[max(0, len(others) - free) :]) if free else set()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,93 @@
+"""Retention policies against a plain oracle, over generated families (rules 11, 12)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from dp_ckpt_plugin.retention import (
+    AnyOf,
+    KeepAll,
+    KeepEveryNSteps,
+    KeepLast,
+    RetentionPolicy,
+    plan_prune,
+)
+
+
+def oracle(committed, current, protected, window, every=None):
+    """The rules written out plainly: what a family keeps after a save."""
+    remnants = {n for n, s in committed.items() if s > current and n not in protected}
+    rest = sorted((s, n) for n, s in committed.items() if n not in remnants)
+    kept = {n for _, n in rest if n in protected}
+    others = [n for _, n in rest if n not in protected]
+    if window is None or window < 1:
+        kept |= set(others)
+    else:
+        free = max(0, window - len(kept))
+        kept |= set(list(reversed(others))[:free])
+    if every:
+        kept |= {n for s, n in rest if s % every == 0}
+    return remnants | {n for _, n in rest if n not in kept}
+
+
+CASES = [random.Random(seed) for seed in range(400)]
+
+
+@pytest.mark.parametrize("rng", CASES, ids=lambda r: "")
+def test_plan_prune_matches_the_oracle(rng):
+    steps = rng.sample(range(30), rng.randint(0, 12))
+    committed = {f"m-{s}.h5": s for s in steps}
+    current = rng.randint(0, 30)
+    protected = set(
+        rng.sample(sorted(committed), min(len(committed), rng.randint(0, 4)))
+    )
+    window = rng.randint(-1, 8)
+    every = rng.choice([None, 2, 5])
+    policy: RetentionPolicy = KeepLast(window)
+    if every:
+        policy = AnyOf((policy, KeepEveryNSteps(every)))
+    doomed = plan_prune(
+        committed, current_step=current, protected=protected, policy=policy
+    )
+    assert set(doomed) == oracle(committed, current, protected, window, every)
+    assert len(doomed) == len(set(doomed))
+    assert not set(doomed) & protected
+    # oldest first, remnants before the window's
+    remnant = [n for n in doomed if committed[n] > current]
+    assert doomed[: len(remnant)] == sorted(remnant, key=committed.get)
+    window_doomed = doomed[len(remnant) :]
+    assert window_doomed == sorted(window_doomed, key=committed.get)
+    if not every and window >= 1:
+        left = len(committed) - len(doomed)
+        assert left <= max(window, len(protected & set(committed)))
+
+
+def test_window_larger_than_the_family_keeps_everything():
+    committed = {f"m-{s}.h5": s for s in (1, 2, 3)}
+    assert (
+        plan_prune(committed, current_step=3, protected={"m-3.h5"}, policy=KeepLast(5))
+        == []
+    )
+
+
+def test_policies_are_small_objects_the_planner_does_not_know():
+    class KeepOdd:
+        def keeps(self, candidates, protected):
+            return {n for n, s in candidates if s % 2}
+
+    committed = {f"m-{s}.h5": s for s in range(6)}
+    assert isinstance(KeepOdd(), RetentionPolicy)
+    doomed = plan_prune(
+        committed,
+        current_step=5,
+        protected={"m-5.h5"},
+        policy=AnyOf((KeepOdd(), KeepLast(1))),
+    )
+    assert doomed == ["m-0.h5", "m-2.h5", "m-4.h5"]
+    assert (
+        plan_prune(committed, current_step=5, protected=set(), policy=KeepAll()) == []
+    )
+    with pytest.raises(ValueError):
+        KeepEveryNSteps(0)
