@@ -19,6 +19,7 @@ _EXPORTS = {
     "CheckpointWriteError": "errors",
     "ConfigError": "errors",
     "CorruptCheckpointError": "errors",
+    "InvalidRecordError": "errors",
     "RestartNotFoundError": "errors",
     "StoreLockedError": "errors",
     "UnsafePointerError": "errors",

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from .checkpoint import Checkpoint
-from .errors import CorruptCheckpointError
+from .errors import InvalidRecordError
 from .layout import Family, record_target
 from .records import CommitRecord, read_record
 
@@ -34,7 +34,7 @@ def read_record_or_none(path: Path) -> CommitRecord | None:
     """Return a checkpoint's commit record; malformed counts as none."""
     try:
         return read_record(path)
-    except CorruptCheckpointError:
+    except InvalidRecordError:
         return None
 
 

@@ -39,6 +39,14 @@ class CorruptCheckpointError(CheckpointError):
     """A checkpoint does not match its commit record or cannot be read."""
 
 
+class InvalidRecordError(CheckpointError):
+    """A commit record is malformed, too new, or disagrees with its file.
+
+    A record is evidence: such a record means "not committed". The file beside
+    it is skipped, never moved aside (it may be perfectly good).
+    """
+
+
 def describe_os_error(exc: BaseException) -> str:
     """Return a short cause for an OS error, such as ``No space left on device``.
 

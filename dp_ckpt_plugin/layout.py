@@ -23,6 +23,9 @@ LOCK_NAME = ".dp_ckpt.lock"
 HOLDER_NAME = ".dp_ckpt.holder.json"
 
 _TEMP_MARK = ".tmp-"
+#: Exactly the temporary names :func:`temp_name` makes: a dot, the final name,
+#: the marker, the writer's pid and eight hex digits.
+_TEMP_RE = re.compile(r"\.(?P<final>.+)\.tmp-(?P<pid>[0-9]+)-[0-9a-f]{8}", re.DOTALL)
 _RECORD_SUFFIX = ".commit.json"
 _STEP_RE = re.compile(r"0|[1-9][0-9]*")
 
@@ -85,15 +88,20 @@ def temp_name(final_name: str) -> str:
 
 
 def is_temp(name: str) -> bool:
-    """Whether a file name is one of our temporary names."""
-    return name.startswith(".") and _TEMP_MARK in name
+    """Whether a file name has exactly the form :func:`temp_name` gives."""
+    return _TEMP_RE.fullmatch(name) is not None
 
 
 def temp_target(name: str) -> str | None:
     """Return the final name a temporary file was meant for, or ``None``."""
-    if not is_temp(name):
-        return None
-    return name[1 : name.rindex(_TEMP_MARK)]
+    found = _TEMP_RE.fullmatch(name)
+    return found.group("final") if found else None
+
+
+def temp_pid(name: str) -> int | None:
+    """Return the pid of the process that made a temporary name, or ``None``."""
+    found = _TEMP_RE.fullmatch(name)
+    return int(found.group("pid")) if found else None
 
 
 def record_name(checkpoint_name: str) -> str:
@@ -103,6 +111,6 @@ def record_name(checkpoint_name: str) -> str:
 
 def record_target(name: str) -> str | None:
     """Return the checkpoint a commit record's file name describes, or ``None``."""
-    if name.startswith(".") and name.endswith(_RECORD_SUFFIX) and not is_temp(name):
+    if name.startswith(".") and name.endswith(_RECORD_SUFFIX):
         return name[1 : -len(_RECORD_SUFFIX)] or None
     return None

@@ -33,7 +33,9 @@ class StoreLock:
 
     def __init__(self, directory: Path) -> None:
         self.directory = Path(directory)
-        self._lock = FileLock(str(self.directory / LOCK_NAME), timeout=0)
+        self._lock = FileLock(
+            str(self.directory / LOCK_NAME), timeout=0, thread_local=False
+        )
 
     @property
     def held(self) -> bool:

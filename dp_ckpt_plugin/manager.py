@@ -111,7 +111,7 @@ class CheckpointManager:
 
     def save(self, step: int, state: Any) -> Path:
         """Write and commit the checkpoint of ``step``; return its path."""
-        return self.store.save(int(step), state)
+        return self.store.save(step, state)
 
     def resolve(self, spec: str = "latest") -> Path:
         """Return the checkpoint ``spec`` names, verified, without loading it."""

@@ -3,9 +3,11 @@
 A pointer is a one-line text file naming a checkpoint (relative to the
 pointer's own directory, or absolute); an alias is a symlink (or, where
 symlinks cannot be made, a hard link or copy). Both are read defensively: a
-malformed pointer, or one leading outside the directories it may name, raises
-:class:`~dp_ckpt_plugin.errors.UnsafePointerError`, which resolution reports and
-skips, so a planted pointer cannot make the plugin read an arbitrary file.
+malformed pointer raises :class:`~dp_ckpt_plugin.errors.UnsafePointerError`,
+which resolution reports and skips. Resolution follows a target outside the
+directory holding the pointer only when it is provably a committed checkpoint
+(its record verifies), so a planted pointer cannot make the plugin read an
+arbitrary file while the plugin's own mirrors always resolve.
 """
 
 from __future__ import annotations
@@ -18,13 +20,16 @@ from .errors import UnsafePointerError
 _MAX_POINTER_BYTES = 4096
 
 
-def read_pointer(pointer: Path, roots: list[Path]) -> Path | None:
+def read_pointer(pointer: Path) -> Path | None:
     """Read a pointer file and return its target path, or ``None`` if absent.
+
+    Where the target lies is the caller's to judge (:func:`is_inside`).
 
     Raises
     ------
     UnsafePointerError
-        When the pointer is malformed or names a path outside ``roots``.
+        When the pointer is malformed: a directory, binary, empty, several
+        lines or over 4 KiB.
     """
     try:
         with open(pointer, "rb") as handle:
@@ -54,20 +59,17 @@ def read_pointer(pointer: Path, roots: list[Path]) -> Path | None:
         # deepmd-kit writes the working-directory pointer relative to the
         # working directory, which is the pointer's own directory.
         target = pointer.parent / target
-    check_inside(target, roots, what=f"pointer {pointer}")
     return target
 
 
-def check_inside(target: Path, roots: list[Path], *, what: str) -> None:
-    """Raise :class:`UnsafePointerError` unless ``target`` lies under a root."""
+def is_inside(target: Path, roots: list[Path]) -> bool:
+    """Whether ``target``, symlinks followed, lies under one of ``roots``."""
     real = Path(os.path.realpath(target))
     for root in roots:
         real_root = Path(os.path.realpath(root))
         if real == real_root or real_root in real.parents:
-            return
-    raise UnsafePointerError(
-        f"{what} leads to {real}, outside {', '.join(str(r) for r in roots)}; refusing to follow it"
-    )
+            return True
+    return False
 
 
 def read_text_or_none(path: Path) -> str | None:

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .errors import CorruptCheckpointError
+from .errors import CorruptCheckpointError, InvalidRecordError
 from .fsio import write_text_atomic
 from .layout import record_name
 
@@ -65,42 +66,42 @@ class CommitRecord:
 
     @classmethod
     def from_json(cls, text: str, *, source: Path) -> CommitRecord:
-        """Parse a record, raising :class:`CorruptCheckpointError` if malformed."""
+        """Parse a record strictly, raising :class:`InvalidRecordError` if malformed."""
         try:
             data = json.loads(text)
         except ValueError as exc:
-            raise CorruptCheckpointError(
+            raise InvalidRecordError(
                 f"commit record {source} is not valid JSON: {exc}"
             ) from exc
         if not isinstance(data, dict):
-            raise CorruptCheckpointError(f"commit record {source} is not a JSON object")
+            raise InvalidRecordError(f"commit record {source} is not a JSON object")
         if "format" not in data and "backend" in data:
-            data["format"] = data["backend"]  # records of version 1 before 0.2
-        fields = {
-            "name": str,
-            "step": int,
-            "family": str,
-            "format": str,
-            "size": int,
-            "sha256": str,
-            "format_version": int,
-        }
-        for key, kind in fields.items():
-            value = data.get(key)
-            if not isinstance(value, kind) or isinstance(value, bool):
-                raise CorruptCheckpointError(
-                    f"commit record {source}: key {key!r} must be {kind.__name__}, got {value!r}"
-                )
-        if data["format_version"] > FORMAT_VERSION:
-            raise CorruptCheckpointError(
-                f"commit record {source} has format version {data['format_version']}, "
+            data["format"] = data.pop("backend")  # records written by 0.1
+        version = data.get("format_version")
+        if type(version) is int and version > FORMAT_VERSION:
+            raise InvalidRecordError(
+                f"commit record {source} has format version {version}, "
                 f"newer than this plugin reads ({FORMAT_VERSION}); upgrade dp-ckpt-plugin"
             )
-        if data["size"] < 0 or data["step"] < 0:
-            raise CorruptCheckpointError(
-                f"commit record {source}: size and step must not be negative"
-            )
+        for key, kind in _FIELDS.items():
+            value = data.get(key)
+            if type(value) is not kind:
+                raise InvalidRecordError(
+                    f"commit record {source}: key {key!r} must be {kind.__name__}, got {value!r}"
+                )
         created = data.get("created", 0.0)
+        if type(created) not in (int, float):
+            raise InvalidRecordError(
+                f"commit record {source}: key 'created' must be a number, got {created!r}"
+            )
+        if data["size"] < 0 or data["step"] < 0 or data["format_version"] < 1:
+            raise InvalidRecordError(
+                f"commit record {source}: size, step and format version must not be negative"
+            )
+        if not _HEX64.fullmatch(data["sha256"]):
+            raise InvalidRecordError(
+                f"commit record {source}: sha256 is not 64 hex digits"
+            )
         return cls(
             name=data["name"],
             step=data["step"],
@@ -108,9 +109,26 @@ class CommitRecord:
             format=data["format"],
             size=data["size"],
             sha256=data["sha256"],
-            created=float(created) if isinstance(created, (int, float)) else 0.0,
+            created=float(created),
             format_version=data["format_version"],
         )
+
+    def describes(self, name: str) -> bool:
+        """Whether this record's name, family and step are those of file ``name``."""
+        head = f"{self.family}-{self.step}."
+        return name == self.name and name.startswith(head) and "/" not in name
+
+
+_FIELDS = {
+    "name": str,
+    "step": int,
+    "family": str,
+    "format": str,
+    "size": int,
+    "sha256": str,
+    "format_version": int,
+}
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 def sha256_of(path: Path) -> str:
@@ -156,8 +174,10 @@ def read_record(checkpoint: Path) -> CommitRecord | None:
 
     Raises
     ------
-    CorruptCheckpointError
-        When a record exists but is malformed or describes another file.
+    InvalidRecordError
+        When a record exists but is malformed, of a newer format version, or
+        describes another file (its name, family or step disagree with the
+        file it sits beside): the checkpoint is then not committed.
     """
     path = record_path(checkpoint)
     try:
@@ -165,13 +185,12 @@ def read_record(checkpoint: Path) -> CommitRecord | None:
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as exc:
-        raise CorruptCheckpointError(
-            f"cannot read commit record {path}: {exc}"
-        ) from exc
+        raise InvalidRecordError(f"cannot read commit record {path}: {exc}") from exc
     record = CommitRecord.from_json(text, source=path)
-    if record.name != checkpoint.name:
-        raise CorruptCheckpointError(
-            f"commit record {path} describes {record.name!r}, not {checkpoint.name!r}"
+    if not record.describes(checkpoint.name):
+        raise InvalidRecordError(
+            f"commit record {path} describes {record.name!r} (family "
+            f"{record.family!r}, step {record.step}), not {checkpoint.name!r}"
         )
     return record
 

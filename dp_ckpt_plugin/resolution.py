@@ -24,6 +24,7 @@ raises an error listing every place looked at.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,10 +32,15 @@ import pluggy
 
 from .catalogue import committed, uncommitted
 from .checkpoint import Checkpoint
-from .errors import CorruptCheckpointError, RestartNotFoundError, UnsafePointerError
+from .errors import (
+    CorruptCheckpointError,
+    InvalidRecordError,
+    RestartNotFoundError,
+    UnsafePointerError,
+)
 from .hookspecs import hookimpl
 from .layout import Family
-from .pointers import check_inside, read_pointer
+from .pointers import is_inside, read_pointer
 from .quarantine import quarantine
 from .ranks import Ranks, SingleProcess
 from .records import CommitRecord, read_record, verify
@@ -197,14 +203,11 @@ def _dispatch(search: _Search, spec: str, ctx: ResolveContext) -> Resolved | Non
         return search.directory(path, extra_roots=extra)
     if path.is_file():
         search.looked.append(f"file {path}")
-        record = read_record(path)
-        if record is not None:
-            verify(path, record, sha256=ctx.sha256)
-        return search.accept(path, f"file {path}", trusted=True)
-    alias = path.parent / f"{path.name}{fam.suffix}"
+        return search.accept(path, f"file {path}", trusted=True, explicit=True)
     search.looked.append(f"file {path}")
+    alias = path.parent / f"{path.name}{fam.suffix}"
     if alias.is_symlink() or alias.exists():
-        return search.alias(alias, [path.parent])
+        return search.alias(alias, [path.parent], Family(path.name, fam.suffix))
     search.looked.append(f"alias {alias}")
     return None
 
@@ -218,6 +221,7 @@ class _Search:
         self.looked: list[str] = []
         self.warnings: list[str] = []
         self.bad: list[Path] = []
+        self.skipped: set[Path] = set()
 
     def fail(self) -> RestartNotFoundError:
         places = "\n".join(f"  - {p}" for p in self.looked) or "  (nowhere)"
@@ -241,29 +245,45 @@ class _Search:
             Checkpoint(path, step, family, record), checked, how, self.warnings
         )
 
-    def accept(self, path: Path, how: str, *, trusted: bool) -> Resolved | None:
-        """Verify a candidate; return it, or ``None`` after moving it aside.
+    def accept(
+        self, path: Path, how: str, *, trusted: bool, explicit: bool = False
+    ) -> Resolved | None:
+        """Verify a candidate; return it, or ``None`` if it cannot be used.
 
         ``trusted`` candidates (named explicitly or by their directory's own
-        pointer) are accepted without a commit record. A candidate already
-        found corrupt (the pointer's target, met again through the alias) is
-        skipped without a second report.
+        pointer) are accepted without a commit record. A record that is
+        malformed or disagrees with its file means "not committed": the file
+        is skipped and left in place. A file that does not match its record
+        is moved aside (unless ``explicit``: then it is an error, and the
+        file stays). A candidate met a second time (through the alias after
+        the pointer) is skipped without a second report.
         """
-        if path in self.bad:
+        if path in self.bad or path in self.skipped:
             return None
         try:
             record = read_record(path)
-            if record is None:
-                if not trusted:
-                    self.warnings.append(f"skipped {path}: it has no commit record")
-                    return None
-                self.warnings.append(
-                    f"{path} has no commit record (written without dp_ckpt_plugin?); "
-                    "it could not be verified"
-                )
-                return self.found(path, None, "unverified", how)
+        except InvalidRecordError as exc:
+            if explicit:
+                raise RestartNotFoundError(
+                    f"{path} is not a committed checkpoint: {exc}"
+                ) from None
+            self.skipped.add(path)
+            self.warnings.append(f"skipped {path} (not committed): {exc}")
+            return None
+        if record is None:
+            if not trusted:
+                self.warnings.append(f"skipped {path}: it has no commit record")
+                return None
+            self.warnings.append(
+                f"{path} has no commit record (written without dp_ckpt_plugin?); "
+                "it could not be verified"
+            )
+            return self.found(path, None, "unverified", how)
+        try:
             verify(path, record, sha256=self.ctx.sha256)
         except CorruptCheckpointError as exc:
+            if explicit:
+                raise
             self.bad.append(path)
             moved = quarantine(path) if self.ctx.quarantine else None
             where = f"; moved aside to {moved}" if moved else ""
@@ -272,39 +292,63 @@ class _Search:
         checked = "sha256" if self.ctx.sha256 else "size"
         return self.found(path, record, checked, how)
 
-    def pointer(self, pointer: Path, roots: list[Path]) -> Resolved | None:
+    def follow(
+        self, target: Path, via: str, roots: list[Path], family: Family
+    ) -> Resolved | None:
+        """Follow a pointer's or alias's target, if it may be followed (rule 19)."""
+        if not is_inside(target, roots):
+            real = Path(os.path.realpath(target))
+            if not _provably_committed(real):
+                self.warnings.append(
+                    f"ignored: {via} leads to {real}, outside "
+                    f"{', '.join(str(r) for r in roots)}, and that file is not a "
+                    "committed checkpoint; refusing to follow it"
+                )
+                return None
+            target = real
+        if family.step_of(target.name) is None:
+            self.warnings.append(
+                f"ignored: {via} names {target}, which is not a numbered "
+                f"{family.prefix}-<step>{family.suffix} checkpoint"
+            )
+            return None
+        if not target.is_file():
+            self.warnings.append(f"{via} names {target}, which does not exist")
+            return None
+        return self.accept(target, via, trusted=True)
+
+    def pointer(
+        self, pointer: Path, roots: list[Path], family: Family | None = None
+    ) -> Resolved | None:
         self.looked.append(f"pointer {pointer}")
         try:
-            target = read_pointer(pointer, roots)
+            target = read_pointer(pointer)
         except UnsafePointerError as exc:
             self.warnings.append(f"ignored: {exc}")
             return None
         if target is None:
             return None
-        if not target.is_file():
-            self.warnings.append(
-                f"pointer {pointer} names {target}, which does not exist"
-            )
-            return None
-        return self.accept(target, f"pointer {pointer}", trusted=True)
+        return self.follow(
+            target, f"pointer {pointer}", roots, family or self.ctx.family
+        )
 
-    def alias(self, alias: Path, roots: list[Path]) -> Resolved | None:
+    def alias(
+        self, alias: Path, roots: list[Path], family: Family | None = None
+    ) -> Resolved | None:
         self.looked.append(f"alias {alias}")
-        if not alias.is_symlink() and not alias.exists():
-            return None
+        family = family or self.ctx.family
+        if not alias.is_symlink():
+            if not alias.is_file():
+                return None
+            # a hard link or copy, made where symlinks cannot be: its content
+            # is the checkpoint; it is used only with a record that agrees
+            return self.accept(alias, f"alias {alias}", trusted=False)
         try:
             target = alias.resolve(strict=True)
         except (OSError, RuntimeError):
             self.warnings.append(f"alias {alias} dangles or loops")
             return None
-        try:
-            check_inside(target, roots, what=f"alias {alias}")
-        except UnsafePointerError as exc:
-            self.warnings.append(f"ignored: {exc}")
-            return None
-        if not target.is_file():
-            return None
-        return self.accept(target, f"alias {alias}", trusted=True)
+        return self.follow(target, f"alias {alias}", roots, family)
 
     def newest(self, directory: Path) -> Resolved | None:
         fam = self.ctx.family
@@ -340,11 +384,21 @@ class _Search:
         if found is not None:
             return found
         found = self.newest(directory)
-        if found is not None and self.bad:
+        if found is not None and (self.bad or self.skipped):
+            passed = [*map(str, self.bad), *map(str, sorted(self.skipped))]
             found.warnings.append(
-                f"falling back from corrupt {', '.join(map(str, self.bad))} to {found.path}"
+                f"falling back from {', '.join(passed)} to {found.path}"
             )
         return found
+
+
+def _provably_committed(path: Path) -> bool:
+    """Whether ``path`` is a committed checkpoint whose record agrees with its size."""
+    try:
+        record = read_record(path)
+        return record is not None and path.stat().st_size == record.size
+    except (InvalidRecordError, OSError):
+        return False
 
 
 def _absolute(path: Path, cwd: Path) -> Path:

@@ -23,7 +23,9 @@ knows no trainer and imports no serialization library: formats do.
 from __future__ import annotations
 
 import logging
+import operator
 import os
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +34,7 @@ from typing import Any
 import pluggy
 
 from . import fsio
+from .archive import archive, earlier_run
 from .catalogue import committed
 from .checkpoint import Checkpoint
 from .commit import commit, write_payload
@@ -133,7 +136,12 @@ class CheckpointStore:
         self._lock = StoreLock(self.directory) if lock else None
         self._ready = False
         self._resumed_from: dict[str, Path] = {}
+        self._continues_from: Path | None = None
+        self._started = False
         self._last_size: dict[str, int] = {}
+        # saves, resolutions and closing serialize: several threads (and a
+        # background writer) may share one store
+        self._mutex = threading.RLock()
 
     # -- lifecycle ---------------------------------------------------------
     @property
@@ -157,14 +165,16 @@ class CheckpointStore:
         if self._lock is not None:
             self._lock.acquire()
         mirrors = [m.path for cfg in self.families.values() for m in cfg.mirrors]
-        sweep(self.directory, mirrors)
+        families = [cfg.family for cfg in self.families.values()]
+        sweep(self.directory, families, mirrors)
         self._ready = True
 
     def close(self) -> None:
         """Release the lock."""
-        if self._lock is not None:
-            self._lock.release()
-        self._ready = False
+        with self._mutex:
+            if self._lock is not None:
+                self._lock.release()
+            self._ready = False
 
     def __enter__(self) -> CheckpointStore:
         return self
@@ -188,15 +198,28 @@ class CheckpointStore:
 
         Raises
         ------
+        TypeError
+            When ``step`` is not an int, or the payload holds a value the
+            format cannot read back exactly (naming its key path); nothing
+            is created.
         CheckpointWriteError
             Naming the path and the cause. Temporary files are removed and
             the previous checkpoint, pointer and alias are untouched.
         """
+        step = check_step(step)
         cfg = self.family(family)
         path = self.path_for(step, family)
         if not self.is_chief:
             return path
+        if self.format.check is not None:
+            self.format.check(state)
+        with self._mutex:
+            return self._save(step, state, cfg, path)
+
+    def _save(self, step: int, state: Any, cfg: FamilyConfig, path: Path) -> Path:
+        """The straight line of :meth:`save`, on the chief, holding the mutex."""
         self.open()
+        self.start_run()
         self._check_space(cfg.family, path)
         replaces = write_payload(
             path,
@@ -219,6 +242,49 @@ class CheckpointStore:
         for removed in self.prune(checkpoint):
             log.info("removed %s (retention)", removed)
         return path
+
+    def start_run(self) -> Path | None:
+        """Archive what an earlier run left, once, before this run's first save.
+
+        A run that continues from a checkpoint inside ``D`` (see
+        :meth:`protect_resumed`) archives the checkpoints numbered above it;
+        any other run archives every committed checkpoint of its families,
+        with their pointers and aliases (rule 14). Returns the archive folder,
+        or ``None`` when nothing was moved.
+        """
+        if self._started or not self.is_chief:
+            return None
+        self._started = True
+        catalogue = {
+            cfg.family: committed(self.directory, cfg.family)
+            for cfg in self.families.values()
+        }
+        doomed = earlier_run(catalogue, self._continues_from)
+        names = {c.name for c in doomed}
+        links = []
+        for family in catalogue:
+            for link in (
+                self.directory / family.pointer,
+                self.directory / family.alias,
+            ):
+                named = read_link_or_none(link) or read_text_or_none(link)
+                if self._continues_from is None or (
+                    named and Path(named.strip()).name in names
+                ):
+                    links.append(link)
+        dest = archive(self.directory, doomed, links, durable=self.durable)
+        if dest is not None:
+            steps = sorted({c.step for c in doomed})
+            log.info(
+                "archived %d checkpoint(s) of an earlier run (steps %s) to %s",
+                len(doomed),
+                ", ".join(map(str, steps)),
+                dest,
+            )
+            for prefix, path in list(self._resumed_from.items()):
+                if path.name in names:
+                    self._resumed_from[prefix] = dest / path.name
+        return dest
 
     def _serialize(self, step: int, state: Any, handle) -> None:
         written = self.pm.hook.on_save_step(
@@ -346,16 +412,20 @@ class CheckpointStore:
         The checkpoint found becomes protected from retention until this run
         commits one of a later step.
         """
-        ctx = self.context(sha256=sha256, cwd=cwd) if self.is_chief else None
-        found = resolve_restart(self.pm, spec, ctx, self.ranks)
-        self.protect_resumed(found.path)
-        return found
+        with self._mutex:
+            ctx = self.context(sha256=sha256, cwd=cwd) if self.is_chief else None
+            found = resolve_restart(self.pm, spec, ctx, self.ranks)
+            self.protect_resumed(found.path)
+            return found
 
-    def protect_resumed(self, path: Path) -> None:
-        """Keep ``path`` (the checkpoint a run resumed from) out of retention.
+    def protect_resumed(self, path: Path, *, continues: bool = True) -> None:
+        """Note the checkpoint this run starts from; keep it out of retention.
 
         The protection lasts until this store commits a checkpoint of a later
-        step of the same family.
+        step of the same family. ``continues`` says whether the run goes on
+        from that checkpoint's step (a restart) or starts its own count (an
+        initialization): only a run that continues from a checkpoint inside
+        ``D`` keeps ``D``'s checkpoints up to that step in place (rule 14).
         """
         path = Path(path)
         if path.parent.resolve() != self.directory.resolve():
@@ -363,6 +433,8 @@ class CheckpointStore:
         for prefix, cfg in self.families.items():
             if cfg.family.step_of(path.name) is not None:
                 self._resumed_from[prefix] = path
+                if continues:
+                    self._continues_from = path
 
     def load(self, resolved: Resolved) -> Any:
         """Read a resolved checkpoint through its format."""
@@ -377,3 +449,18 @@ class CheckpointStore:
     def committed(self, family: str | None = None) -> list[Checkpoint]:
         """Return the committed checkpoints of a family, oldest first."""
         return committed(self.directory, self.family(family).family)
+
+
+def check_step(step: object) -> int:
+    """Return ``step`` as an int; refuse a bool, a float or a negative number."""
+    if isinstance(step, bool):
+        raise TypeError(f"a step is an int, got the bool {step!r}")
+    try:
+        value = operator.index(step)
+    except TypeError:
+        raise TypeError(
+            f"a step is an int, got {type(step).__name__} {step!r}"
+        ) from None
+    if value < 0:
+        raise ValueError(f"a step must not be negative, got {value}")
+    return value

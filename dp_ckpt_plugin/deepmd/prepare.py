@@ -71,13 +71,16 @@ def prepare_run(
     ctx = settings.resolve_context(chief=chief) if chief else None
     resolved: dict[str, str | None] = {"restart": None, "init_model": None}
     resumed_from = None
-    for key, spec in (("restart", restart), ("init_model", init_model)):
+    for key, spec in (("init_model", init_model), ("restart", restart)):
         if spec is not None:
             found = resolve_restart(pm, spec, ctx, ranks)
             resolved[key] = str(found.path)
             resumed_from = found.path
-    if store is not None and resumed_from is not None:
-        store.protect_resumed(resumed_from)
+            if store is not None:
+                # a restart continues the run's step count; an initialization
+                # starts its own, so the checkpoints in save_dir are an
+                # earlier run's, archived before the first save
+                store.protect_resumed(found.path, continues=key == "restart")
     return PreparedRun(
         settings, store, resolved["restart"], resolved["init_model"], resumed_from
     )

@@ -9,7 +9,9 @@ retention belong to the store. Formats declare themselves through
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pluggy
 
@@ -28,11 +30,16 @@ class FormatInfo:
         File suffix of its checkpoints, with the dot.
     description : str
         One line for listings and errors.
+    check : callable or None
+        Called with a payload before anything is written; raises
+        :class:`TypeError` naming the key path of a value the format cannot
+        read back exactly (rule 23). ``None`` when the format checks nothing.
     """
 
     name: str
     suffix: str
     description: str = ""
+    check: Callable[[Any], None] | None = None
 
 
 def available_formats(pm: pluggy.PluginManager) -> dict[str, FormatInfo]:

@@ -17,6 +17,7 @@ only the write itself is made atomic.
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from deepmd.pt_expt.train import training
 from deepmd.pt_expt.train.ema import EMA_CHECKPOINT_KEY
 
 from ... import fsio
+from ...errors import CheckpointError
 from ...store import CheckpointStore
 from ..naming import ema_prefix
 from ..policy import policy_from_training
@@ -46,8 +48,9 @@ def make_trainer_class(
     training_params : dict
         The normalized ``training`` section (retention keys).
     resumed_from : Path, optional
-        The checkpoint the run restarts from, protected from retention until
-        the run commits a later step.
+        The checkpoint the run starts from (its protection is set up by
+        :func:`dp_ckpt_plugin.deepmd.prepare.prepare_run`), named when it does
+        not fit the model.
     """
 
     class CheckpointingTrainer(training.Trainer):
@@ -56,15 +59,23 @@ def make_trainer_class(
         dp_store = store
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
+            try:
+                super().__init__(*args, **kwargs)
+            except RuntimeError as exc:
+                mismatch = describe_mismatch(str(exc))
+                if resumed_from is None or mismatch is None:
+                    raise
+                raise CheckpointError(
+                    f"checkpoint {resumed_from} does not fit the model of this "
+                    f"input: {mismatch}. Nothing was changed; restart from a "
+                    "checkpoint of this model, or use --finetune"
+                ) from None
             if self.dp_store is not None:
                 primary = self.dp_store.primary.prefix
                 for prefix, cfg in self.dp_store.families.items():
                     cfg.policy = policy_from_training(
                         training_params, num_steps=self.num_steps, ema=prefix != primary
                     )
-                if resumed_from is not None:
-                    self.dp_store.protect_resumed(resumed_from)
 
         # -- the payload --------------------------------------------------
         def _checkpoint_payload(
@@ -140,6 +151,35 @@ def make_trainer_class(
                 self.dp_store.save(step, state, family=ema_prefix(primary))
 
     return CheckpointingTrainer
+
+
+_MISMATCH = (
+    (
+        re.compile(
+            r"size mismatch for ([^:]+): copying a param with shape (.+?) from "
+            r"checkpoint, the shape in current model is (.+?)\.?$"
+        ),
+        "parameter {0} has shape {1} in the checkpoint but {2} in the model",
+    ),
+    (
+        re.compile(r'Missing key\(s\) in state_dict: "([^"]+)"'),
+        "parameter {0} of the model is not in the checkpoint",
+    ),
+    (
+        re.compile(r'Unexpected key\(s\) in state_dict: "([^"]+)"'),
+        "the checkpoint holds parameter {0}, which the model does not have",
+    ),
+)
+
+
+def describe_mismatch(text: str) -> str | None:
+    """Name the first parameter a ``load_state_dict`` error says differs."""
+    for line in text.splitlines():
+        for pattern, message in _MISMATCH:
+            found = pattern.search(line.strip())
+            if found:
+                return message.format(*found.groups())
+    return None
 
 
 def write_torch_atomic(path: Path, state: Any, *, durable: bool = True) -> None:

@@ -1,0 +1,108 @@
+"""Archiving the checkpoints of an earlier run instead of deleting them (rule 14).
+
+Nothing in a store is deleted except by the retention window of the run
+writing the family. A run that does not continue from a checkpoint inside the
+store (a fresh run, one initialized from a checkpoint, a restart from
+elsewhere) and finds committed checkpoints of an earlier run moves them,
+with their records and the families' pointers and aliases, into
+``D/archive/<UTC time>/`` before its first save. A run that continues from a
+checkpoint of step ``s`` archives the checkpoints numbered above ``s`` (the
+abandoned branch of a longer run) the same way.
+
+Each checkpoint's payload moves before its record; a kill in between leaves a
+record whose payload is in the archive, which the next open moves after it
+(:mod:`.sweep`). Moves use ``os.replace`` into a folder made for this archive,
+so nothing is ever overwritten.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from . import fsio
+from .checkpoint import Checkpoint
+from .errors import CheckpointWriteError, describe_os_error
+from .layout import Family
+from .records import record_path
+from .sweep import ARCHIVE_DIR
+
+
+def archive(
+    directory: Path,
+    checkpoints: Iterable[Checkpoint],
+    links: Iterable[Path] = (),
+    *,
+    durable: bool = True,
+) -> Path | None:
+    """Move ``checkpoints`` (and ``links``: pointers, aliases) into a new archive.
+
+    Returns the archive folder, or ``None`` when there was nothing to move.
+
+    Raises
+    ------
+    CheckpointWriteError
+        Naming the file and the cause; what was moved stays in the archive.
+    """
+    checkpoints = list(checkpoints)
+    if not checkpoints:
+        return None
+    dest = new_archive_folder(directory)
+    moves = []
+    for checkpoint in checkpoints:
+        moves += [checkpoint.path, record_path(checkpoint.path)]
+    moves += [p for p in links if os.path.lexists(p)]
+    for source in moves:
+        try:
+            os.replace(source, dest / source.name)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise CheckpointWriteError(
+                f"could not archive {source} into {dest}: {describe_os_error(exc)}"
+            ) from exc
+    if durable:
+        fsio.fsync_dir(dest)
+        fsio.fsync_dir(directory)
+    return dest
+
+
+def new_archive_folder(directory: Path) -> Path:
+    """Create ``D/archive/<UTC time>[-n]/``, a folder no one else has."""
+    root = directory / ARCHIVE_DIR
+    root.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    n = 0
+    while True:
+        dest = root / (stamp if n == 0 else f"{stamp}-{n}")
+        try:
+            dest.mkdir()
+            return dest
+        except FileExistsError:
+            n += 1
+
+
+def earlier_run(
+    committed: dict[Family, list[Checkpoint]], continues_from: Path | None
+) -> list[Checkpoint]:
+    """The checkpoints a run must archive before its first save.
+
+    Parameters
+    ----------
+    committed : dict
+        Every family of the store and its committed checkpoints.
+    continues_from : Path or None
+        The checkpoint inside the store the run continues from, if any.
+    """
+    step = None
+    if continues_from is not None:
+        for family in committed:
+            step = family.step_of(continues_from.name)
+            if step is not None:
+                break
+    found = []
+    for checkpoints in committed.values():
+        found += [c for c in checkpoints if step is None or c.step > step]
+    return found
