@@ -47,41 +47,52 @@ def archive(
         Naming the file and the cause; what was moved stays in the archive.
     """
     checkpoints = list(checkpoints)
+    links = [p for p in links if os.path.lexists(p)]
     if not checkpoints:
         return None
-    dest = new_archive_folder(directory)
-    moves = []
-    for checkpoint in checkpoints:
-        moves += [checkpoint.path, record_path(checkpoint.path)]
-    moves += [p for p in links if os.path.lexists(p)]
-    for source in moves:
-        try:
-            os.replace(source, dest / source.name)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            raise CheckpointWriteError(
-                f"could not archive {source} into {dest}: {describe_os_error(exc)}"
-            ) from exc
-    if durable:
-        fsio.fsync_dir(dest)
-        fsio.fsync_dir(directory)
+    dest = new_archive_folder(directory, durable=durable)
+    # payloads first, made durable, then records, pointers and aliases: a
+    # crash in between leaves records in D whose payload is in the archive,
+    # which the next open moves after them (never a payload without its
+    # record in D, which no rule would touch again)
+    payloads = [c.path for c in checkpoints]
+    records = [record_path(c.path) for c in checkpoints]
+    for batch in (payloads, [*records, *links]):
+        for source in batch:
+            _move(source, dest)
+        if durable:
+            fsio.fsync_dir(dest)
+            fsio.fsync_dir(directory)
     return dest
 
 
-def new_archive_folder(directory: Path) -> Path:
+def _move(source: Path, dest: Path) -> None:
+    try:
+        os.replace(source, dest / source.name)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise CheckpointWriteError(
+            f"could not archive {source} into {dest}: {describe_os_error(exc)}"
+        ) from exc
+
+
+def new_archive_folder(directory: Path, *, durable: bool = True) -> Path:
     """Create ``D/archive/<UTC time>[-n]/``, a folder no one else has."""
     root = directory / ARCHIVE_DIR
-    root.mkdir(exist_ok=True)
+    fsio.make_dirs(root, durable=durable)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     n = 0
     while True:
         dest = root / (stamp if n == 0 else f"{stamp}-{n}")
         try:
             dest.mkdir()
-            return dest
         except FileExistsError:
             n += 1
+            continue
+        if durable:
+            fsio.fsync_dir(root)
+        return dest
 
 
 def earlier_run(

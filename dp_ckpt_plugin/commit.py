@@ -1,75 +1,68 @@
 """The write transaction: a durable payload, then its commit record.
 
-:func:`write_payload` has a format serialize the payload into a temporary
-name beside its final one, fsyncs it, moves it into place and fsyncs the
-directory. :func:`commit` then writes the commit record, last and atomically:
-only now does the checkpoint count. Each step cleans up after itself on
-failure, so the previous committed checkpoint is left as it was (rule 8).
+Two cases, each leaving at every instant (and in every state a crash can
+leave on disk) either the previous committed state or the new one:
+
+- :func:`write_new`, the first save of a step: the format writes a temporary
+  file beside the final name, which is fsynced and hashed; the commit record
+  is written atomically and durably; then the payload is moved into place and
+  the directory fsynced. The checkpoint counts once both exist and agree. A
+  crash in between leaves a record naming no file (the next open sweeps it),
+  never a full-size numbered file without a record.
+- :func:`rewrite`, a re-save of a step this run committed already (deepmd-kit
+  does it after ``change_bias_after_training``): the new payload is written
+  to a temporary file; a record accepting *either* payload (``replaces``)
+  replaces the old record; the new payload replaces the old one; the final
+  record replaces the double one. Each step is made durable before the next.
+
+Each step cleans up after itself on failure and raises
+:class:`~dp_ckpt_plugin.errors.CheckpointWriteError` naming the path and the
+cause (rule 8).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
 from . import fsio
-from .catalogue import read_record_or_none
 from .errors import CheckpointWriteError
 from .records import CommitRecord, make_record, record_path, write_record
 
 
-def write_payload(
-    path: Path, serialize: Callable[[BinaryIO], object], *, durable: bool
-) -> bool:
-    """Write a payload atomically at ``path``; return whether it replaced one.
-
-    Re-saving a step (deepmd-kit does after ``change_bias_after_training``)
-    drops the old record just before the move; if the move then fails, the
-    old record is put back. A payload that reached its name but whose
-    directory fsync failed is removed, unless it replaced an older one.
-    """
-    previous = _file_id(path)
-    old_record = read_record_or_none(path) if previous else None
-    try:
-        fsio.write_file_atomic(
-            path,
-            serialize,
-            durable=durable,
-            before_replace=lambda: _uncommit(path),
-        )
-    except CheckpointWriteError:
-        current = _file_id(path)
-        if current is not None and current != previous:
-            if previous is None:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-        elif old_record is not None and not record_path(path).exists():
-            with contextlib.suppress(OSError):
-                write_record(path, old_record, durable=durable)
-        raise
-    return previous is not None
-
-
-def commit(
-    path: Path, *, step: int, family: str, format: str, replaces: bool, durable: bool
+def write_new(
+    path: Path,
+    serialize: Callable[[BinaryIO], object],
+    *,
+    step: int,
+    family: str,
+    format: str,
+    durable: bool,
 ) -> CommitRecord:
-    """Write the commit record of a durable payload, last.
+    """Write and commit the first checkpoint of a step at ``path`` (absent).
 
-    On failure the record (if its directory fsync was what failed) and a new
-    payload are removed; a payload that replaced an older one stays, since a
-    pointer may name it.
+    The payload is written and fsynced under a temporary name and hashed;
+    its record is written (durably) before the payload gets its name, so no
+    crash can leave a full-size numbered file without a record: a crash
+    leaves at most a record naming no file, which the next open sweeps.
     """
+    tmp = fsio.write_temp(path, serialize, durable=durable)
     try:
-        record = make_record(path, step=step, family=family, format=format)
+        record = make_record(
+            tmp, step=step, family=family, format=format, name=path.name
+        )
         write_record(path, record, durable=durable)
+        fsio.move_into_place(tmp, path, durable=durable)
     except (OSError, CheckpointWriteError) as exc:
-        leftovers = (record_path(path),) if replaces else (record_path(path), path)
-        for leftover in leftovers:
+        # nothing of this step may stay: the temporary file, the record, and
+        # a payload whose name might not survive (its directory fsync failed)
+        for leftover in (tmp, path, record_path(path)):
             with contextlib.suppress(OSError):
-                fsio.remove_file(leftover)
+                os.unlink(leftover)
         if isinstance(exc, CheckpointWriteError):
             raise
         raise CheckpointWriteError(
@@ -78,17 +71,32 @@ def commit(
     return record
 
 
-def _uncommit(path: Path) -> None:
-    """Drop the record of a checkpoint about to be overwritten (same step)."""
-    rec = record_path(path)
-    if rec.exists():
-        fsio.remove_file(rec)
-
-
-def _file_id(path: Path) -> tuple[int, int] | None:
-    """Return the device and inode of ``path``, or ``None`` if absent."""
+def rewrite(
+    path: Path,
+    serialize: Callable[[BinaryIO], object],
+    *,
+    old: CommitRecord,
+    step: int,
+    family: str,
+    format: str,
+    durable: bool,
+) -> CommitRecord:
+    """Re-save a step whose committed checkpoint (``old``) is at ``path``."""
+    tmp = fsio.write_temp(path, serialize, durable=durable)
     try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino)
+        new = make_record(tmp, step=step, family=family, format=format, name=path.name)
+        both = dataclasses.replace(new, replaces=(old.size, old.sha256))
+        write_record(path, both, durable=durable)
+    except (OSError, CheckpointWriteError) as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, CheckpointWriteError):
+            raise
+        raise CheckpointWriteError(
+            f"could not commit {path}: {exc.strerror or exc}"
+        ) from exc
+    # from here on the double record stands whatever fails: it accepts the
+    # old payload (the move failed) and the new one (the move happened)
+    fsio.move_into_place(tmp, path, durable=durable)
+    write_record(path, new, durable=durable)
+    return new

@@ -103,7 +103,6 @@ def write_file_atomic(
     writer: Callable[[BinaryIO], object],
     *,
     durable: bool = True,
-    before_replace: Callable[[], object] | None = None,
 ) -> None:
     """Write a file through ``writer`` and move it onto ``path`` atomically.
 
@@ -116,8 +115,6 @@ def write_file_atomic(
         formats that seek back, such as HDF5, work).
     durable : bool, optional
         Whether to fsync the file and the directory.
-    before_replace : callable, optional
-        Called once the temporary file is durable, just before the move.
 
     Raises
     ------
@@ -125,8 +122,23 @@ def write_file_atomic(
         Naming ``path`` and the cause; the temporary file is gone and ``path``
         is as it was.
     """
-    directory = path.parent
-    tmp = directory / temp_name(path.name)
+    tmp = write_temp(path, writer, durable=durable)
+    move_into_place(tmp, path, durable=durable)
+
+
+def write_temp(
+    path: Path, writer: Callable[[BinaryIO], object], *, durable: bool = True
+) -> Path:
+    """Write a file through ``writer`` under a temporary name beside ``path``.
+
+    Returns the temporary path, its content flushed (and fsynced if
+    ``durable``). Any failure of the writer, a format's own errors included
+    (``torch.save`` raises ``RuntimeError`` on a full disk), removes the
+    temporary file and raises :class:`CheckpointWriteError` naming ``path``
+    and the cause; a :class:`TypeError` (a value the format refuses) is
+    passed on as it is.
+    """
+    tmp = path.parent / temp_name(path.name)
     step = "create"
     recorder = None
     try:
@@ -138,10 +150,6 @@ def write_file_atomic(
             if durable:
                 step = "fsync"
                 os.fsync(handle.fileno())
-        if before_replace is not None:
-            before_replace()
-        step = "move into place"
-        os.replace(tmp, path)
     except BaseException as exc:
         _remove_quietly(tmp)
         cause = _os_cause(exc)
@@ -149,12 +157,56 @@ def write_file_atomic(
             cause = recorder.error
         if cause is not None:
             raise _fail(step, path, cause) from exc
+        if isinstance(exc, Exception) and not isinstance(
+            exc, (TypeError, CheckpointWriteError)
+        ):
+            raise CheckpointWriteError(
+                f"could not {step} {path}: {type(exc).__name__}: {exc}"
+            ) from exc
         raise
+    return tmp
+
+
+def move_into_place(tmp: Path, path: Path, *, durable: bool = True) -> None:
+    """``os.replace`` a written temporary file onto ``path``, then fsync the directory.
+
+    On failure of the move the temporary file is removed; on failure of the
+    directory fsync the file is in place but its name may not survive a
+    power loss. Either raises :class:`CheckpointWriteError`.
+    """
+    try:
+        os.replace(tmp, path)
+    except OSError as exc:
+        _remove_quietly(tmp)
+        raise _fail("move into place", path, exc) from exc
     if durable:
         try:
-            fsync_dir(directory)
+            fsync_dir(path.parent)
         except OSError as exc:
             raise _fail("fsync the directory of", path, exc) from exc
+
+
+def make_dirs(directory: Path, *, durable: bool = True) -> None:
+    """Create ``directory`` and its missing parents, each made durable in its parent.
+
+    A new directory's own entry lives in its parent: without an fsync of the
+    parent, the directory and everything saved in it can vanish in a power
+    loss even after the files inside were fsynced.
+    """
+    missing = []
+    for candidate in (directory, *directory.parents):
+        if os.path.isdir(candidate):
+            break
+        missing.append(candidate)
+    for new in reversed(missing):
+        try:
+            new.mkdir()
+        except FileExistsError:
+            if not new.is_dir():
+                raise
+            continue
+        if durable:
+            fsync_dir(new.parent)
 
 
 def write_text_atomic(path: Path, text: str, *, durable: bool = True) -> None:

@@ -49,6 +49,10 @@ class CommitRecord:
         Unix time of the commit.
     format_version : int
         Version of this record's format.
+    replaces : (int, str) or None
+        Size and sha256 of the payload a re-save of the same step is
+        replacing: while the new payload is moved into place, either payload
+        is the committed checkpoint of the step. ``None`` otherwise.
     """
 
     name: str
@@ -59,10 +63,22 @@ class CommitRecord:
     sha256: str
     created: float = 0.0
     format_version: int = FORMAT_VERSION
+    replaces: tuple[int, str] | None = None
 
     def to_json(self) -> str:
         """Serialize to the text stored on disk."""
-        return json.dumps(asdict(self), indent=1, sort_keys=True) + "\n"
+        data = asdict(self)
+        if self.replaces is None:
+            del data["replaces"]
+        else:
+            data["replaces"] = {"size": self.replaces[0], "sha256": self.replaces[1]}
+        return json.dumps(data, indent=1, sort_keys=True) + "\n"
+
+    def accepts(self, size: int) -> bool:
+        """Whether a payload of ``size`` bytes may be the one this record describes."""
+        return size == self.size or (
+            self.replaces is not None and size == self.replaces[0]
+        )
 
     @classmethod
     def from_json(cls, text: str, *, source: Path) -> CommitRecord:
@@ -102,6 +118,20 @@ class CommitRecord:
             raise InvalidRecordError(
                 f"commit record {source}: sha256 is not 64 hex digits"
             )
+        replaces = data.get("replaces")
+        if replaces is not None:
+            if (
+                type(replaces) is not dict
+                or set(replaces) != {"size", "sha256"}
+                or type(replaces["size"]) is not int
+                or replaces["size"] < 0
+                or type(replaces["sha256"]) is not str
+                or not _HEX64.fullmatch(replaces["sha256"])
+            ):
+                raise InvalidRecordError(
+                    f"commit record {source}: 'replaces' must hold a size and a sha256"
+                )
+            replaces = (replaces["size"], replaces["sha256"])
         return cls(
             name=data["name"],
             step=data["step"],
@@ -111,6 +141,7 @@ class CommitRecord:
             sha256=data["sha256"],
             created=float(created),
             format_version=data["format_version"],
+            replaces=replaces,
         )
 
     def describes(self, name: str) -> bool:
@@ -146,11 +177,20 @@ def record_path(checkpoint: Path) -> Path:
 
 
 def make_record(
-    checkpoint: Path, *, step: int, family: str, format: str
+    checkpoint: Path,
+    *,
+    step: int,
+    family: str,
+    format: str,
+    name: str | None = None,
 ) -> CommitRecord:
-    """Describe a durable payload, hashing it."""
+    """Describe a durable payload, hashing it.
+
+    ``name`` is the file name the record is for, when ``checkpoint`` is still
+    a temporary file.
+    """
     return CommitRecord(
-        name=checkpoint.name,
+        name=name or checkpoint.name,
         step=step,
         family=family,
         format=format,
@@ -218,14 +258,17 @@ def verify(checkpoint: Path, record: CommitRecord, *, sha256: bool) -> None:
         raise CorruptCheckpointError(
             f"cannot read checkpoint {checkpoint}: {exc.strerror or exc}"
         ) from exc
-    if size != record.size:
+    if not record.accepts(size):
         raise CorruptCheckpointError(
             f"checkpoint {checkpoint} has {size} bytes but its commit record says {record.size} "
             "(torn or truncated write)"
         )
     if sha256:
         actual = sha256_of(checkpoint)
-        if actual != record.sha256:
+        allowed = {record.sha256}
+        if record.replaces is not None:
+            allowed.add(record.replaces[1])
+        if actual not in allowed:
             raise CorruptCheckpointError(
                 f"checkpoint {checkpoint} does not match the sha256 of its commit record "
                 f"({actual[:12]}… instead of {record.sha256[:12]}…)"

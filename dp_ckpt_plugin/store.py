@@ -5,11 +5,15 @@ families of numbered checkpoints (``D/<prefix>-<step><suffix>``), each with a
 latest pointer and alias inside ``D`` and optional mirrors outside it.
 :meth:`CheckpointStore.save` runs in a straight line:
 
-1. check free space against the size of the family's previous checkpoint;
-2. write the payload (``on_save_step``) to a temporary name, fsync, move it
-   into place, fsync ``D`` (:func:`~dp_ckpt_plugin.commit.write_payload`);
-3. write the commit record, last: the checkpoint now counts
-   (:func:`~dp_ckpt_plugin.commit.commit`);
+1. on the first save: create ``D`` (durably), take the lock, sweep leftovers,
+   archive an earlier run (:meth:`CheckpointStore.start_run`);
+2. check free space against the size of the family's previous checkpoint;
+3. write and commit (:mod:`~dp_ckpt_plugin.commit`): the payload
+   (``on_save_step``) to a temporary name, fsynced and hashed; the commit
+   record, durably; the payload moved into place, ``D`` fsynced. A step this
+   run saved already is rewritten so that the old or the new checkpoint is
+   committed at every instant; a file this run did not write is archived,
+   never overwritten;
 4. publish: pointer, alias and mirrors, all or none
    (:func:`~dp_ckpt_plugin.publish.publish`);
 5. call the ``on_commit`` observers;
@@ -35,9 +39,9 @@ import pluggy
 
 from . import fsio
 from .archive import archive, earlier_run
-from .catalogue import committed
+from .catalogue import committed, read_record_or_none
 from .checkpoint import Checkpoint
-from .commit import commit, write_payload
+from .commit import rewrite, write_new
 from .errors import CheckpointWriteError, RestartNotFoundError
 from .formats import FormatInfo, get_format
 from .layout import Family
@@ -138,6 +142,7 @@ class CheckpointStore:
         self._resumed_from: dict[str, Path] = {}
         self._continues_from: Path | None = None
         self._started = False
+        self._written: set[str] = set()
         self._last_size: dict[str, int] = {}
         # saves, resolutions and closing serialize: several threads (and a
         # background writer) may share one store
@@ -157,7 +162,7 @@ class CheckpointStore:
         if self._ready or not self.is_chief:
             return
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            fsio.make_dirs(self.directory, durable=self.durable)
         except OSError as exc:
             raise CheckpointWriteError(
                 f"cannot create checkpoint directory {self.directory}: {exc.strerror or exc}"
@@ -221,19 +226,8 @@ class CheckpointStore:
         self.open()
         self.start_run()
         self._check_space(cfg.family, path)
-        replaces = write_payload(
-            path,
-            lambda handle: self._serialize(step, state, handle),
-            durable=self.durable,
-        )
-        record = commit(
-            path,
-            step=step,
-            family=cfg.family.prefix,
-            format=self.format.name,
-            replaces=replaces,
-            durable=self.durable,
-        )
+        record = self._write(step, state, cfg.family, path)
+        self._written.add(path.name)
         self._last_size[cfg.family.prefix] = record.size
         checkpoint = Checkpoint(path, step, cfg.family.prefix, record)
         publish(path, self.publication_targets(cfg), durable=self.durable)
@@ -242,6 +236,31 @@ class CheckpointStore:
         for removed in self.prune(checkpoint):
             log.info("removed %s (retention)", removed)
         return path
+
+    def _write(self, step: int, state: Any, family: Family, path: Path):
+        """Write and commit ``path``; never overwrite what this run did not write."""
+
+        def serialize(handle):
+            self._serialize(step, state, handle)
+
+        details = {
+            "step": step,
+            "family": family.prefix,
+            "format": self.format.name,
+            "durable": self.durable,
+        }
+        if os.path.lexists(path):
+            old = read_record_or_none(path)
+            if old is not None and path.name in self._written:
+                return rewrite(path, serialize, old=old, **details)
+            # an earlier run's checkpoint, or a file that is not ours: keep it
+            dest = archive(
+                self.directory,
+                [Checkpoint(path, step, family.prefix, old)],
+                durable=self.durable,
+            )
+            log.info("moved %s, written before this run, to %s", path, dest)
+        return write_new(path, serialize, **details)
 
     def start_run(self) -> Path | None:
         """Archive what an earlier run left, once, before this run's first save.
@@ -372,18 +391,20 @@ class CheckpointStore:
             protected=self.protected(fam, checkpoint.path),
             policy=cfg.policy,
         )
-        removed = []
-        for name in doomed:
-            path = self.directory / name
-            # the payload goes first: a kill or a failure in between leaves a
-            # small record that names no file (the next open sweeps it), not
-            # a full-size payload without a record that no rule would remove
+        # the payloads go first, made durable before any record goes: a crash
+        # in between leaves small records that name no file (the next open
+        # sweeps them), never a full-size payload without a record that no
+        # rule would remove
+        paths = [self.directory / name for name in doomed]
+        for path in paths:
             fsio.remove_file(path)
-            fsio.remove_file(record_path(path))
-            removed.append(path)
-        if removed and self.durable:
+        if paths and self.durable:
             fsio.fsync_dir(self.directory)
-        return removed
+        for path in paths:
+            fsio.remove_file(record_path(path))
+        if paths and self.durable:
+            fsio.fsync_dir(self.directory)
+        return paths
 
     # -- resolution and loading ----------------------------------------------
     def context(
