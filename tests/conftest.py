@@ -1,38 +1,33 @@
-"""Shared fixtures: plugin managers and small payloads."""
+"""Shared fixtures: plugin managers and checkpoint managers (see ``helpers.py``)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from dp_ckpt_plugin import CheckpointManager, get_plugin_manager
+# the comparisons in helpers.py report their operands like a test's own asserts
+pytest.register_assert_rewrite("helpers")
 
-
-def payload(step: int, size: int = 16) -> dict:
-    """Return a small payload whose content is a function of ``step``."""
-    rng = np.random.default_rng(step)
-    return {
-        "w": rng.standard_normal(size),
-        "step": np.int64(step),
-        "tag": f"step-{step}",
-    }
+from helpers import open_manager, plugin_manager  # noqa: E402
 
 
 @pytest.fixture
 def pm():
     """A fresh plugin manager without third-party entry points."""
-    return get_plugin_manager(entry_points=False)
+    return plugin_manager()
 
 
 @pytest.fixture
 def make_manager(tmp_path, pm):
-    """Build managers on ``tmp_path/models``; close them all afterwards."""
+    """Build managers on ``tmp_path/models``; close them all afterwards.
+
+    ``make(directory=None, format="hdf5", **kwargs)``: the keyword arguments of
+    :class:`CheckpointManager`, ``pm`` being this test's by default.
+    """
     made = []
 
-    def make(directory=None, **kwargs):
+    def make(directory=None, *, format="hdf5", **kwargs):
         kwargs.setdefault("pm", pm)
-        kwargs.setdefault("format", "hdf5")
-        m = CheckpointManager(directory or tmp_path / "models", **kwargs)
+        m = open_manager(directory or tmp_path / "models", format, **kwargs)
         made.append(m)
         return m
 

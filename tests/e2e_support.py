@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from helpers import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 """Root of the repository checkout."""
@@ -428,13 +429,6 @@ def resumed_from(text: str, cwd: Path) -> list[Path]:
 def assert_no_traceback(result: Result) -> None:
     """Assert that neither output stream holds a Python traceback."""
     assert "Traceback (most recent call last)" not in result.output, result.describe()
-
-
-def free_port() -> int:
-    """A TCP port on localhost that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def torchrun(nproc: int, log_dir: Path, *args: str | os.PathLike) -> list[str]:

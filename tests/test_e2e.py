@@ -63,9 +63,11 @@ from e2e_support import (
     unmatched_variables,
     write_config,
 )
+from helpers import needs_torch
 
 pytestmark = [
     pytest.mark.e2e,
+    needs_torch,
     pytest.mark.skipif(not DP.exists(), reason=f"no dp command at {DP}"),
 ]
 

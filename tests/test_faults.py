@@ -31,15 +31,21 @@ import shutil
 import subprocess
 
 import pytest
-from saver_child import make_payload, payload_mismatches
+from helpers import (
+    BACKENDS,
+    SUFFIX,
+    backend_case,
+    committed_steps,
+    make_payload,
+    open_manager,
+    payload_mismatches,
+    temporaries,
+)
 
-from dp_ckpt_plugin import CheckpointManager, CheckpointWriteError, fsio
-from dp_ckpt_plugin.catalogue import committed as committed_in
-from dp_ckpt_plugin.layout import Family, is_temp, record_name, temp_target
-from dp_ckpt_plugin.plugins import get_plugin_manager
+from dp_ckpt_plugin import CheckpointWriteError, fsio
+from dp_ckpt_plugin.layout import record_name, temp_target
 from dp_ckpt_plugin.records import read_record, verify
 
-SUFFIX = {"hdf5": ".h5", "torch": ".pt"}
 CODES = [errno.ENOSPC, errno.EIO, errno.EACCES]
 CODE_IDS = [errno.errorcode[c] for c in CODES]
 
@@ -67,39 +73,12 @@ WHILE_PUBLISHING = {
 #: The points also run with the torch backend.
 TORCH_POINTS = ["write", "fsync", "replace", "record-replace", "alias-symlink"]
 
-CASES = [("hdf5", p) for p in (*BEFORE_COMMIT, *WHILE_PUBLISHING)] + [
-    ("torch", p) for p in TORCH_POINTS
+CASES = [backend_case("hdf5", p) for p in (*BEFORE_COMMIT, *WHILE_PUBLISHING)] + [
+    backend_case("torch", p) for p in TORCH_POINTS
 ]
 
 
-# -- helpers ------------------------------------------------------------------
-
-
-def make_state(step, backend="hdf5", size=64):
-    """The payload of ``step`` (:func:`saver_child.make_payload`) with small arrays."""
-    return make_payload(step, backend, sizes=(size,) * 3)
-
-
-def assert_state(state, step, backend="hdf5", size=64):
-    """Assert that ``state`` is exactly what :func:`make_state` gave for ``step``."""
-    assert payload_mismatches(state, step, backend, sizes=(size,) * 3) == []
-
-
-def open_manager(directory, backend="hdf5", **kwargs):
-    """Return a manager on ``directory`` without third-party plugins.
-
-    Parameters
-    ----------
-    directory : Path
-        The checkpoint directory.
-    backend : str
-        The serialization backend.
-    **kwargs
-        Passed on to :class:`CheckpointManager` (``verify`` defaults to sha256).
-    """
-    kwargs.setdefault("verify", "sha256")
-    pm = get_plugin_manager(entry_points=False)
-    return CheckpointManager(directory, format=backend, pm=pm, **kwargs)
+# -- helpers of these tests only (shared ones are in helpers.py) --------------
 
 
 def file_names(backend, step):
@@ -126,11 +105,6 @@ def file_names(backend, step):
     }
 
 
-def temporaries(directory):
-    """Return the temporary files in ``directory``."""
-    return sorted(name for name in os.listdir(directory) if is_temp(name))
-
-
 def snapshot(directory, backend="hdf5"):
     """Return what a failed save must leave untouched.
 
@@ -152,12 +126,6 @@ def snapshot(directory, backend="hdf5"):
         (directory / "checkpoint").read_text(),
         os.readlink(alias) if alias.is_symlink() else None,
     )
-
-
-def committed_steps(directory, backend="hdf5"):
-    """Return the steps of the committed checkpoints in ``directory``."""
-    family = Family("model.ckpt", SUFFIX[backend])
-    return [c.step for c in committed_in(directory, family)]
 
 
 def assert_names_cause(exc, path, code):
@@ -342,14 +310,14 @@ def test_fault_during_save(tmp_path, monkeypatch, backend, point, code):
     before_commit = point in BEFORE_COMMIT
     call, role = BEFORE_COMMIT[point] if before_commit else WHILE_PUBLISHING[point]
     names = file_names(backend, 2)
-    with open_manager(directory, backend, max_keep=0) as manager:
-        manager.save(1, make_state(1, backend))
+    with open_manager(directory, backend, max_keep=0, verify="sha256") as manager:
+        manager.save(1, make_payload(1, backend))
         files, pointer, alias = snapshot(directory, backend)
 
         faults = FaultInjector(monkeypatch, code)
         faults.arm(call, names[role])
         with pytest.raises(CheckpointWriteError) as info:
-            manager.save(2, make_state(2, backend))
+            manager.save(2, make_payload(2, backend))
         monkeypatch.undo()
 
         assert faults.hits >= 1
@@ -369,16 +337,16 @@ def test_fault_during_save(tmp_path, monkeypatch, backend, point, code):
         restored = manager.restore("latest")
         assert restored.step == 1
         assert restored.path == directory / file_names(backend, 1)["payload"]
-        assert_state(restored.state, 1, backend)
+        assert payload_mismatches(restored.state, 1, backend) == []
 
         # a later save without the fault goes through; a committed step stays
-        manager.save(3, make_state(3, backend))
+        manager.save(3, make_payload(3, backend))
         assert temporaries(directory) == []
         kept = [1, 3] if before_commit else [1, 2, 3]
         assert committed_steps(directory, backend) == kept
         restored = manager.restore("latest")
         assert restored.step == 3
-        assert_state(restored.state, 3, backend)
+        assert payload_mismatches(restored.state, 3, backend) == []
         assert (
             os.readlink(directory / names["alias"]) == file_names(backend, 3)["payload"]
         )
@@ -391,12 +359,12 @@ def test_fault_while_pruning(tmp_path, monkeypatch, role, code):
     directory = tmp_path / "models"
     old = file_names("hdf5", 1)
     new = file_names("hdf5", 2)
-    with open_manager(directory, max_keep=1) as manager:
-        manager.save(1, make_state(1))
+    with open_manager(directory, max_keep=1, verify="sha256") as manager:
+        manager.save(1, make_payload(1))
         faults = FaultInjector(monkeypatch, code)
         faults.arm("unlink", old[role])
         with pytest.raises(CheckpointWriteError) as info:
-            manager.save(2, make_state(2))
+            manager.save(2, make_payload(2))
         monkeypatch.undo()
 
         assert_names_cause(info.value, directory / old[role], code)
@@ -405,7 +373,7 @@ def test_fault_while_pruning(tmp_path, monkeypatch, role, code):
         assert os.readlink(directory / new["alias"]) == new["payload"]
         restored = manager.restore("latest")
         assert restored.step == 2
-        assert_state(restored.state, 2)
+        assert payload_mismatches(restored.state, 2) == []
         if role == "payload":
             # the payload goes first: step 1 is still whole and committed
             assert committed_steps(directory) == [1, 2]
@@ -421,10 +389,10 @@ def test_fault_while_pruning(tmp_path, monkeypatch, role, code):
             assert (directory / old["record"]).is_file()
             assert committed_steps(directory) == [2]
 
-        manager.save(3, make_state(3))
+        manager.save(3, make_payload(3))
         assert committed_steps(directory) == [3]
         assert temporaries(directory) == []
-        assert_state(manager.restore("latest").state, 3)
+        assert payload_mismatches(manager.restore("latest").state, 3) == []
 
 
 @pytest.mark.parametrize(
@@ -440,20 +408,20 @@ def test_fault_while_saving_a_step_again(tmp_path, monkeypatch, point):
     """
     directory = tmp_path / "models"
     call, role = BEFORE_COMMIT[point]
-    with open_manager(directory, max_keep=0) as manager:
-        manager.save(1, make_state(1))
-        manager.save(2, make_state(2))
+    with open_manager(directory, max_keep=0, verify="sha256") as manager:
+        manager.save(1, make_payload(1))
+        manager.save(2, make_payload(2))
         before = snapshot(directory)
         faults = FaultInjector(monkeypatch, errno.EIO)
         faults.arm(call, file_names("hdf5", 2)[role])
         with pytest.raises(CheckpointWriteError):
-            manager.save(2, make_state(2))
+            manager.save(2, make_payload(2))
         monkeypatch.undo()
 
         assert temporaries(directory) == []
         restored = manager.restore("latest")
         assert restored.step == 2
-        assert_state(restored.state, 2)
+        assert payload_mismatches(restored.state, 2) == []
         if point in ("create", "write", "fsync", "replace"):
             assert snapshot(directory) == before
             assert committed_steps(directory) == [1, 2]
@@ -462,7 +430,7 @@ def test_fault_while_saving_a_step_again(tmp_path, monkeypatch, point):
             assert committed_steps(directory) == [1]
             assert restored.resolved.checked == "unverified"
 
-        manager.save(2, make_state(2))
+        manager.save(2, make_payload(2))
         assert committed_steps(directory) == [1, 2]
         assert manager.restore("latest").resolved.checked == "sha256"
 
@@ -470,8 +438,8 @@ def test_fault_while_saving_a_step_again(tmp_path, monkeypatch, point):
 def test_free_space_is_checked_before_any_file_is_created(tmp_path, monkeypatch):
     """Rule 8: too little room for the previous size refuses the save up front."""
     directory = tmp_path / "models"
-    with open_manager(directory, max_keep=0) as manager:
-        manager.save(1, make_state(1, size=4096))
+    with open_manager(directory, max_keep=0, verify="sha256") as manager:
+        manager.save(1, make_payload(1, sizes=(4096,) * 3))
         size = read_record(directory / file_names("hdf5", 1)["payload"]).size
         before = snapshot(directory)
         opened = []
@@ -484,7 +452,7 @@ def test_free_space_is_checked_before_any_file_is_created(tmp_path, monkeypatch)
         monkeypatch.setattr(fsio, "open", spy_open, raising=False)
         monkeypatch.setattr(fsio, "free_bytes", lambda directory: size // 2)
         with pytest.raises(CheckpointWriteError) as info:
-            manager.save(2, make_state(2, size=16))
+            manager.save(2, make_payload(2, sizes=(16,) * 3))
         message = str(info.value)
         assert "not enough space" in message
         assert str(directory / file_names("hdf5", 2)["payload"]) in message
@@ -493,8 +461,11 @@ def test_free_space_is_checked_before_any_file_is_created(tmp_path, monkeypatch)
         assert snapshot(directory) == before
 
         monkeypatch.undo()
-        manager.save(2, make_state(2, size=16))
-        assert_state(manager.restore("latest").state, 2, size=16)
+        manager.save(2, make_payload(2, sizes=(16,) * 3))
+        assert (
+            payload_mismatches(manager.restore("latest").state, 2, sizes=(16,) * 3)
+            == []
+        )
 
 
 @pytest.mark.parametrize("how", ["hardlink", "copy"])
@@ -508,9 +479,9 @@ def test_alias_without_symlinks(tmp_path, monkeypatch, how):
     monkeypatch.setattr(fsio.os, "symlink", refuse)
     if how == "copy":
         monkeypatch.setattr(fsio.os, "link", refuse)
-    with open_manager(directory, max_keep=2) as manager:
+    with open_manager(directory, max_keep=2, verify="sha256") as manager:
         for step in (1, 2, 3):
-            manager.save(step, make_state(step))
+            manager.save(step, make_payload(step))
     monkeypatch.undo()
 
     alias = directory / "model.ckpt.h5"
@@ -520,13 +491,13 @@ def test_alias_without_symlinks(tmp_path, monkeypatch, how):
     assert alias.read_bytes() == newest.read_bytes()
     assert committed_steps(directory) == [2, 3]
     assert temporaries(directory) == []
-    with open_manager(directory) as manager:
+    with open_manager(directory, verify="sha256") as manager:
         assert manager.resolve("latest") == newest
         assert manager.resolve(str(directory)) == newest
         # without the pointer, the alias alone still leads to the newest content
         (directory / "checkpoint").unlink()
         restored = manager.restore(str(directory))
-        assert_state(restored.state, 3)
+        assert payload_mismatches(restored.state, 3) == []
 
 
 # -- a real full filesystem ---------------------------------------------------
@@ -576,21 +547,21 @@ def fill(directory, leave):
     return filler
 
 
-@pytest.mark.parametrize("backend", ["hdf5", "torch"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_real_full_filesystem(tiny_fs, monkeypatch, backend):
     """Rules 5-8 on a real ENOSPC, and the free-space check before a write."""
     directory = tiny_fs / "models"
     # 64 KiB, 512 KiB, then 4 MiB, more than the whole filesystem: the check
     # before the write passes (it asks for the previous size), the disk fills.
     sizes = [4096, 32768, 262144]
-    with open_manager(directory, backend, max_keep=0) as manager:
+    with open_manager(directory, backend, max_keep=0, verify="sha256") as manager:
         saved = 0
         error = None
         for step, size in enumerate(sizes, start=1):
             snap = snapshot(directory, backend) if saved else None
             free = shutil.disk_usage(tiny_fs).free
             try:
-                manager.save(step, make_state(step, backend, size))
+                manager.save(step, make_payload(step, backend, (size,) * 3))
             except CheckpointWriteError as exc:
                 error = exc
                 break
@@ -605,7 +576,10 @@ def test_real_full_filesystem(tiny_fs, monkeypatch, backend):
         assert shutil.disk_usage(tiny_fs).free == free  # the torn temporary is gone
         restored = manager.restore("latest")
         assert restored.step == saved
-        assert_state(restored.state, saved, backend, sizes[saved - 1])
+        assert (
+            payload_mismatches(restored.state, saved, backend, (sizes[saved - 1],) * 3)
+            == []
+        )
 
         # less room than the previous checkpoint took: refused before writing
         filler = fill(tiny_fs, leave=read_record(restored.path).size // 2)
@@ -619,7 +593,7 @@ def test_real_full_filesystem(tiny_fs, monkeypatch, backend):
 
         monkeypatch.setattr(fsio, "open", spy_open, raising=False)
         with pytest.raises(CheckpointWriteError) as info:
-            manager.save(saved + 1, make_state(saved + 1, backend, 16))
+            manager.save(saved + 1, make_payload(saved + 1, backend, (16,) * 3))
         monkeypatch.undo()
         assert opened == []
         assert "not enough space" in str(info.value)
@@ -629,8 +603,8 @@ def test_real_full_filesystem(tiny_fs, monkeypatch, backend):
         assert snapshot(directory, backend) == snap
 
         filler.unlink()
-        manager.save(saved + 1, make_state(saved + 1, backend, 16))
+        manager.save(saved + 1, make_payload(saved + 1, backend, (16,) * 3))
         assert temporaries(directory) == []
         restored = manager.restore("latest")
         assert restored.step == saved + 1
-        assert_state(restored.state, saved + 1, backend, 16)
+        assert payload_mismatches(restored.state, saved + 1, backend, (16,) * 3) == []

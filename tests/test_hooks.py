@@ -7,7 +7,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import payload
+from helpers import make_payload
 
 from dp_ckpt_plugin import (
     Checkpoint,
@@ -58,8 +58,8 @@ def test_hook_call_order_save_commit_publish_observe_prune(tmp_path, pm):
 
     pm.register(Observer())
     with CheckpointManager(tmp_path / "m", pm=pm, max_keep=1) as m:
-        m.save(1, payload(1))
-        m.save(2, payload(2))
+        m.save(1, make_payload(1))
+        m.save(2, make_payload(2))
         # after save returned, retention has removed step 1
         assert sorted(p.name for p in m.directory.glob("model.ckpt-*.h5")) == [
             "model.ckpt-2.h5"
@@ -97,8 +97,8 @@ def test_a_failing_observer_skips_nothing(tmp_path, pm, caplog):
     pm.register(Recorder())
     pm.register(Broken(), name="broken-mirror")
     with CheckpointManager(tmp_path / "m", pm=pm, max_keep=1) as m:
-        m.save(1, payload(1))
-        path = m.save(2, payload(2))
+        m.save(1, make_payload(1))
+        path = m.save(2, make_payload(2))
         assert path.name == "model.ckpt-2.h5"
         assert (m.directory / "checkpoint").read_text().strip() == path.name
         assert sorted(p.name for p in m.directory.glob("model.ckpt-*.h5")) == [
@@ -114,8 +114,8 @@ def test_a_failing_observer_skips_nothing(tmp_path, pm, caplog):
 
 def test_third_party_resolver_overrides_the_builtin(tmp_path, pm, make_manager):
     m = make_manager(max_keep=0)
-    m.save(1, payload(1))
-    m.save(2, payload(2))
+    m.save(1, make_payload(1))
+    m.save(2, make_payload(2))
 
     class PinnedResolver:
         @hookimpl
@@ -164,7 +164,7 @@ def test_blocking_a_builtin_by_environment(tmp_path, monkeypatch):
     assert "resolve" not in names and "hdf5" in names
     with CheckpointManager(tmp_path / "m", pm=pm, max_keep=1) as m:
         for step in range(3):
-            m.save(step, payload(step))
+            m.save(step, make_payload(step))
         # publication and retention are the store's own: no block list skips them
         assert [p.name for p in m.directory.glob("model.ckpt-*.h5")] == [
             "model.ckpt-2.h5"
@@ -213,7 +213,7 @@ def test_entry_point_plugin_is_loaded_and_can_be_blocked(tmp_path, monkeypatch):
     pm = get_plugin_manager()
     assert pm.get_plugin("observer") is not None
     with CheckpointManager(tmp_path / "m", pm=pm) as m:
-        m.save(4, payload(4))
+        m.save(4, make_payload(4))
     assert sys.modules["ckpt_observer"].COMMITTED == [4]
 
     monkeypatch.setenv(BLOCK_PLUGINS_ENV, "observer")

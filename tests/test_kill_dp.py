@@ -32,25 +32,22 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from e2e_support import DP, EXAMPLES, TORCHRUN
+from helpers import free_port, needs_torch
 
 from dp_ckpt_plugin.layout import is_temp
 from dp_ckpt_plugin.records import read_record, verify
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-DP = BIN / "dp"
-TORCHRUN = BIN / "torchrun"
-
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.torture,
+    needs_torch,
     pytest.mark.skipif(not DP.exists(), reason=f"no dp next to {sys.executable}"),
     pytest.mark.skipif(
         not Path("/proc/self/stat").exists(), reason="needs Linux /proc"
@@ -97,13 +94,13 @@ def make_workdir(path: Path, *, numb_steps: int) -> Path:
         ``path``, holding ``data/`` and ``input.json``.
     """
     spec = importlib.util.spec_from_file_location(
-        "make_data", ROOT / "examples" / "make_data.py"
+        "make_data", EXAMPLES / "make_data.py"
     )
     make_data = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(make_data)
     with contextlib.redirect_stdout(io.StringIO()):
         make_data.main(["--out", str(path / "data"), "--frames", "8"])
-    config = json.loads((ROOT / "examples" / "input.json").read_text())
+    config = json.loads((EXAMPLES / "input.json").read_text())
     config["training"].update(
         numb_steps=numb_steps,
         save_freq=1,
@@ -113,13 +110,6 @@ def make_workdir(path: Path, *, numb_steps: int) -> Path:
     )
     (path / "input.json").write_text(json.dumps(config, indent=1))
     return path
-
-
-def free_port() -> int:
-    """Return a TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # -- processes -----------------------------------------------------------------

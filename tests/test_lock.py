@@ -12,27 +12,18 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
-import numpy as np
 import pytest
+from helpers import (
+    SAVER_CHILD,
+    make_payload,
+    open_manager,
+    payload_mismatches,
+    start_saver,
+)
 
-from dp_ckpt_plugin import CheckpointManager, StoreLockedError, get_plugin_manager
+from dp_ckpt_plugin import StoreLockedError
 from dp_ckpt_plugin.layout import HOLDER_NAME, temp_name
-
-CHILD = Path(__file__).with_name("saver_child.py")
-
-
-def open_manager(directory):
-    """Return an hdf5 manager on ``directory`` without third-party plugins."""
-    return CheckpointManager(
-        directory, format="hdf5", max_keep=0, pm=get_plugin_manager(entry_points=False)
-    )
-
-
-def state(step):
-    """Return a small payload whose content is a function of ``step``."""
-    return {"w": np.random.default_rng(step).standard_normal(8)}
 
 
 def this_command():
@@ -50,14 +41,7 @@ def start_child(mode, directory):
     directory : Path
         The checkpoint directory.
     """
-    return subprocess.Popen(
-        [sys.executable, str(CHILD), mode, str(directory)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=CHILD.parent,
-    )
+    return start_saver(mode, directory, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def try_in_child(directory):
@@ -89,15 +73,18 @@ def holder_child(tmp_path):
 
 def test_second_writer_in_the_same_process_is_refused(tmp_path):
     directory = tmp_path / "models"
-    with open_manager(directory) as first, open_manager(directory) as second:
-        first.save(1, state(1))
+    with (
+        open_manager(directory, max_keep=0) as first,
+        open_manager(directory, max_keep=0) as second,
+    ):
+        first.save(1, make_payload(1))
         # a write of the holder under way must survive the refused writer
         in_flight = directory / temp_name("model.ckpt-2.h5")
         in_flight.write_bytes(b"partial")
         files = sorted(os.listdir(directory))
 
         with pytest.raises(StoreLockedError) as info:
-            second.save(2, state(2))
+            second.save(2, make_payload(2))
         message = str(info.value)
         assert str(directory) in message
         assert f"pid {os.getpid()}" in message
@@ -106,31 +93,32 @@ def test_second_writer_in_the_same_process_is_refused(tmp_path):
         assert (directory / "checkpoint").read_text().strip() == "model.ckpt-1.h5"
 
         in_flight.unlink()
-        first.save(2, state(2))  # the holder is not disturbed
+        first.save(2, make_payload(2))  # the holder is not disturbed
         assert first.restore("latest").step == 2
 
 
 def test_lock_is_released_on_close(tmp_path):
     directory = tmp_path / "models"
-    first = open_manager(directory)
-    first.save(1, state(1))
+    first = open_manager(directory, max_keep=0)
+    first.save(1, make_payload(1))
     first.close()
-    with open_manager(directory) as second:
-        second.save(2, state(2))
+    with open_manager(directory, max_keep=0) as second:
+        second.save(2, make_payload(2))
         # and the other way round, through the context manager
-        with open_manager(directory) as third, pytest.raises(StoreLockedError):
-            third.save(3, state(3))
-    with open_manager(directory) as fourth:
-        fourth.save(3, state(3))
-        np.testing.assert_array_equal(
-            fourth.restore("latest").state["w"], state(3)["w"]
-        )
+        with (
+            open_manager(directory, max_keep=0) as third,
+            pytest.raises(StoreLockedError),
+        ):
+            third.save(3, make_payload(3))
+    with open_manager(directory, max_keep=0) as fourth:
+        fourth.save(3, make_payload(3))
+        assert payload_mismatches(fourth.restore("latest").state, 3) == []
 
 
 def test_writer_in_a_child_is_refused_while_this_process_holds(tmp_path):
     directory = tmp_path / "models"
-    with open_manager(directory) as holder:
-        holder.save(1, state(1))
+    with open_manager(directory, max_keep=0) as holder:
+        holder.save(1, make_payload(1))
         line = try_in_child(directory)
         assert line.startswith("refused "), line
         assert f"pid {os.getpid()}" in line
@@ -140,20 +128,20 @@ def test_writer_in_a_child_is_refused_while_this_process_holds(tmp_path):
 
 def test_holder_in_a_child_is_named(holder_child):
     child, directory = holder_child
-    with open_manager(directory) as manager:
+    with open_manager(directory, max_keep=0) as manager:
         with pytest.raises(StoreLockedError) as info:
-            manager.save(2, state(2))
+            manager.save(2, make_payload(2))
         message = str(info.value)
         assert f"pid {child.pid}" in message
-        assert f"{CHILD} hold {directory}" in message
+        assert f"{SAVER_CHILD} hold {directory}" in message
         # reading is not writing: a restore is allowed while another run holds
         assert manager.restore("latest").step == 1
 
     child.stdin.close()  # the child closes its manager and exits
     assert child.stdout.readline().strip() == "released"
     assert child.wait(timeout=60) == 0
-    with open_manager(directory) as manager:
-        manager.save(2, state(2))
+    with open_manager(directory, max_keep=0) as manager:
+        manager.save(2, make_payload(2))
 
 
 def test_lock_of_a_killed_writer_does_not_block(holder_child):
@@ -165,8 +153,8 @@ def test_lock_of_a_killed_writer_does_not_block(holder_child):
     stale = json.loads((directory / HOLDER_NAME).read_text())
     assert stale["pid"] == child.pid
 
-    with open_manager(directory) as manager:
-        manager.save(2, state(2))
+    with open_manager(directory, max_keep=0) as manager:
+        manager.save(2, make_payload(2))
         assert manager.restore("latest").step == 2
         holder = json.loads((directory / HOLDER_NAME).read_text())
         assert holder["pid"] == os.getpid()

@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
+from helpers import fill_store, needs_torch
 
 from dp_ckpt_plugin import (
-    CheckpointManager,
     ConfigError,
     RestartNotFoundError,
     StoreLockedError,
@@ -30,14 +30,6 @@ def write_input(tmp_path, **training):
     return str(path)
 
 
-def fill(tmp_path, steps, prefix="model.ckpt"):
-    with CheckpointManager(
-        tmp_path / "models", format="torch", prefix=prefix, max_keep=0
-    ) as m:
-        for step in steps:
-            m.save(step, {"step": step})
-
-
 @pytest.fixture
 def run_in(tmp_path, monkeypatch, pm):
     monkeypatch.chdir(tmp_path)
@@ -53,8 +45,9 @@ def run_in(tmp_path, monkeypatch, pm):
     return run
 
 
+@needs_torch
 def test_restart_and_init_model_latest_resolve_to_the_store(tmp_path, run_in):
-    fill(tmp_path, [5, 10])
+    fill_store(tmp_path / "models", [5, 10], "torch")
     cfg = write_input(tmp_path)
     assert run_in(cfg, restart="latest").restart == str(
         tmp_path / "models" / "model.ckpt-10.pt"
@@ -64,8 +57,9 @@ def test_restart_and_init_model_latest_resolve_to_the_store(tmp_path, run_in):
     assert prepared.resumed_from == tmp_path / "models" / "model.ckpt-10.pt"
 
 
+@needs_torch
 def test_latest_follows_save_ckpt(tmp_path, run_in):
-    fill(tmp_path, [3], prefix="run.ckpt")
+    fill_store(tmp_path / "models", [3], "torch", prefix="run.ckpt")
     cfg = write_input(tmp_path, save_ckpt="run.ckpt")
     assert run_in(cfg, restart="latest").restart.endswith("models/run.ckpt-3.pt")
 

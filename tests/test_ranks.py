@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
-import pytest
+from helpers import free_port, needs_torch
 
-torch = pytest.importorskip("torch")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+pytestmark = needs_torch
 
 
 def worker(rank: int, world: int, port: int, directory: str, out: str) -> None:
+    import torch
     import torch.distributed as dist
 
     from dp_ckpt_plugin import CheckpointManager, fsio

@@ -9,24 +9,11 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import payload
+from helpers import make_payload, make_store, payload_mismatches
 
-from dp_ckpt_plugin import CheckpointStore, FamilyConfig, fsio
-from dp_ckpt_plugin.deepmd.naming import ema_family
+from dp_ckpt_plugin import CheckpointStore, fsio
 from dp_ckpt_plugin.layout import Family
-from dp_ckpt_plugin.publish import Mirror
 from dp_ckpt_plugin.records import FORMAT_VERSION, read_record, sha256_of
-from dp_ckpt_plugin.retention import KeepLast
-
-
-def make_store(pm, directory, *, keep=2, ema_keep=None, compat=None, backend="hdf5"):
-    fam = Family("model.ckpt", ".h5" if backend == "hdf5" else ".pt")
-    mirrors = tuple(Mirror(path, kind) for kind, path in (compat or {}).items())
-    configs = [FamilyConfig(fam, KeepLast(keep), mirrors=mirrors)]
-    configs.append(
-        FamilyConfig(ema_family(fam), KeepLast(keep if ema_keep is None else ema_keep))
-    )
-    return CheckpointStore(directory, format=backend, pm=pm, families=configs)
 
 
 def visible(directory):
@@ -37,9 +24,9 @@ def test_layout_of_numbered_ema_pointer_and_alias(tmp_path, pm):
     d = tmp_path / "models"
     with make_store(pm, d, keep=0) as store:
         for step in (5, 10):
-            assert store.save(step, payload(step)) == d / f"model.ckpt-{step}.h5"
+            assert store.save(step, make_payload(step)) == d / f"model.ckpt-{step}.h5"
             assert (
-                store.save(step, payload(1000 + step), family="model_ema.ckpt")
+                store.save(step, make_payload(1000 + step), family="model_ema.ckpt")
                 == d / f"model_ema.ckpt-{step}.h5"
             )
     assert visible(d) == [
@@ -64,7 +51,7 @@ def test_layout_of_numbered_ema_pointer_and_alias(tmp_path, pm):
 def test_store_directory_is_relocatable(tmp_path, make_manager):
     m = make_manager(tmp_path / "run1" / "models", max_keep=0)
     for step in (1, 2, 3):
-        m.save(step, payload(step))
+        m.save(step, make_payload(step))
     m.close()
     moved = tmp_path / "elsewhere" / "copy"
     shutil.copytree(tmp_path / "run1" / "models", moved, symlinks=True)
@@ -72,7 +59,7 @@ def test_store_directory_is_relocatable(tmp_path, make_manager):
     m2 = make_manager(moved)
     r = m2.restore(str(moved))
     assert r.step == 3 and r.path == moved / "model.ckpt-3.h5"
-    np.testing.assert_array_equal(r.state["w"], payload(3)["w"])
+    assert payload_mismatches(r.state, 3) == []
     assert m2.restore("latest").path == moved / "model.ckpt-3.h5"
 
 
@@ -82,8 +69,8 @@ def test_compat_pointer_and_alias_outside_the_store(tmp_path, pm):
     d = work / "models"
     compat = {"pointer": work / "checkpoint", "alias": work / "model.ckpt.h5"}
     with make_store(pm, d, compat=compat) as store:
-        store.save(3, payload(3))
-        store.save(4, payload(4))
+        store.save(3, make_payload(3))
+        store.save(4, make_payload(4))
     # rule 3: deepmd-kit's working-directory files, relative to their directory
     assert (work / "checkpoint").read_text().strip() == os.path.join(
         "models", "model.ckpt-4.h5"
@@ -97,7 +84,7 @@ def test_compat_pointer_and_alias_outside_the_store(tmp_path, pm):
 def test_commit_record_fields(tmp_path, pm):
     d = tmp_path / "models"
     with make_store(pm, d) as store:
-        path = store.save(7, payload(7))
+        path = store.save(7, make_payload(7))
     record = read_record(path)
     assert (
         record.step == 7 and record.family == "model.ckpt" and record.format == "hdf5"
@@ -137,7 +124,7 @@ def test_write_sequence_is_temp_fsync_replace_dirfsync(tmp_path, pm, monkeypatch
     monkeypatch.setattr(fsio.os, "fsync", fsync)
     monkeypatch.setattr(fsio.os, "symlink", symlink)
     with make_store(pm, tmp_path / "m") as store:
-        store.save(1, payload(1))
+        store.save(1, make_payload(1))
     monkeypatch.undo()
     # the lock's holder note is informative only and written without fsync
     events = [e for e in events if not any(".dp_ckpt.holder" in str(x) for x in e)]
@@ -200,7 +187,7 @@ def test_alias_and_pointer_never_vanish_while_publishing(tmp_path, pm):
 def test_uncommitted_numbered_file_is_not_latest(tmp_path, make_manager):
     """Rule 6: a payload without a commit record does not count."""
     m = make_manager(max_keep=0)
-    m.save(1, payload(1))
+    m.save(1, make_payload(1))
     # a torn write of step 2 that never got its record (and a stale pointer)
     shutil.copy(m.directory / "model.ckpt-1.h5", m.directory / "model.ckpt-2.h5")
     with open(m.directory / "model.ckpt-2.h5", "r+b") as fh:
@@ -213,7 +200,7 @@ def test_uncommitted_numbered_file_is_not_latest(tmp_path, make_manager):
 def test_window_and_values_below_one(tmp_path, make_manager):
     m = make_manager(tmp_path / "a", max_keep=2)
     for step in range(6):
-        m.save(step, payload(step))
+        m.save(step, make_payload(step))
     assert visible(m.directory) == [
         "checkpoint",
         "model.ckpt-4.h5",
@@ -226,7 +213,7 @@ def test_window_and_values_below_one(tmp_path, make_manager):
     ]
     keep_all = make_manager(tmp_path / "b", max_keep=0)
     for step in range(6):
-        keep_all.save(step, payload(step))
+        keep_all.save(step, make_payload(step))
     assert (
         len([n for n in os.listdir(keep_all.directory) if n.startswith("model.ckpt-")])
         == 6
@@ -237,8 +224,8 @@ def test_ema_family_has_its_own_window(tmp_path, pm):
     d = tmp_path / "models"
     with make_store(pm, d, keep=1, ema_keep=3) as store:
         for step in range(5):
-            store.save(step, payload(step))
-            store.save(step, payload(step), family="model_ema.ckpt")
+            store.save(step, make_payload(step))
+            store.save(step, make_payload(step), family="model_ema.ckpt")
     assert [n for n in visible(d) if n.startswith("model.ckpt-")] == ["model.ckpt-4.h5"]
     assert [n for n in visible(d) if n.startswith("model_ema.ckpt-")] == [
         "model_ema.ckpt-2.h5",
@@ -251,19 +238,19 @@ def test_resumed_from_is_protected_until_a_later_step_is_committed(tmp_path, pm)
     d = tmp_path / "models"
     with make_store(pm, d, keep=0) as store:
         for step in (10, 20, 30):
-            store.save(step, payload(step))
+            store.save(step, make_payload(step))
     with make_store(pm, d, keep=1) as store:
         found = store.resolve(str(d / "model.ckpt-20.h5"))
         assert found.step == 20
         # a re-run from 20 that first saves step 15 (for example an
         # init-model that restarts the count) must not delete its origin,
         # and the family holds max(window, protected) = 2 files
-        store.save(15, payload(15))
+        store.save(15, make_payload(15))
         assert [n for n in visible(d) if n.startswith("model.ckpt-")] == [
             "model.ckpt-15.h5",
             "model.ckpt-20.h5",
         ]
-        store.save(25, payload(25))
+        store.save(25, make_payload(25))
         assert [n for n in visible(d) if n.startswith("model.ckpt-")] == [
             "model.ckpt-25.h5"
         ]
@@ -273,19 +260,21 @@ def test_remnants_above_current_step_removed_after_first_commit(tmp_path, pm):
     d = tmp_path / "models"
     with make_store(pm, d, keep=0) as store:
         for step in (1, 2, 3, 4):
-            store.save(step, payload(step))
+            store.save(step, make_payload(step))
     with make_store(pm, d, keep=0) as store:
         store.resolve(str(d / "model.ckpt-2.h5"))
         assert "model.ckpt-4.h5" in visible(d)  # nothing removed before a commit
-        store.save(3, payload(33))
+        store.save(3, make_payload(33))
         assert [n for n in visible(d) if n.startswith("model.ckpt-")] == [
             "model.ckpt-1.h5",
             "model.ckpt-2.h5",
             "model.ckpt-3.h5",
         ]
-    np.testing.assert_array_equal(
-        make_store(pm, d).load(make_store(pm, d).resolve("latest"))["w"],
-        payload(33)["w"],
+    assert (
+        payload_mismatches(
+            make_store(pm, d).load(make_store(pm, d).resolve("latest")), 33
+        )
+        == []
     )
 
 
@@ -304,7 +293,7 @@ def test_files_that_are_not_numbered_checkpoints_are_never_touched(tmp_path, pm)
         (d / name).write_bytes(b"user data " + name.encode())
     with make_store(pm, d, keep=1) as store:
         for step in range(2, 8):
-            store.save(step, payload(step))
+            store.save(step, make_payload(step))
     for name in others:
         assert (d / name).read_bytes() == b"user data " + name.encode()
     fam = Family("model.ckpt", ".h5")
@@ -316,10 +305,10 @@ def test_files_that_are_not_numbered_checkpoints_are_never_touched(tmp_path, pm)
 
 def test_resave_of_the_same_step_replaces_it_committed(tmp_path, make_manager):
     m = make_manager(max_keep=0)
-    m.save(5, payload(5))
-    m.save(5, payload(55))  # e.g. the re-save after change_bias_after_training
+    m.save(5, make_payload(5))
+    m.save(5, make_payload(55))  # e.g. the re-save after change_bias_after_training
     r = m.restore("latest")
-    np.testing.assert_array_equal(r.state["w"], payload(55)["w"])
+    assert payload_mismatches(r.state, 55) == []
     assert read_record(r.path).sha256 == sha256_of(r.path)
 
 
@@ -340,8 +329,8 @@ def test_observers_see_publication_before_pruning(tmp_path, pm):
 
     pm.register(Observer())
     with make_store(pm, tmp_path / "m", keep=1) as store:
-        store.save(1, payload(1))
-        store.save(2, payload(2))
+        store.save(1, make_payload(1))
+        store.save(2, make_payload(2))
     assert seen[1] == (2, "model.ckpt-2.h5", ["model.ckpt-1.h5", "model.ckpt-2.h5"])
     assert visible(tmp_path / "m").count("model.ckpt-1.h5") == 0
 
@@ -355,20 +344,20 @@ def test_non_chief_rank_writes_nothing_and_returns_the_same_path(tmp_path, pm):
 
     d = tmp_path / "models"
     store = CheckpointStore(d, format="hdf5", pm=pm, ranks=Rank1())
-    assert store.save(3, payload(3)) == d / "model.ckpt-3.h5"
+    assert store.save(3, make_payload(3)) == d / "model.ckpt-3.h5"
     assert not d.exists()
 
 
 @pytest.mark.parametrize("bad", [-1])
 def test_negative_step_is_refused(tmp_path, make_manager, bad):
     with pytest.raises(ValueError, match="negative"):
-        make_manager().save(bad, payload(1))
+        make_manager().save(bad, make_payload(1))
 
 
 def test_open_sweeps_temporaries_and_orphan_records_only(tmp_path, pm):
     d = tmp_path / "models"
     with make_store(pm, d, keep=0) as store:
-        store.save(1, payload(1))
+        store.save(1, make_payload(1))
     leftovers = [
         ".model.ckpt-2.h5.tmp-123-abcd",  # a killed payload write
         ".checkpoint.tmp-123-abcd",  # a killed pointer update
@@ -378,7 +367,7 @@ def test_open_sweeps_temporaries_and_orphan_records_only(tmp_path, pm):
     for name in leftovers + kept[1:]:
         (d / name).write_text("x")
     with make_store(pm, d, keep=0) as store:
-        store.save(2, payload(2))
+        store.save(2, make_payload(2))
     names = set(os.listdir(d))
     assert not names & set(leftovers)
     assert set(kept) <= names
@@ -388,8 +377,8 @@ def test_save_dir_equal_to_the_working_directory(tmp_path, pm):
     """With ``save_dir: "."`` the compat pointer and alias are the store's own."""
     compat = {"pointer": tmp_path / "checkpoint", "alias": tmp_path / "model.ckpt.h5"}
     with make_store(pm, tmp_path, keep=1, compat=compat) as store:
-        store.save(1, payload(1))
-        store.save(2, payload(2))
+        store.save(1, make_payload(1))
+        store.save(2, make_payload(2))
     assert (tmp_path / "checkpoint").read_text() == "model.ckpt-2.h5\n"
     assert os.readlink(tmp_path / "model.ckpt.h5") == "model.ckpt-2.h5"
     assert [n for n in visible(tmp_path) if n.startswith("model.ckpt-")] == [

@@ -26,24 +26,28 @@ import random
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
-from saver_child import make_payload, payload_mismatches
+from helpers import (
+    BACKENDS,
+    FULL_SIZES,
+    committed_paths,
+    family,
+    make_payload,
+    open_manager,
+    payload_mismatches,
+    start_saver,
+    temporaries,
+)
 
-from dp_ckpt_plugin import CheckpointManager, RestartNotFoundError, get_plugin_manager
-from dp_ckpt_plugin.catalogue import committed as committed_in
-from dp_ckpt_plugin.layout import Family, is_temp
+from dp_ckpt_plugin import RestartNotFoundError
+from dp_ckpt_plugin.layout import is_temp
 from dp_ckpt_plugin.records import read_record, verify
 
 pytestmark = pytest.mark.torture
 
-CHILD = Path(__file__).with_name("saver_child.py")
-SUFFIX = {"hdf5": ".h5", "torch": ".pt"}
 #: Rounds (one kill each) per backend and retention variant. A torch child
 #: spends about two seconds importing torch, so it gets fewer rounds.
 #: ``DP_CKPT_TORTURE_ROUNDS=<n>`` sets both, for longer runs by hand.
@@ -105,17 +109,7 @@ def start_child(directory, backend, max_keep, stderr):
     stderr : file object
         Where the child's stderr goes.
     """
-    command = [
-        sys.executable,
-        str(CHILD),
-        "run",
-        str(directory),
-        backend,
-        str(max_keep),
-    ]
-    return subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=CHILD.parent
-    )
+    return start_saver("run", directory, backend, max_keep, stderr=stderr)
 
 
 class Tally:
@@ -131,17 +125,15 @@ class Tally:
         self.stray_records = set()
 
 
-def check_after_kill(manager, family, backend, max_keep, reported, pids, hashed, tally):
+def check_after_kill(manager, backend, max_keep, reported, pids, hashed, tally):
     """Check the store left by the child ``pid``; return the latest step.
 
     Parameters
     ----------
     manager : CheckpointManager
         Reads the directory (it never writes here).
-    family : Family
-        The child's family of checkpoints.
     backend : str
-        The serialization backend.
+        The serialization backend (the child writes ``model.ckpt-<step>``).
     max_keep : int
         The child's retention window (below one keeps all).
     reported : set of int
@@ -163,8 +155,9 @@ def check_after_kill(manager, family, backend, max_keep, reported, pids, hashed,
         f"temporary files of earlier writers survived: {temps}"
     )
     tally.mid_write += bool(temps)
-    committed = {c.step: c.path for c in committed_in(directory, family)}
-    uncommitted = {family.step_of(name) for name in names} - {None, *committed}
+    committed = committed_paths(directory, backend)
+    numbered = {family(backend).step_of(name) for name in names}
+    uncommitted = numbered - {None, *committed}
 
     try:
         restored = manager.restore("latest")
@@ -176,7 +169,7 @@ def check_after_kill(manager, family, backend, max_keep, reported, pids, hashed,
     assert restored.resolved.warnings == [], restored.resolved.warnings
     assert restored.resolved.checked == "sha256"
     assert latest >= max(reported, default=0), "latest went back"
-    assert payload_mismatches(restored.state, latest, backend) == []
+    assert payload_mismatches(restored.state, latest, backend, FULL_SIZES) == []
     tally.verified += 1
     tally.unpublished += max(committed) > latest
     tally.uncommitted += any(step > latest for step in uncommitted)
@@ -208,19 +201,13 @@ def check_after_kill(manager, family, backend, max_keep, reported, pids, hashed,
 
 
 @pytest.mark.parametrize("max_keep", [0, 2], ids=["keep-all", "keep-2"])
-@pytest.mark.parametrize("backend", ["hdf5", "torch"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_kill_torture(tmp_path, backend, max_keep):
     """Rules 5-8 and 12 under SIGKILL at random times, round after round."""
     directory = tmp_path / "models"
-    family = Family("model.ckpt", SUFFIX[backend])
     delays = random.Random(f"torture-{backend}-{max_keep}")
-    manager = CheckpointManager(
-        directory,
-        format=backend,
-        max_keep=max_keep,
-        verify="sha256",
-        pm=get_plugin_manager(entry_points=False),
-    )
+    # the child's own settings (saver_child.py run), for reading only
+    manager = open_manager(directory, backend, max_keep=max_keep, verify="sha256")
     reported, hashed, tally, pids = set(), set(), Tally(), []
     latest = 0
     started = time.monotonic()
@@ -248,17 +235,17 @@ def test_kill_torture(tmp_path, backend, max_keep):
             reported.update(output.steps("committed"))
             pids = [child.pid] if output.steps("committed") else [*pids, child.pid]
             latest = check_after_kill(
-                manager, family, backend, max_keep, reported, pids, hashed, tally
+                manager, backend, max_keep, reported, pids, hashed, tally
             )
 
     # one more save without a kill: every leftover of the killed writers goes
-    manager.save(latest + 1, make_payload(latest + 1, backend))
+    manager.save(latest + 1, make_payload(latest + 1, backend, FULL_SIZES))
     manager.close()
-    assert [name for name in os.listdir(directory) if is_temp(name)] == []
+    assert temporaries(directory) == []
     final = manager.restore("latest")
     assert final.step == latest + 1
-    assert payload_mismatches(final.state, latest + 1, backend) == []
-    committed = {c.step: c.path for c in committed_in(directory, family)}
+    assert payload_mismatches(final.state, latest + 1, backend, FULL_SIZES) == []
+    committed = committed_paths(directory, backend)
     if max_keep < 1:
         assert sorted(committed) == list(range(1, latest + 2))
     else:
