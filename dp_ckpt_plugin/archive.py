@@ -23,9 +23,11 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from . import fsio
+from .catalogue import Catalogue
 from .checkpoint import Checkpoint
 from .errors import CheckpointWriteError, describe_os_error
 from .layout import Family
+from .pointers import read_link_or_none, read_text_or_none
 from .records import record_path
 from .sweep import ARCHIVE_DIR
 
@@ -105,7 +107,8 @@ def earlier_run(
     committed : dict
         Every family of the store and its committed checkpoints.
     continues_from : Path or None
-        The checkpoint inside the store the run continues from, if any.
+        The checkpoint inside the store the run continues from, if any: then
+        only the checkpoints numbered above its step go; otherwise all do.
     """
     step = None
     if continues_from is not None:
@@ -117,3 +120,52 @@ def earlier_run(
     for checkpoints in committed.values():
         found += [c for c in checkpoints if step is None or c.step > step]
     return found
+
+
+def links_to_archive(
+    directory: Path,
+    families: Iterable[Family],
+    archived: set[str],
+    *,
+    everything: bool,
+) -> list[Path]:
+    """The in-store pointers and aliases that go with an archive.
+
+    All of them when the whole earlier run goes (``everything``), otherwise
+    those naming an archived checkpoint.
+    """
+    links = []
+    for family in families:
+        for link in (directory / family.pointer, directory / family.alias):
+            named = read_link_or_none(link) or read_text_or_none(link)
+            if everything or (named and Path(named.strip()).name in archived):
+                links.append(link)
+    return links
+
+
+def archive_earlier_run(
+    directory: Path,
+    catalogue: Catalogue,
+    continues_from: Path | None,
+    *,
+    durable: bool = True,
+) -> tuple[Path | None, list[Checkpoint]]:
+    """Archive what an earlier run left in ``directory`` (see the module docs).
+
+    Returns the archive folder (``None`` when nothing moved) and the
+    checkpoints moved; they are dropped from ``catalogue``.
+    """
+    families = catalogue.families
+    doomed = earlier_run(
+        {f: sorted(catalogue.of(f).values(), key=lambda c: c.step) for f in families},
+        continues_from,
+    )
+    names = {c.name for c in doomed}
+    links = links_to_archive(
+        directory, families, names, everything=continues_from is None
+    )
+    dest = archive(directory, doomed, links, durable=durable)
+    by_prefix = {f.prefix: f for f in families}
+    for checkpoint in doomed:
+        catalogue.discard(by_prefix[checkpoint.family], checkpoint.name)
+    return dest, doomed

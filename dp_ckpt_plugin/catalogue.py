@@ -73,3 +73,42 @@ def recorded_families(directory: Path, suffix: str) -> set[str]:
             if record is not None:
                 families.add(record.family)
     return families
+
+
+class Catalogue:
+    """The committed checkpoints of a store's families, kept in memory.
+
+    Read from disk once, on first use, and kept up to date by the store on
+    every save, prune and archive, so that planning retention costs the same
+    with 10 or 10,000 checkpoints kept: no record is read again.
+    """
+
+    def __init__(self, directory: Path, families: list[Family]) -> None:
+        self.directory = directory
+        self.families = families
+        self._by_family: dict[str, dict[str, Checkpoint]] | None = None
+
+    def of(self, family: Family) -> dict[str, Checkpoint]:
+        """The committed checkpoints of ``family`` by file name."""
+        if self._by_family is None:
+            self._by_family = {
+                f.prefix: {c.name: c for c in committed(self.directory, f)}
+                for f in self.families
+            }
+        return self._by_family[family.prefix]
+
+    def add(self, family: Family, checkpoint: Checkpoint) -> None:
+        """Note a checkpoint just committed."""
+        self.of(family)[checkpoint.name] = checkpoint
+
+    def discard(self, family: Family, name: str) -> None:
+        """Forget a checkpoint removed or moved away."""
+        self.of(family).pop(name, None)
+
+    def newest(self, family: Family) -> Checkpoint | None:
+        """The committed checkpoint of the highest step, or ``None``."""
+        return max(self.of(family).values(), key=lambda c: c.step, default=None)
+
+    def invalidate(self) -> None:
+        """Read the directory again on next use (something moved files aside)."""
+        self._by_family = None

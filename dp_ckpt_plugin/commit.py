@@ -100,3 +100,21 @@ def rewrite(
     fsio.move_into_place(tmp, path, durable=durable)
     write_record(path, new, durable=durable)
     return new
+
+
+def remove(paths: list[Path], *, durable: bool) -> None:
+    """Remove committed checkpoints (retention): payloads, then records.
+
+    The payloads' removal is made durable before any record goes: a crash in
+    between leaves small records that name no file (the next open sweeps
+    them), never a full-size payload without a record that no rule would
+    remove.
+    """
+    for path in paths:
+        fsio.remove_file(path)
+    if paths and durable:
+        fsio.fsync_dir(paths[0].parent)
+    for path in paths:
+        fsio.remove_file(record_path(path))
+    if paths and durable:
+        fsio.fsync_dir(paths[0].parent)

@@ -29,6 +29,18 @@ _NO_SYMLINK_ERRNOS = frozenset(
 )
 
 
+def fsync_directory(directory: Path, *, holding: list[Path] = ()) -> None:
+    """:func:`fsync_dir`, raising :class:`CheckpointWriteError` naming the files.
+
+    ``holding`` are the files whose new names the fsync makes durable.
+    """
+    try:
+        fsync_dir(directory)
+    except OSError as exc:
+        names = ", ".join(str(p) for p in holding) or str(directory)
+        raise _fail("fsync the directory holding", names, exc) from exc
+
+
 def fsync_dir(directory: Path) -> None:
     """Flush a directory entry change (a create, rename or unlink) to disk."""
     fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
@@ -103,6 +115,7 @@ def write_file_atomic(
     writer: Callable[[BinaryIO], object],
     *,
     durable: bool = True,
+    sync_dir: bool = True,
 ) -> None:
     """Write a file through ``writer`` and move it onto ``path`` atomically.
 
@@ -115,6 +128,9 @@ def write_file_atomic(
         formats that seek back, such as HDF5, work).
     durable : bool, optional
         Whether to fsync the file and the directory.
+    sync_dir : bool, optional
+        Whether to fsync the directory here; a caller that moves several
+        files into one directory fsyncs it once itself.
 
     Raises
     ------
@@ -123,7 +139,7 @@ def write_file_atomic(
         is as it was.
     """
     tmp = write_temp(path, writer, durable=durable)
-    move_into_place(tmp, path, durable=durable)
+    move_into_place(tmp, path, durable=durable and sync_dir)
 
 
 def write_temp(
@@ -209,13 +225,19 @@ def make_dirs(directory: Path, *, durable: bool = True) -> None:
             fsync_dir(new.parent)
 
 
-def write_text_atomic(path: Path, text: str, *, durable: bool = True) -> None:
+def write_text_atomic(
+    path: Path, text: str, *, durable: bool = True, sync_dir: bool = True
+) -> None:
     """Replace the content of a small text file atomically."""
     data = text.encode("utf-8")
-    write_file_atomic(path, lambda handle: handle.write(data), durable=durable)
+    write_file_atomic(
+        path, lambda handle: handle.write(data), durable=durable, sync_dir=sync_dir
+    )
 
 
-def replace_link(path: Path, target: str, *, durable: bool = True) -> str:
+def replace_link(
+    path: Path, target: str, *, durable: bool = True, sync_dir: bool = True
+) -> str:
     """Point ``path`` at ``target`` atomically; return how it was done.
 
     A symlink is made under a temporary name and moved onto ``path``, so at
@@ -256,7 +278,7 @@ def replace_link(path: Path, target: str, *, durable: bool = True) -> str:
     except OSError as exc:
         _remove_quietly(tmp)
         raise _fail("update the alias", path, exc) from exc
-    if durable:
+    if durable and sync_dir:
         try:
             fsync_dir(directory)
         except OSError as exc:

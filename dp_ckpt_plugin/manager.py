@@ -69,6 +69,10 @@ class CheckpointManager:
         Whether to fsync (leave on).
     lock : bool, optional
         Whether to refuse a second writer on the same directory.
+    async_save : bool, optional
+        Whether :meth:`save` returns once a snapshot of the payload is taken
+        and writes in a background thread (at most one save in flight; an
+        error surfaces at the next save, :meth:`wait` or :meth:`close`).
     pm : pluggy.PluginManager, optional
         The plugin manager; one is built with :func:`get_plugin_manager` if
         not given.
@@ -86,6 +90,7 @@ class CheckpointManager:
         verify: str = "size",
         durable: bool = True,
         lock: bool = True,
+        async_save: bool = False,
         pm: pluggy.PluginManager | None = None,
         ranks: Ranks | None = None,
     ) -> None:
@@ -93,6 +98,7 @@ class CheckpointManager:
             raise ValueError(f"verify must be 'size' or 'sha256', got {verify!r}")
         self.pm = pm or get_plugin_manager()
         self.verify = verify
+        self.async_save = async_save
         family = Family(prefix, get_format(self.pm, format).suffix)
         self.store = CheckpointStore(
             directory,
@@ -110,15 +116,25 @@ class CheckpointManager:
         return self.store.directory
 
     def save(self, step: int, state: Any) -> Path:
-        """Write and commit the checkpoint of ``step``; return its path."""
-        return self.store.save(step, state)
+        """Write and commit the checkpoint of ``step``; return its path.
+
+        With ``async_save``, the path is returned once a snapshot is taken;
+        the checkpoint is committed when :meth:`wait` returns.
+        """
+        return self.store.save(step, state, background=self.async_save)
+
+    def wait(self) -> None:
+        """Wait for a background save; raise its error if it failed."""
+        self.store.wait()
 
     def resolve(self, spec: str = "latest") -> Path:
         """Return the checkpoint ``spec`` names, verified, without loading it."""
+        self.store.wait()
         return self.store.resolve(spec, sha256=self.verify == "sha256").path
 
     def restore(self, spec: str = "latest") -> Restored:
         """Resolve ``spec``, verify it and read it back."""
+        self.store.wait()
         found = self.store.resolve(spec, sha256=self.verify == "sha256")
         return Restored(found.step, found.path, self.store.load(found), found)
 

@@ -91,9 +91,21 @@ def publish(
             )
             rel = os.path.relpath(checkpoint, target.path.parent)
             if target.kind == "pointer":
-                fsio.write_text_atomic(target.path, rel + "\n", durable=durable)
+                fsio.write_text_atomic(
+                    target.path, rel + "\n", durable=durable, sync_dir=False
+                )
             else:
-                fsio.replace_link(target.path, rel, durable=durable)
+                fsio.replace_link(target.path, rel, durable=durable, sync_dir=False)
+        # one fsync per directory, after every move: the moves are atomic one
+        # by one, and each names a committed checkpoint, so their order on
+        # disk does not matter; the fsync makes them survive a power loss
+        if durable:
+            by_directory: dict[Path, list[Path]] = {}
+            for before in done:
+                path = before.target.path
+                by_directory.setdefault(path.parent, []).append(path)
+            for directory, paths in by_directory.items():
+                fsio.fsync_directory(directory, holding=paths)
     except CheckpointWriteError:
         for before in reversed(done):
             _put_back(before, durable=durable)

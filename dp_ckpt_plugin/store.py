@@ -38,10 +38,11 @@ from typing import Any
 import pluggy
 
 from . import fsio
-from .archive import archive, earlier_run
-from .catalogue import committed, read_record_or_none
+from .archive import archive, archive_earlier_run
+from .background import BackgroundWriter
+from .catalogue import Catalogue, committed, read_record_or_none
 from .checkpoint import Checkpoint
-from .commit import rewrite, write_new
+from .commit import remove, rewrite, write_new
 from .errors import CheckpointWriteError, RestartNotFoundError
 from .formats import FormatInfo, get_format
 from .layout import Family
@@ -49,7 +50,6 @@ from .lock import StoreLock
 from .pointers import read_link_or_none, read_text_or_none
 from .publish import Mirror, publish
 from .ranks import Ranks, SingleProcess
-from .records import record_path
 from .resolution import ResolveContext, Resolved, resolve_restart
 from .retention import KeepLast, RetentionPolicy, plan_prune
 from .sweep import sweep
@@ -143,10 +143,12 @@ class CheckpointStore:
         self._continues_from: Path | None = None
         self._started = False
         self._written: set[str] = set()
+        self.catalogue = Catalogue(self.directory, [c.family for c in configs])
         self._last_size: dict[str, int] = {}
-        # saves, resolutions and closing serialize: several threads (and a
+        # saves, resolutions and closing serialize: several threads (and the
         # background writer) may share one store
         self._mutex = threading.RLock()
+        self._background = BackgroundWriter()
 
     # -- lifecycle ---------------------------------------------------------
     @property
@@ -175,7 +177,16 @@ class CheckpointStore:
         self._ready = True
 
     def close(self) -> None:
-        """Release the lock."""
+        """Wait for the save in flight, then release the lock.
+
+        Raises the error of the save in flight, if it failed, after releasing.
+        """
+        try:
+            self._background.shutdown()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
         with self._mutex:
             if self._lock is not None:
                 self._lock.release()
@@ -196,10 +207,18 @@ class CheckpointStore:
         """Return where the checkpoint of ``step`` goes."""
         return self.directory / self.family(family).family.numbered(step)
 
-    def save(self, step: int, state: Any, *, family: str | None = None) -> Path:
+    def save(
+        self,
+        step: int,
+        state: Any,
+        *,
+        family: str | None = None,
+        background: bool = False,
+    ) -> Path:
         """Write, commit, publish, observe and retain one checkpoint.
 
         Returns its path, the same on every rank; only the chief writes.
+        With ``background``, see :meth:`save_all`.
 
         Raises
         ------
@@ -211,15 +230,48 @@ class CheckpointStore:
             Naming the path and the cause. Temporary files are removed and
             the previous checkpoint, pointer and alias are untouched.
         """
+        family = family or self.primary.prefix
+        return self.save_all(step, {family: state}, background=background)[family]
+
+    def save_all(
+        self, step: int, states: dict[str, Any], *, background: bool = False
+    ) -> dict[str, Path]:
+        """Save one payload per family for ``step`` (periodic and EMA, say).
+
+        Returns the path of each, the same on every rank.
+
+        With ``background``, the call returns once a consistent snapshot of
+        the payloads is taken (:class:`~dp_ckpt_plugin.snapshot.Snapshotter`):
+        write, commit, publication, observers and retention run in a
+        background thread. At most one save is in flight: a new save first
+        waits for the previous one, and raises its error if it failed, so an
+        error surfaces at the next save or at :meth:`wait` / :meth:`close`,
+        never silently.
+        """
         step = check_step(step)
-        cfg = self.family(family)
-        path = self.path_for(step, family)
+        paths = {family: self.path_for(step, family) for family in states}
         if not self.is_chief:
-            return path
+            return paths
         if self.format.check is not None:
-            self.format.check(state)
+            for state in states.values():
+                self.format.check(state)
+        if not background:
+            self.wait()
+            self._save_states(step, states, paths)
+            return paths
+        self.wait()
+        snapshots = {f: self._background.snapshots.take(s) for f, s in states.items()}
+        self._background.submit(self._save_states, step, snapshots, paths)
+        return paths
+
+    def _save_states(self, step, states, paths) -> None:
         with self._mutex:
-            return self._save(step, state, cfg, path)
+            for family, state in states.items():
+                self._save(step, state, self.family(family), paths[family])
+
+    def wait(self) -> None:
+        """Wait for the background save in flight; raise its error if it failed."""
+        self._background.wait()
 
     def _save(self, step: int, state: Any, cfg: FamilyConfig, path: Path) -> Path:
         """The straight line of :meth:`save`, on the chief, holding the mutex."""
@@ -228,6 +280,9 @@ class CheckpointStore:
         self._check_space(cfg.family, path)
         record = self._write(step, state, cfg.family, path)
         self._written.add(path.name)
+        self.catalogue.add(
+            cfg.family, Checkpoint(path, step, cfg.family.prefix, record)
+        )
         self._last_size[cfg.family.prefix] = record.size
         checkpoint = Checkpoint(path, step, cfg.family.prefix, record)
         publish(path, self.publication_targets(cfg), durable=self.durable)
@@ -259,6 +314,7 @@ class CheckpointStore:
                 [Checkpoint(path, step, family.prefix, old)],
                 durable=self.durable,
             )
+            self.catalogue.discard(family, path.name)
             log.info("moved %s, written before this run, to %s", path, dest)
         return write_new(path, serialize, **details)
 
@@ -274,24 +330,13 @@ class CheckpointStore:
         if self._started or not self.is_chief:
             return None
         self._started = True
-        catalogue = {
-            cfg.family: committed(self.directory, cfg.family)
-            for cfg in self.families.values()
-        }
-        doomed = earlier_run(catalogue, self._continues_from)
+        dest, doomed = archive_earlier_run(
+            self.directory,
+            self.catalogue,
+            self._continues_from,
+            durable=self.durable,
+        )
         names = {c.name for c in doomed}
-        links = []
-        for family in catalogue:
-            for link in (
-                self.directory / family.pointer,
-                self.directory / family.alias,
-            ):
-                named = read_link_or_none(link) or read_text_or_none(link)
-                if self._continues_from is None or (
-                    named and Path(named.strip()).name in names
-                ):
-                    links.append(link)
-        dest = archive(self.directory, doomed, links, durable=self.durable)
         if dest is not None:
             steps = sorted({c.step for c in doomed})
             log.info(
@@ -319,8 +364,8 @@ class CheckpointStore:
             return
         size = self._last_size.get(family.prefix)
         if size is None:
-            newest = committed(self.directory, family, newest_first=True)
-            size = newest[0].record.size if newest else None
+            newest = self.catalogue.newest(family)
+            size = newest.record.size if newest else None
         if size is None:
             return
         free = fsio.free_bytes(self.directory)
@@ -386,24 +431,15 @@ class CheckpointStore:
         if resumed is not None and checkpoint.step >= (fam.step_of(resumed.name) or 0):
             del self._resumed_from[fam.prefix]
         doomed = plan_prune(
-            {c.name: c.step for c in committed(self.directory, fam)},
+            {c.name: c.step for c in self.catalogue.of(fam).values()},
             current_step=checkpoint.step,
             protected=self.protected(fam, checkpoint.path),
             policy=cfg.policy,
         )
-        # the payloads go first, made durable before any record goes: a crash
-        # in between leaves small records that name no file (the next open
-        # sweeps them), never a full-size payload without a record that no
-        # rule would remove
         paths = [self.directory / name for name in doomed]
         for path in paths:
-            fsio.remove_file(path)
-        if paths and self.durable:
-            fsio.fsync_dir(self.directory)
-        for path in paths:
-            fsio.remove_file(record_path(path))
-        if paths and self.durable:
-            fsio.fsync_dir(self.directory)
+            self.catalogue.discard(fam, path.name)
+        remove(paths, durable=self.durable)
         return paths
 
     # -- resolution and loading ----------------------------------------------
@@ -436,6 +472,7 @@ class CheckpointStore:
         with self._mutex:
             ctx = self.context(sha256=sha256, cwd=cwd) if self.is_chief else None
             found = resolve_restart(self.pm, spec, ctx, self.ranks)
+            self.catalogue.invalidate()  # resolution may have moved a file aside
             self.protect_resumed(found.path)
             return found
 
@@ -485,3 +522,7 @@ def check_step(step: object) -> int:
     if value < 0:
         raise ValueError(f"a step must not be negative, got {value}")
     return value
+
+
+def _by_step(checkpoint: Checkpoint) -> int:
+    return checkpoint.step

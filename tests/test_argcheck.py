@@ -30,6 +30,7 @@ DEFAULTS = {
     "quarantine": True,
     "check_free_space": True,
     "compat_links": True,
+    "async_save": False,
 }
 OTHER_VALUES = {
     "verify": "size",
@@ -38,6 +39,7 @@ OTHER_VALUES = {
     "quarantine": False,
     "check_free_space": False,
     "compat_links": False,
+    "async_save": True,
 }
 
 

@@ -61,14 +61,15 @@ BEFORE_COMMIT = {
     "record-replace": ("replace", "record"),
     "record-dir-fsync": ("dirfsync", "record"),
 }
-#: Faults after the commit, while the pointer and alias move.
+#: Faults after the commit, while the pointer and alias move. Publication
+#: fsyncs the store directory once, after both moved ("publish-dir-fsync").
 WHILE_PUBLISHING = {
     "pointer-create": ("open", "pointer"),
+    "pointer-fsync": ("fsync", "pointer"),
     "pointer-replace": ("replace", "pointer"),
-    "pointer-dir-fsync": ("dirfsync", "pointer"),
     "alias-symlink": ("symlink", "alias"),
     "alias-replace": ("replace", "alias"),
-    "alias-dir-fsync": ("dirfsync", "alias"),
+    "publish-dir-fsync": ("dirfsync", "alias"),
 }
 #: The points also run with the torch backend.
 TORCH_POINTS = ["write", "fsync", "replace", "record-replace", "alias-symlink"]
@@ -399,12 +400,11 @@ def test_fault_while_pruning(tmp_path, monkeypatch, role, code):
     "point", ["create", "write", "fsync", "replace", "dir-fsync", "record-replace"]
 )
 def test_fault_while_saving_a_step_again(tmp_path, monkeypatch, point):
-    """A step saved again (a resumed run repeats one) stays usable after a fault.
+    """A step saved again stays committed after a fault at any point (issue 13).
 
-    Until the move, the checkpoint already saved for that step keeps its
-    commit record. After the move (directory fsync, record) the file in place
-    is the new, complete payload without a record: the pointer still names
-    it, so ``latest`` restores it, unverified.
+    The re-save goes through a record accepting either payload: whatever
+    fails, the step is the old or the new checkpoint, committed and verified
+    by sha256; never a file without a record that a pointer names.
     """
     directory = tmp_path / "models"
     call, role = BEFORE_COMMIT[point]
@@ -422,13 +422,10 @@ def test_fault_while_saving_a_step_again(tmp_path, monkeypatch, point):
         restored = manager.restore("latest")
         assert restored.step == 2
         assert payload_mismatches(restored.state, 2) == []
-        if point in ("create", "write", "fsync", "replace"):
+        assert committed_steps(directory) == [1, 2]
+        assert restored.resolved.checked == "sha256"
+        if point in ("create", "write", "fsync"):
             assert snapshot(directory) == before
-            assert committed_steps(directory) == [1, 2]
-            assert restored.resolved.checked == "sha256"
-        else:
-            assert committed_steps(directory) == [1]
-            assert restored.resolved.checked == "unverified"
 
         manager.save(2, make_payload(2))
         assert committed_steps(directory) == [1, 2]

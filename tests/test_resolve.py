@@ -131,8 +131,12 @@ def test_compat_pointer_in_working_directory_may_lead_into_the_store(tmp_path):
     fill_store(store, [3])
     (work / "checkpoint").write_text(str(store / "model.ckpt-3.h5"))
     assert resolve(str(work), ctx(work, store_dir=store)).step == 3
-    # without knowing the store it is an escape
-    with pytest.raises(RestartNotFoundError):
+    # without knowing the store, it is followed because its target is provably
+    # ours: a committed checkpoint whose record agrees (rule 19)
+    assert resolve(str(work), ctx(work)).step == 3
+    # the same pointer to a file without a record is an escape, refused
+    (store / ".model.ckpt-3.h5.commit.json").unlink()
+    with pytest.raises(RestartNotFoundError, match="refusing to follow"):
         resolve(str(work), ctx(work))
 
 

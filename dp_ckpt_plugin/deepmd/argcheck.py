@@ -96,6 +96,17 @@ DOC_COMPAT_LINKS = (
     "scripts and ``dp freeze`` run in the working directory keep working. The "
     "pointer and alias inside ``save_dir`` are kept whatever this says."
 )
+DOC_ASYNC_SAVE = (
+    "Save checkpoints in the background. The training loop stops only while "
+    "a copy of the model, optimizer and EMA state is taken (a memory copy "
+    "into buffers reused from one save to the next); writing, hashing, "
+    "fsyncing, committing, publishing and retention run in a background "
+    "thread. At most one save is in flight: a save that comes while the "
+    "previous one is still writing waits for it. An error of a background "
+    "save ends the run at the next save, or at the end of training, never "
+    "silently; training waits for the last save before it exits. Off by "
+    "default."
+)
 DOC_SAVE_DIR = (
     "Directory for checkpoints, in the ``training`` section of the input "
     "(DeePMD-kit's own key). Numbered checkpoints go to "
@@ -153,6 +164,9 @@ def dp_ckpt_args() -> Argument:
             _flag("quarantine", DOC_QUARANTINE),
             _flag("check_free_space", DOC_CHECK_FREE_SPACE),
             _flag("compat_links", DOC_COMPAT_LINKS),
+            Argument(
+                "async_save", bool, optional=True, default=False, doc=DOC_ASYNC_SAVE
+            ),
         ],
         optional=True,
         default={},
@@ -218,6 +232,8 @@ class PluginOptions:
         Refuse to start a write that would not fit.
     compat_links : bool
         Keep DeePMD-kit's working-directory pointer and alias up to date.
+    async_save : bool
+        Write checkpoints in a background thread.
     """
 
     verify: str = "sha256"
@@ -226,6 +242,7 @@ class PluginOptions:
     quarantine: bool = True
     check_free_space: bool = True
     compat_links: bool = True
+    async_save: bool = False
 
 
 def plugin_options(config: dict) -> PluginOptions:

@@ -73,13 +73,17 @@ class CheckpointTrainEntrypoint(PTExptTrainEntrypoint):
         self._owns_process_group = self._owns_process_group or self._made_group
 
     def run_training(self, config, options, neighbor_stat) -> None:
+        store = self.prepared.store
         trainer_class = make_trainer_class(
-            self.prepared.store,
+            store,
             config["training"],
             resumed_from=self.prepared.resumed_from,
+            background=self.prepared.settings.options.async_save,
         )
         with swapped(training, "Trainer", trainer_class):
             super().run_training(config, options, neighbor_stat)
+        if store is not None:
+            store.wait()  # the last background save, before anything ends
 
     def teardown_run(self, options, config) -> None:
         try:

@@ -38,6 +38,7 @@ def make_trainer_class(
     training_params: dict[str, Any],
     *,
     resumed_from: Path | None = None,
+    background: bool = False,
 ) -> type:
     """Return a subclass of deepmd-kit's pt_expt ``Trainer`` bound to ``store``.
 
@@ -51,6 +52,8 @@ def make_trainer_class(
         The checkpoint the run starts from (its protection is set up by
         :func:`dp_ckpt_plugin.deepmd.prepare.prepare_run`), named when it does
         not fit the model.
+    background : bool, optional
+        Whether periodic saves run in the store's background writer.
     """
 
     class CheckpointingTrainer(training.Trainer):
@@ -137,18 +140,20 @@ def make_trainer_class(
                 return
             self.nonfinite_grad_guard.raise_if_nonfinite(self.wrapper.named_parameters)
             primary = self.dp_store.primary.prefix
-            state = self._checkpoint_payload(
-                step, include_optimizer=True, include_ema_state=True
-            )
-            path = self.dp_store.save(step, state, family=primary)
-            if self.rank == 0:
-                log.info("Saved model to %s", path)
+            states = {
+                primary: self._checkpoint_payload(
+                    step, include_optimizer=True, include_ema_state=True
+                )
+            }
             if self.model_ema is not None:
                 with self.model_ema.apply_shadow(self.model):
-                    state = self._checkpoint_payload(
+                    states[ema_prefix(primary)] = self._checkpoint_payload(
                         step, include_optimizer=False, include_ema_state=False
                     )
-                self.dp_store.save(step, state, family=ema_prefix(primary))
+            # the periodic and EMA payloads go together: one save in flight
+            paths = self.dp_store.save_all(step, states, background=background)
+            if self.rank == 0:
+                log.info("Saved model to %s", paths[primary])
 
     return CheckpointingTrainer
 

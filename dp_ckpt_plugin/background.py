@@ -1,0 +1,59 @@
+"""The background writer: at most one save in flight, errors never lost.
+
+An asynchronous save stalls the training loop only for a consistent snapshot
+of the payload (:class:`~dp_ckpt_plugin.snapshot.Snapshotter`); serialization,
+write, hash, fsync, commit, publication and retention run on one worker
+thread. Policy:
+
+- at most one save is in flight: submitting a new one first waits for the
+  previous one (so snapshot buffers are reused only when free, and a slow
+  disk slows training down instead of piling up memory);
+- the error of a failed save is raised by the next :meth:`submit`, by
+  :meth:`wait` or by :meth:`shutdown`, never dropped;
+- the worker is not a daemon: the interpreter waits for the last save at
+  exit, and the store's ``close`` waits for it explicitly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from .snapshot import Snapshotter
+
+
+class BackgroundWriter:
+    """One worker thread running saves one at a time."""
+
+    def __init__(self) -> None:
+        self.snapshots = Snapshotter()
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Whether a save is in flight (or finished without being waited for)."""
+        return self._pending is not None
+
+    def submit(self, work: Callable[..., Any], *args: Any) -> None:
+        """Wait for the previous save (raising its error), then start ``work``."""
+        self.wait()
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="dp_ckpt-save")
+        self._pending = self._executor.submit(work, *args)
+
+    def wait(self) -> None:
+        """Wait for the save in flight, if any; raise its error if it failed."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def shutdown(self) -> None:
+        """Wait for the save in flight and stop the worker; raise its error."""
+        try:
+            self.wait()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
