@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from . import fsio
+from .digests import HashingWriter
 from .errors import CheckpointWriteError
 from .records import CommitRecord, make_record, record_path, write_record
 
@@ -50,10 +51,10 @@ def write_new(
     crash can leave a full-size numbered file without a record: a crash
     leaves at most a record naming no file, which the next open sweeps.
     """
-    tmp = fsio.write_temp(path, serialize, durable=durable)
+    tmp, digest = write_hashed(path, serialize, durable=durable)
     try:
         record = make_record(
-            tmp, step=step, family=family, format=format, name=path.name
+            tmp, step=step, family=family, format=format, name=path.name, digest=digest
         )
         write_record(path, record, durable=durable)
         fsio.move_into_place(tmp, path, durable=durable)
@@ -82,10 +83,12 @@ def rewrite(
     durable: bool,
 ) -> CommitRecord:
     """Re-save a step whose committed checkpoint (``old``) is at ``path``."""
-    tmp = fsio.write_temp(path, serialize, durable=durable)
+    tmp, digest = write_hashed(path, serialize, durable=durable)
     try:
-        new = make_record(tmp, step=step, family=family, format=format, name=path.name)
-        both = dataclasses.replace(new, replaces=(old.size, old.sha256))
+        new = make_record(
+            tmp, step=step, family=family, format=format, name=path.name, digest=digest
+        )
+        both = dataclasses.replace(new, replaces=(old.size, old.digest))
         write_record(path, both, durable=durable)
     except (OSError, CheckpointWriteError) as exc:
         with contextlib.suppress(OSError):
@@ -100,6 +103,27 @@ def rewrite(
     fsio.move_into_place(tmp, path, durable=durable)
     write_record(path, new, durable=durable)
     return new
+
+
+def write_hashed(
+    path: Path, serialize: Callable[[BinaryIO], object], *, durable: bool
+) -> tuple[Path, str | None]:
+    """Write a payload to a temporary file beside ``path``, hashing it on the way.
+
+    Returns the temporary path and its digest, or ``None`` when the format
+    did not write sequentially (the file is then hashed once it is written).
+    """
+    found: dict[str, str | None] = {}
+
+    def writer(handle):
+        hashing = HashingWriter(handle)
+        try:
+            serialize(hashing)
+        finally:
+            found["digest"] = hashing.digest()
+
+    tmp = fsio.write_temp(path, writer, durable=durable)
+    return tmp, found.get("digest")
 
 
 def remove(paths: list[Path], *, durable: bool) -> None:

@@ -63,8 +63,9 @@ class CheckpointManager:
         File-name prefix of the checkpoints.
     max_keep : int, optional
         How many committed checkpoints to keep; ``0`` keeps all.
-    verify : {"size", "sha256"}, optional
-        How a checkpoint is checked before it is restored.
+    verify : {"size", "digest"}, optional
+        How a checkpoint is checked before it is restored: its size, or also
+        its content digest (``"sha256"`` is accepted for ``"digest"``).
     durable : bool, optional
         Whether to fsync (leave on).
     lock : bool, optional
@@ -94,8 +95,9 @@ class CheckpointManager:
         pm: pluggy.PluginManager | None = None,
         ranks: Ranks | None = None,
     ) -> None:
-        if verify not in ("size", "sha256"):
-            raise ValueError(f"verify must be 'size' or 'sha256', got {verify!r}")
+        if verify not in ("size", "digest", "sha256"):
+            raise ValueError(f"verify must be 'size' or 'digest', got {verify!r}")
+        verify = "digest" if verify == "sha256" else verify
         self.pm = pm or get_plugin_manager()
         self.verify = verify
         self.async_save = async_save
@@ -130,12 +132,12 @@ class CheckpointManager:
     def resolve(self, spec: str = "latest") -> Path:
         """Return the checkpoint ``spec`` names, verified, without loading it."""
         self.store.wait()
-        return self.store.resolve(spec, sha256=self.verify == "sha256").path
+        return self.store.resolve(spec, digest=self.verify == "digest").path
 
     def restore(self, spec: str = "latest") -> Restored:
         """Resolve ``spec``, verify it and read it back."""
         self.store.wait()
-        found = self.store.resolve(spec, sha256=self.verify == "sha256")
+        found = self.store.resolve(spec, digest=self.verify == "digest")
         return Restored(found.step, found.path, self.store.load(found), found)
 
     def close(self) -> None:

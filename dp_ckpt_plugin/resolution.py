@@ -66,9 +66,9 @@ class ResolveContext:
     fallback_pointers : tuple of Path
         Pointers outside the store that ``latest`` follows into the store
         when the store itself names nothing (a host's mirrors).
-    sha256 : bool
-        Whether to hash candidates with a commit record (the size is always
-        checked).
+    digest : bool
+        Whether to hash candidates with a commit record and compare the
+        digest it names (the size is always checked).
     quarantine : bool
         Whether a corrupt candidate may be moved aside (chief rank only).
     """
@@ -78,7 +78,7 @@ class ResolveContext:
     cwd: Path = field(default_factory=Path.cwd)
     prefix_path: Path | None = None
     fallback_pointers: tuple[Path, ...] = ()
-    sha256: bool = False
+    digest: bool = False
     quarantine: bool = True
 
 
@@ -91,7 +91,7 @@ class Resolved:
     checkpoint : Checkpoint
         The checkpoint.
     checked : str
-        ``"sha256"``, ``"size"`` or ``"unverified"``.
+        ``"digest"``, ``"size"`` or ``"unverified"``.
     how : str
         Which rule found it, for messages.
     warnings : list of str
@@ -280,7 +280,7 @@ class _Search:
             )
             return self.found(path, None, "unverified", how)
         try:
-            verify(path, record, sha256=self.ctx.sha256)
+            verify(path, record, digest=self.ctx.digest)
         except CorruptCheckpointError as exc:
             if explicit:
                 raise
@@ -289,7 +289,7 @@ class _Search:
             where = f"; moved aside to {moved}" if moved else ""
             self.warnings.append(f"{exc}{where}")
             return None
-        checked = "sha256" if self.ctx.sha256 else "size"
+        checked = "digest" if self.ctx.digest else "size"
         return self.found(path, record, checked, how)
 
     def follow(
@@ -306,10 +306,10 @@ class _Search:
                 )
                 return None
             target = real
-        if family.step_of(target.name) is None:
+        if not _numbered_name(target.name, family.suffix):
             self.warnings.append(
                 f"ignored: {via} names {target}, which is not a numbered "
-                f"{family.prefix}-<step>{family.suffix} checkpoint"
+                f"<prefix>-<step>{family.suffix} checkpoint"
             )
             return None
         if not target.is_file():
@@ -390,6 +390,19 @@ class _Search:
                 f"falling back from {', '.join(passed)} to {found.path}"
             )
         return found
+
+
+def _numbered_name(name: str, suffix: str) -> bool:
+    """Whether ``name`` is a numbered checkpoint name of some family.
+
+    A directory's pointer may name a checkpoint of another ``save_ckpt`` than
+    the configured one (a run restarting from another run's store); what it
+    may not name is the pointer itself, the lock, a record or a directory.
+    """
+    if name.startswith(".") or not name.endswith(suffix):
+        return False
+    prefix, dash, _ = name[: len(name) - len(suffix)].rpartition("-")
+    return bool(prefix and dash) and Family(prefix, suffix).step_of(name) is not None
 
 
 def _provably_committed(path: Path) -> bool:

@@ -446,7 +446,7 @@ class CheckpointStore:
     def context(
         self,
         *,
-        sha256: bool = False,
+        digest: bool = False,
         cwd: Path | None = None,
         family: str | None = None,
     ) -> ResolveContext:
@@ -457,12 +457,12 @@ class CheckpointStore:
             store_dir=self.directory,
             cwd=cwd or Path.cwd(),
             fallback_pointers=tuple(m.path for m in cfg.mirrors if m.kind == "pointer"),
-            sha256=sha256,
+            digest=digest,
             quarantine=self.is_chief,
         )
 
     def resolve(
-        self, spec: str, *, sha256: bool = False, cwd: Path | None = None
+        self, spec: str, *, digest: bool = False, cwd: Path | None = None
     ) -> Resolved:
         """Resolve a restart specification (on the chief, broadcast to all).
 
@@ -470,7 +470,7 @@ class CheckpointStore:
         commits one of a later step.
         """
         with self._mutex:
-            ctx = self.context(sha256=sha256, cwd=cwd) if self.is_chief else None
+            ctx = self.context(digest=digest, cwd=cwd) if self.is_chief else None
             found = resolve_restart(self.pm, spec, ctx, self.ranks)
             self.catalogue.invalidate()  # resolution may have moved a file aside
             self.protect_resumed(found.path)

@@ -791,7 +791,7 @@ def holds(path: Path, want: dict, pm) -> bool:
     if record is None:
         return False
     try:
-        verify(path, record, sha256=True)
+        verify(path, record, digest=True)
         state = pm.hook.on_load_step(format="hdf5", path=path)
     except Exception:
         return False

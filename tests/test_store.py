@@ -12,8 +12,9 @@ import pytest
 from helpers import make_payload, make_store, payload_mismatches
 
 from dp_ckpt_plugin import CheckpointStore, fsio
+from dp_ckpt_plugin.digests import digest_of
 from dp_ckpt_plugin.layout import Family
-from dp_ckpt_plugin.records import FORMAT_VERSION, read_record, sha256_of
+from dp_ckpt_plugin.records import FORMAT_VERSION, read_record
 
 
 def visible(directory):
@@ -90,10 +91,11 @@ def test_commit_record_fields(tmp_path, pm):
         record.step == 7 and record.family == "model.ckpt" and record.format == "hdf5"
     )
     assert record.size == path.stat().st_size
-    assert record.sha256 == sha256_of(path)
+    assert record.digest == digest_of(path)
     assert record.format_version == FORMAT_VERSION
     raw = json.loads((d / ".model.ckpt-7.h5.commit.json").read_text())
-    assert set(raw) >= {"size", "sha256", "step", "family", "format", "format_version"}
+    assert set(raw) >= {"size", "digest", "step", "family", "format", "format_version"}
+    assert raw["digest"].startswith("blake3:") and raw["format_version"] == 2
     # a record written before "backend" was renamed "format" still reads
     raw["backend"] = raw.pop("format")
     (d / ".model.ckpt-7.h5.commit.json").write_text(json.dumps(raw))
@@ -315,7 +317,7 @@ def test_resave_of_the_same_step_replaces_it_committed(tmp_path, make_manager):
     m.save(5, make_payload(55))  # e.g. the re-save after change_bias_after_training
     r = m.restore("latest")
     assert payload_mismatches(r.state, 55) == []
-    assert read_record(r.path).sha256 == sha256_of(r.path)
+    assert read_record(r.path).digest == digest_of(r.path)
 
 
 def test_observers_see_publication_before_pruning(tmp_path, pm):

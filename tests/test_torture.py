@@ -9,7 +9,7 @@ After every kill the parent checks, without writing anything:
   content is exactly the payload of its step, and no step the child reported
   as committed is newer than it;
 - every reported step that retention keeps is still committed (nothing
-  committed is lost), every committed checkpoint matches the sha256 of its
+  committed is lost), every committed checkpoint matches the digest of its
   commit record, the family holds no more than the window plus the one a
   kill may leave unpruned, and no payload without a record lies below
   ``latest`` (none that nothing would ever remove);
@@ -144,7 +144,7 @@ def check_after_kill(manager, backend, max_keep, reported, pids, hashed, tally):
         only theirs may be left.
     hashed : set of tuple
         ``(step, record time)`` of the commits already checked against their
-        sha256 (updated).
+        digest (updated).
     tally : Tally
         Counts what was seen (updated).
     """
@@ -167,7 +167,7 @@ def check_after_kill(manager, backend, max_keep, reported, pids, hashed, tally):
         return 0
     latest = restored.step
     assert restored.resolved.warnings == [], restored.resolved.warnings
-    assert restored.resolved.checked == "sha256"
+    assert restored.resolved.checked == "digest"
     assert latest >= max(reported, default=0), "latest went back"
     assert payload_mismatches(restored.state, latest, backend, FULL_SIZES) == []
     tally.verified += 1
@@ -192,9 +192,9 @@ def check_after_kill(manager, backend, max_keep, reported, pids, hashed, tally):
     assert not lost, f"committed checkpoints lost: steps {lost}"
     for step in sorted(committed):  # every commit record tells the truth
         record = read_record(committed[step])
-        sha256 = (step, record.created) not in hashed  # new, or saved again
-        verify(committed[step], record, sha256=sha256)
-        if sha256:
+        full = (step, record.created) not in hashed  # new, or saved again
+        verify(committed[step], record, digest=full)
+        if full:
             hashed.add((step, record.created))
             tally.verified += 1
     return latest
@@ -253,7 +253,7 @@ def test_kill_torture(tmp_path, backend, max_keep):
             range(max(1, latest + 2 - max_keep), latest + 2)
         )
     for path in committed.values():
-        verify(path, read_record(path), sha256=True)
+        verify(path, read_record(path), digest=True)
         tally.verified += 1
     shutil.rmtree(directory)
 
@@ -261,7 +261,7 @@ def test_kill_torture(tmp_path, backend, max_keep):
     print(
         f"\ntorture {backend} max_keep={max_keep}: {tally.rounds} rounds, "
         f"{tally.kills} kills, {len(reported)} steps reported committed, "
-        f"{tally.verified} checkpoint verifications (sha256), 0 lost; "
+        f"{tally.verified} checkpoint verifications (digest), 0 lost; "
         f"kills that left a torn temporary {tally.mid_write}, an uncommitted "
         f"payload {tally.uncommitted}, a committed but unpublished step "
         f"{tally.unpublished}; records left naming no file by a kill while "
