@@ -3,7 +3,10 @@
 A save is run for real in a temporary directory while the file operations of
 the store are recorded, in order: the creation of a file and its content,
 ``fsync`` of a file or of a directory, ``rename``, ``unlink``, ``mkdir``,
-``symlink`` and ``link``. From the directory as it was before the save (the
+``symlink`` and ``link``. Operations are recorded whatever thread issues them
+(a background save runs on the store's worker thread), each logged together
+with the real call under one lock, so the log holds them in the order they
+happened. From the directory as it was before the save (the
 *initial state*) and this log, every state a file system may leave after a
 crash at every point of the log is generated under two models, materialized
 in a fresh directory and reopened by a new store.
@@ -32,8 +35,9 @@ a tree that also arises once the save returned must pass the stricter check.
 
 Invariants, checked by new managers (``verify="sha256"``) in every state
 ------------------------------------------------------------------------
-- When the save had returned (the crash follows its last operation),
-  ``restore("latest")`` gives exactly its payload.
+- When the save had returned (the crash follows its last operation; for a
+  background save, once ``wait()`` returned), ``restore("latest")`` gives
+  exactly its payload.
 - What ``restore("latest")`` and the restore of each committed numbered file
   give is, value for value, a payload saved for that step before or during
   the scenario: wrong content is never accepted.
@@ -54,6 +58,7 @@ was lost, what is wrong) and prints how many distinct states each model gave.
 from __future__ import annotations
 
 import builtins
+import functools
 import hashlib
 import io
 import itertools
@@ -61,6 +66,7 @@ import os
 import posixpath
 import random
 import shutil
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,6 +155,8 @@ class Log:
         Inode -> its content in the initial state (durable).
     ops : list of Op
         The recorded operations, in issue order.
+    threads : list of str
+        The name of the thread that issued each recorded operation.
     """
 
     names: dict[str, int] = field(default_factory=dict)
@@ -156,6 +164,7 @@ class Log:
     targets: dict[int, str] = field(default_factory=dict)
     initial: dict[int, bytes] = field(default_factory=dict)
     ops: list[Op] = field(default_factory=list)
+    threads: list[str] = field(default_factory=list)
 
     def add(self, kind: str, content: object = None) -> int:
         """Register a new inode; return its number."""
@@ -198,12 +207,30 @@ def scan(root: Path) -> Tree:
 # -- recording ----------------------------------------------------------------
 
 
+def _serialized(wrapper: Callable) -> Callable:
+    """Run a wrapper holding the recorder's lock.
+
+    The real call and its log entry are then one step: when several threads
+    (the caller and a background writer) touch files, the log holds their
+    operations in the order the calls happened.
+    """
+
+    @functools.wraps(wrapper)
+    def run(self, *args, **kwargs):
+        with self.lock:
+            return wrapper(self, *args, **kwargs)
+
+    return run
+
+
 class Recorder:
     """Log the file operations under ``root`` while it is installed.
 
     The ``os`` functions the store calls and ``open`` (``builtins.open`` and
-    ``io.open``, which ``pathlib`` calls) are wrapped: each call goes through
-    and, when it touches ``root``, is logged. A file's content is captured
+    ``io.open``, which ``pathlib`` calls) are wrapped in their modules, so
+    the calls of every thread go through the wrappers: each call goes through
+    and, when it touches ``root``, is logged with the name of its thread. A
+    lock makes each call and its log entry one step (see :func:`_serialized`). A file's content is captured
     whenever an operation observes the file (its fsync, its rename, link or
     unlink) and at the end, as a ``write`` logged just before that operation.
 
@@ -220,6 +247,7 @@ class Recorder:
         self.live = dict(self.log.names)
         self.known = dict(self.log.initial)
         self.real: dict[str, Callable] = {}
+        self.lock = threading.RLock()
 
     def install(self, mp: pytest.MonkeyPatch) -> None:
         """Wrap the functions (undone when ``mp`` is)."""
@@ -241,6 +269,7 @@ class Recorder:
         mp.setattr(builtins, "open", self._open)
         mp.setattr(io, "open", self._open)
 
+    @_serialized
     def finish(self) -> Log:
         """Capture the last content of every file; check nothing was missed."""
         for rel in list(self.live):
@@ -267,6 +296,7 @@ class Recorder:
 
     def _emit(self, kind: str, path: str, inode=None, **extra) -> None:
         self.log.ops.append(Op(kind, path, inode, **extra))
+        self.log.threads.append(threading.current_thread().name)
 
     def _new(self, rel: str, kind: str, content: object = None) -> int:
         inode = self.log.add(kind, content)
@@ -291,6 +321,7 @@ class Recorder:
         return inode
 
     # -- the wrappers ----------------------------------------------------------
+    @_serialized
     def _open(self, file, mode="r", *args, **kwargs):
         rel = self._rel(file)
         existed = rel is not None and os.path.lexists(file)
@@ -302,6 +333,7 @@ class Recorder:
                 self._observe(rel)  # truncated
         return handle
 
+    @_serialized
     def _os_open(self, path, flags, *args, **kwargs):
         rel = self._rel(path)
         existed = rel is not None and os.path.lexists(path)
@@ -312,6 +344,7 @@ class Recorder:
             self._observe(rel)
         return fd
 
+    @_serialized
     def _fsync(self, fd):
         target = os.readlink(f"/proc/self/fd/{int(fd)}")
         rel = self._rel(target)
@@ -327,6 +360,7 @@ class Recorder:
     def _rename(self, src, dst, **kwargs):
         return self._move("rename", src, dst, **kwargs)
 
+    @_serialized
     def _move(self, how, src, dst, **kwargs):
         old, new = self._rel(src), self._rel(dst)
         if (old is None and new is None) or not os.path.lexists(src):
@@ -339,6 +373,7 @@ class Recorder:
         self._emit("rename", old, inode, dst=new)
         return None
 
+    @_serialized
     def _unlink(self, path, **kwargs):
         rel = self._rel(path)
         if rel is None or not os.path.lexists(path):
@@ -349,18 +384,21 @@ class Recorder:
         self._emit("unlink", rel, inode)
         return None
 
+    @_serialized
     def _mkdir(self, path, *args, **kwargs):
         self.real["mkdir"](path, *args, **kwargs)
         rel = self._rel(path)
         if rel is not None:
             self._new(rel, "dir")
 
+    @_serialized
     def _symlink(self, target, path, *args, **kwargs):
         self.real["symlink"](target, path, *args, **kwargs)
         rel = self._rel(path)
         if rel is not None:
             self._new(rel, "link", os.fsdecode(target))
 
+    @_serialized
     def _link(self, src, dst, *args, **kwargs):
         self.real["link"](src, dst, *args, **kwargs)
         old, new = self._rel(src), self._rel(dst)
@@ -607,6 +645,11 @@ class Scenario:
         Steps committed by an earlier, closed run before the manager opens.
     max_keep : int
         Retention window of the saving manager.
+    async_save : bool
+        Whether the saving manager writes in the background
+        (``CheckpointManager(async_save=True)``): each save is waited for,
+        and the recorded one is ``save`` followed by ``wait``, whose file
+        operations all run on the store's worker thread.
     """
 
     name: str
@@ -614,6 +657,7 @@ class Scenario:
     before: tuple[tuple[int, int], ...] = ()
     earlier_run: tuple[int, ...] = ()
     max_keep: int = 2
+    async_save: bool = False
 
     def saved(self, step: int) -> list[dict]:
         """Every payload saved for ``step`` before or during the scenario."""
@@ -628,14 +672,15 @@ class Scenario:
         return self.before[-1][0] if self.before else None
 
 
-# A scenario of the background writer (``CheckpointManager(async_save=True)``)
-# is still to come: that writer was being added when this explorer was
-# written. Its save, waited for, should be recorded here the same way.
 SCENARIOS = [
     Scenario("first-save", save=(1, 0)),
     Scenario("prune", save=(3, 0), before=((1, 0), (2, 0))),
     Scenario("resave", save=(2, 1), before=((1, 0), (2, 0)), max_keep=5),
     Scenario("archive", save=(1, 1), earlier_run=(1, 2, 3)),
+    # the background writer: steps 1 and 2 saved and waited for, then
+    # ``save(3)`` (a snapshot) and ``wait()``, the worker thread writing,
+    # committing, publishing and pruning step 1
+    Scenario("background", save=(3, 0), before=((1, 0), (2, 0)), async_save=True),
 ]
 
 
@@ -665,16 +710,20 @@ def record(scenario: Scenario, root: Path, pm, *, alter=None) -> Log:
         with open_manager(directory, pm=pm, max_keep=0) as earlier:
             for step in scenario.earlier_run:
                 earlier.save(step, payload(step))
-    manager = open_manager(directory, pm=pm, max_keep=scenario.max_keep)
+    manager = open_manager(
+        directory, pm=pm, max_keep=scenario.max_keep, async_save=scenario.async_save
+    )
     try:
         for step, version in scenario.before:
             manager.save(step, payload(step, version))
+        manager.wait()
         recorder = Recorder(root)
         with pytest.MonkeyPatch.context() as mp:
             recorder.install(mp)
             if alter is not None:
                 alter(mp)
             manager.save(scenario.save[0], payload(*scenario.save))
+            manager.wait()  # the background save, if any, is done
         return recorder.finish()
     finally:
         manager.close()
@@ -860,6 +909,11 @@ def test_crash_states(scenario, tmp_path, capsys):
     """Every crash state of the scenario's save reopens safely."""
     pm = plugin_manager()
     log = record(scenario, tmp_path / "recorded", pm)
+    issuers = set(log.threads)
+    if scenario.async_save:  # the worker wrote everything, the caller nothing
+        assert log.ops and threading.current_thread().name not in issuers, issuers
+    else:
+        assert issuers <= {threading.current_thread().name}, issuers
     explorer = Explorer(scenario, log, tmp_path / "state", pm)
     counts, violations = [], []
     for model, states in (
