@@ -96,12 +96,15 @@ class Resolved:
         Which rule found it, for messages.
     warnings : list of str
         What was skipped or moved aside on the way.
+    moved_aside : list of Path
+        Corrupt checkpoints moved into ``quarantine/`` on the way.
     """
 
     checkpoint: Checkpoint
     checked: str
     how: str
     warnings: list[str] = field(default_factory=list)
+    moved_aside: list[Path] = field(default_factory=list)
 
     @property
     def path(self) -> Path:
@@ -222,6 +225,7 @@ class _Search:
         self.warnings: list[str] = []
         self.bad: list[Path] = []
         self.skipped: set[Path] = set()
+        self.moved: list[Path] = []
 
     def fail(self) -> RestartNotFoundError:
         places = "\n".join(f"  - {p}" for p in self.looked) or "  (nowhere)"
@@ -242,7 +246,11 @@ class _Search:
             )
         )
         return Resolved(
-            Checkpoint(path, step, family, record), checked, how, self.warnings
+            Checkpoint(path, step, family, record),
+            checked,
+            how,
+            self.warnings,
+            self.moved,
         )
 
     def accept(
@@ -286,6 +294,8 @@ class _Search:
                 raise
             self.bad.append(path)
             moved = quarantine(path) if self.ctx.quarantine else None
+            if moved:
+                self.moved.append(path)
             where = f"; moved aside to {moved}" if moved else ""
             self.warnings.append(f"{exc}{where}")
             return None

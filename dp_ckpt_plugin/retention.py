@@ -6,8 +6,14 @@ the model). Policies compose with :class:`AnyOf`: a checkpoint stays if any
 policy keeps it. :func:`plan_prune` applies a policy together with the rules
 no policy can change: protected checkpoints (the one just written, the
 published one, the one the run resumed from) are never removed, and
-checkpoints numbered above the current step (remnants of an earlier, longer
-run) are not the window's to keep. A new policy needs no edit of the planner.
+checkpoints numbered above the current step are not the window's: they are
+left alone (an earlier run's are archived before a run's first save, rule
+14). A new policy needs no edit of the planner.
+
+A policy may also say, with ``keeps_all(count)``, that a family of ``count``
+checkpoints is kept whole whatever their steps (a window at least that wide,
+keep-all): the store then skips planning, so a save costs the same with 10 or
+10,000 checkpoints kept.
 """
 
 from __future__ import annotations
@@ -48,6 +54,10 @@ class KeepAll:
         """Every candidate."""
         return {name for name, _ in candidates}
 
+    def keeps_all(self, count: int) -> bool:
+        """Always."""
+        return True
+
 
 @dataclass(frozen=True)
 class KeepLast:
@@ -63,6 +73,10 @@ class KeepLast:
     def window(self) -> int | None:
         """The number of checkpoints kept, or ``None`` for all."""
         return self.count if self.count >= 1 else None
+
+    def keeps_all(self, count: int) -> bool:
+        """Whether ``count`` checkpoints fit in the window."""
+        return self.window is None or count <= self.window
 
     def keeps(self, candidates, protected):
         """The newest ``count`` minus the protected ones among the candidates."""
@@ -95,6 +109,12 @@ class AnyOf:
 
     policies: tuple[RetentionPolicy, ...]
 
+    def keeps_all(self, count: int) -> bool:
+        """Whether one of the policies keeps a family of ``count`` whole."""
+        return any(
+            getattr(p, "keeps_all", lambda n: False)(count) for p in self.policies
+        )
+
     def keeps(self, candidates, protected):
         """The union of what each policy keeps."""
         kept: set[str] = set()
@@ -112,6 +132,8 @@ def plan_prune(
 ) -> list[str]:
     """Return the names of committed checkpoints to remove, oldest first.
 
+    Checkpoints numbered above ``current_step`` are never removed here.
+
     Parameters
     ----------
     committed : Mapping[str, int]
@@ -124,12 +146,9 @@ def plan_prune(
         Which of the others to keep.
     """
     keep = frozenset(protected)
-    remnants = sorted(
-        (s, n) for n, s in committed.items() if s > current_step and n not in keep
-    )
     rest = sorted(
         (s, n) for n, s in committed.items() if s <= current_step or n in keep
     )
     candidates = [(n, s) for s, n in rest]
     kept = keep | policy.keeps(candidates, keep)
-    return [n for _, n in remnants] + [n for n, _ in candidates if n not in kept]
+    return [n for n, _ in candidates if n not in kept]

@@ -260,6 +260,8 @@ class CheckpointStore:
             self._save_states(step, states, paths)
             return paths
         self.wait()
+        with self._mutex:
+            self.open()  # the lock is taken (or refused) now, not on the worker
         snapshots = {f: self._background.snapshots.take(s) for f, s in states.items()}
         self._background.submit(self._save_states, step, snapshots, paths)
         return paths
@@ -430,16 +432,23 @@ class CheckpointStore:
         resumed = self._resumed_from.get(fam.prefix)
         if resumed is not None and checkpoint.step >= (fam.step_of(resumed.name) or 0):
             del self._resumed_from[fam.prefix]
+        entries = self.catalogue.of(fam)
+        keeps_all = getattr(cfg.policy, "keeps_all", None)
+        if keeps_all is not None and keeps_all(len(entries)):
+            return []  # nothing to plan: the policy keeps a family this size whole
         doomed = plan_prune(
-            {c.name: c.step for c in self.catalogue.of(fam).values()},
+            {c.name: c.step for c in entries.values()},
             current_step=checkpoint.step,
             protected=self.protected(fam, checkpoint.path),
             policy=cfg.policy,
         )
         paths = [self.directory / name for name in doomed]
-        for path in paths:
-            self.catalogue.discard(fam, path.name)
-        remove(paths, durable=self.durable)
+        try:
+            remove(paths, durable=self.durable)
+        finally:  # a failed removal leaves its checkpoint in the catalogue
+            for path in paths:
+                if not os.path.lexists(path):
+                    self.catalogue.discard(fam, path.name)
         return paths
 
     # -- resolution and loading ----------------------------------------------
@@ -472,7 +481,9 @@ class CheckpointStore:
         with self._mutex:
             ctx = self.context(digest=digest, cwd=cwd) if self.is_chief else None
             found = resolve_restart(self.pm, spec, ctx, self.ranks)
-            self.catalogue.invalidate()  # resolution may have moved a file aside
+            for moved in found.moved_aside:  # corrupt files went to quarantine
+                for cfg in self.families.values():
+                    self.catalogue.discard(cfg.family, moved.name)
             self.protect_resumed(found.path)
             return found
 

@@ -264,20 +264,28 @@ def test_resumed_from_is_protected_until_a_later_step_is_committed(tmp_path, pm)
         ]
 
 
-def test_remnants_above_current_step_removed_after_first_commit(tmp_path, pm):
+def test_remnants_above_the_resumed_step_are_archived_at_the_first_commit(tmp_path, pm):
     d = tmp_path / "models"
     with make_store(pm, d, keep=0) as store:
         for step in (1, 2, 3, 4):
             store.save(step, make_payload(step))
+    old3 = (d / "model.ckpt-3.h5").read_bytes()
     with make_store(pm, d, keep=0) as store:
         store.resolve(str(d / "model.ckpt-2.h5"))
-        assert "model.ckpt-4.h5" in visible(d)  # nothing removed before a commit
+        assert "model.ckpt-4.h5" in visible(d)  # nothing moved before a commit
         store.save(3, make_payload(33))
         assert [n for n in visible(d) if n.startswith("model.ckpt-")] == [
             "model.ckpt-1.h5",
             "model.ckpt-2.h5",
             "model.ckpt-3.h5",
         ]
+    # the abandoned branch (3 and 4 of the earlier run) is archived, not deleted
+    (archived,) = (d / "archive").iterdir()
+    assert sorted(p.name for p in archived.glob("model.ckpt-*.h5")) == [
+        "model.ckpt-3.h5",
+        "model.ckpt-4.h5",
+    ]
+    assert (archived / "model.ckpt-3.h5").read_bytes() == old3
     assert (
         payload_mismatches(
             make_store(pm, d).load(make_store(pm, d).resolve("latest")), 33
