@@ -248,11 +248,22 @@ def read_record(checkpoint: Path) -> CommitRecord | None:
         return None
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidRecordError(f"cannot read commit record {path}: {exc}") from exc
-    record = CommitRecord.from_json(text, source=path)
-    if not record.describes(checkpoint.name):
+    return parse_record(text, source=path, name=checkpoint.name)
+
+
+def parse_record(text: str, *, source, name: str) -> CommitRecord:
+    """Parse the record text of the checkpoint called ``name``, strictly.
+
+    Raises
+    ------
+    InvalidRecordError
+        When malformed, too new, or describing another file.
+    """
+    record = CommitRecord.from_json(text, source=source)
+    if not record.describes(name):
         raise InvalidRecordError(
-            f"commit record {path} describes {record.name!r} (family "
-            f"{record.family!r}, step {record.step}), not {checkpoint.name!r}"
+            f"commit record {source} describes {record.name!r} (family "
+            f"{record.family!r}, step {record.step}), not {name!r}"
         )
     return record
 
