@@ -92,16 +92,16 @@ def rewrite(
     return new
 
 
-def _undo(
-    exc: OSError, path: Path, leftovers: tuple[Path, ...]
-) -> CheckpointWriteError:
-    """Remove ``leftovers``; return the error to raise for ``path``."""
+def _undo(exc: OSError, path: Path, leftovers: tuple[Path, ...]) -> NoReturn:
+    """Remove ``leftovers`` of a failed commit of ``path``; raise the error."""
     for leftover in leftovers:
         with contextlib.suppress(OSError):
             os.unlink(leftover)
     if isinstance(exc, CheckpointWriteError):
-        return exc
-    return CheckpointWriteError(f"could not commit {path}: {exc.strerror or exc}")
+        raise exc
+    raise CheckpointWriteError(
+        f"could not commit {path}: {exc.strerror or exc}"
+    ) from exc
 
 
 def write_hashed(
