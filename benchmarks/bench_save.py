@@ -6,7 +6,7 @@ For each payload size, the same state dict is saved, alternately, by
   deepmd-kit 3.2 does; not atomic, not durable);
 - ``store``: :meth:`CheckpointStore.save` (temporary name, fsync, ``os.replace``,
   directory fsync, sha256 commit record, pointer and alias, retention);
-- ``store-nofsync``: the same with ``dp_ckpt.fsync: false``.
+- ``store-nofsync``: the same with ``training._dp_ckpt.fsync: false``.
 
 Each is timed ``--repeat`` times in one run, interleaved, and the medians and
 their ratios to ``plain`` are printed. Run::
