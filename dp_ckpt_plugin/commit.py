@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
@@ -42,6 +42,7 @@ def write_new(
     family: str,
     format: str,
     durable: bool,
+    metrics: Mapping[str, float] | None = None,
 ) -> CommitRecord:
     """Write and commit the first checkpoint of a step at ``path`` (absent).
 
@@ -53,7 +54,12 @@ def write_new(
     tmp = fsio.write_temp(path, serialize, durable=durable)
     try:
         record = make_record(
-            tmp, step=step, family=family, format=format, name=path.name
+            tmp,
+            step=step,
+            family=family,
+            format=format,
+            name=path.name,
+            metrics=metrics,
         )
         write_record(path, record, durable=durable)
         fsio.move_into_place(tmp, path, durable=durable)
@@ -80,11 +86,19 @@ def rewrite(
     family: str,
     format: str,
     durable: bool,
+    metrics: Mapping[str, float] | None = None,
 ) -> CommitRecord:
     """Re-save a step whose committed checkpoint (``old``) is at ``path``."""
     tmp = fsio.write_temp(path, serialize, durable=durable)
     try:
-        new = make_record(tmp, step=step, family=family, format=format, name=path.name)
+        new = make_record(
+            tmp,
+            step=step,
+            family=family,
+            format=format,
+            name=path.name,
+            metrics=metrics,
+        )
         both = dataclasses.replace(new, replaces=(old.size, old.sha256))
         write_record(path, both, durable=durable)
     except (OSError, CheckpointWriteError) as exc:
