@@ -209,6 +209,22 @@ class CheckpointStore:
         """Return the configuration of a family (the primary one by default)."""
         return self.families[prefix or self.primary.prefix]
 
+    def add_family(self, config: FamilyConfig) -> None:
+        """Add a family (or replace one's configuration) before it is saved.
+
+        For a family a host learns of late, such as best-validation
+        checkpoints once the trainer is built. On an open store the family's
+        leftovers are swept as :meth:`open` sweeps the others'.
+        """
+        with self._mutex:
+            prefix = config.family.prefix
+            if prefix not in self.families:
+                self.catalogue.families.append(config.family)
+                self.catalogue.invalidate()
+                if self._ready:
+                    sweep(self.directory, [config.family])
+            self.families[prefix] = config
+
     def path_for(self, step: int, family: str | None = None) -> Path:
         """Return where the checkpoint of ``step`` goes."""
         return self.directory / self.family(family).family.numbered(step)

@@ -51,7 +51,7 @@ RESUMING = re.compile(r"Resuming from (\S+?)\.?$", re.MULTILINE)
 
 _TEMP = re.compile(r"\.tmp")
 _ALLOWED_DOT_FILES = re.compile(
-    r"^\.(dp_ckpt\.lock|dp_ckpt\.holder\.json|.+\.commit\.json)$"
+    r"^\.(dp_ckpt\.lock|dp_ckpt\.holder\.json|dp_ckpt\.store\.json|.+\.commit\.json)$"
 )
 
 
@@ -369,7 +369,7 @@ def stray_files(root: Path) -> list[Path]:
 
     Temporary files of the plugin are ``.<name>.tmp-<pid>-<random>``; deepmd-kit
     uses ``<name>.tmp``. The dot files a store may hold are its lock, the
-    holder description and commit records.
+    holder description, its manifest and commit records.
     """
     stray = []
     for path in root.rglob("*"):

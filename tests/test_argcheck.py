@@ -31,6 +31,7 @@ DEFAULTS = {
     "check_free_space": True,
     "compat_links": True,
     "async_save": False,
+    "retention": {},
 }
 OTHER_VALUES = {
     "verify": "size",
@@ -71,7 +72,12 @@ def test_schema_and_dataclass_agree():
     schema = dp_ckpt_args()
     assert schema.name == SECTION
     assert schema.optional
-    fields = {f.name: f.default for f in dataclasses.fields(PluginOptions)}
+    fields = {
+        f.name: f.default
+        if f.default_factory is dataclasses.MISSING
+        else f.default_factory()
+        for f in dataclasses.fields(PluginOptions)
+    }
     assert {a.name: a.default for a in schema.sub_fields.values()} == fields
     assert fields == DEFAULTS
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from pathlib import Path
 
@@ -94,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     except UsageError as exc:
         return _fail(exc, USAGE)
+    except BrokenPipeError:  # `dp-ckpt ls D | head`: the reader is gone
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return FAILURE
     except (CheckpointError, OSError) as exc:
         return _fail(exc, FAILURE)
     except KeyboardInterrupt:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..retention import Verdict
+from ..retention import Verdict, ranking_of
 from . import output, store_directory
 from .inventory import FamilyView, Inventory, read_inventory
 
@@ -112,13 +112,17 @@ def show(inventory: Inventory, families: list[FamilyView], *, everything: bool) 
             right=("step", "size"),
         )
         found = verdicts(view)
+        ranking = ranking_of(view.policy) if view.policy is not None else None
         for c in view.checkpoints:
+            shown = c.record.metrics or {}
+            if ranking is not None:  # the one that ranks (--json has them all)
+                shown = {k: v for k, v in shown.items() if k == ranking.metric}
             rows.add_row(
                 str(c.step),
                 c.name,
                 output.size(c.record.size),
                 output.utc(c.record.created),
-                output.metrics(c.record.metrics),
+                output.metrics(shown),
                 describe_kept(found.get(c.name), view.policy is not None),
             )
         out.print(rows)

@@ -24,7 +24,8 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from dargs import Argument
 from dargs.dargs import ArgumentError, ArgumentKeyError
 
 from ..errors import ConfigError
+from .retention_args import retention_args
 
 #: Name of the top-level input section holding the plugin's options.
 SECTION = "dp_ckpt"
@@ -167,6 +169,7 @@ def dp_ckpt_args() -> Argument:
             Argument(
                 "async_save", bool, optional=True, default=False, doc=DOC_ASYNC_SAVE
             ),
+            retention_args(),
         ],
         optional=True,
         default={},
@@ -234,6 +237,8 @@ class PluginOptions:
         Keep DeePMD-kit's working-directory pointer and alias up to date.
     async_save : bool
         Write checkpoints in a background thread.
+    retention : dict
+        Retention beyond deepmd-kit's window (:mod:`.retention_args`).
     """
 
     verify: str = "sha256"
@@ -243,6 +248,7 @@ class PluginOptions:
     check_free_space: bool = True
     compat_links: bool = True
     async_save: bool = False
+    retention: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
 
 def plugin_options(config: dict) -> PluginOptions:

@@ -79,6 +79,7 @@ class CheckpointTrainEntrypoint(PTExptTrainEntrypoint):
             config["training"],
             resumed_from=self.prepared.resumed_from,
             background=self.prepared.settings.options.async_save,
+            retention=self.prepared.settings.options.retention,
         )
         with swapped(training, "Trainer", trainer_class):
             super().run_training(config, options, neighbor_stat)

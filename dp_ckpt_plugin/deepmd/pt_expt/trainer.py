@@ -28,7 +28,7 @@ from ... import fsio
 from ...errors import CheckpointError
 from ...store import CheckpointStore
 from ..naming import ema_prefix
-from ..policy import policy_from_training
+from .metrics import MetricsMixin
 
 log = logging.getLogger("dp_ckpt_plugin.deepmd")
 
@@ -39,6 +39,7 @@ def make_trainer_class(
     *,
     resumed_from: Path | None = None,
     background: bool = False,
+    retention: dict[str, Any] | None = None,
 ) -> type:
     """Return a subclass of deepmd-kit's pt_expt ``Trainer`` bound to ``store``.
 
@@ -54,9 +55,11 @@ def make_trainer_class(
         not fit the model.
     background : bool, optional
         Whether periodic saves run in the store's background writer.
+    retention : dict, optional
+        The ``dp_ckpt/retention`` options (:mod:`..retention_args`).
     """
 
-    class CheckpointingTrainer(training.Trainer):
+    class CheckpointingTrainer(MetricsMixin, training.Trainer):
         """deepmd-kit's pt_expt trainer writing through dp_ckpt_plugin."""
 
         dp_store = store
@@ -73,12 +76,10 @@ def make_trainer_class(
                     f"input: {mismatch}. Nothing was changed; restart from a "
                     "checkpoint of this model, or use --finetune"
                 ) from None
-            if self.dp_store is not None:
-                primary = self.dp_store.primary.prefix
-                for prefix, cfg in self.dp_store.families.items():
-                    cfg.policy = policy_from_training(
-                        training_params, num_steps=self.num_steps, ema=prefix != primary
-                    )
+            config = args[0] if args else kwargs.get("config", {})
+            self.dp_setup_retention(
+                training_params, retention, (config or {}).get("validating")
+            )
 
         # -- the payload --------------------------------------------------
         def _checkpoint_payload(
@@ -151,7 +152,12 @@ def make_trainer_class(
                         step, include_optimizer=False, include_ema_state=False
                     )
             # the periodic and EMA payloads go together: one save in flight
-            paths = self.dp_store.save_all(step, states, background=background)
+            paths = self.dp_store.save_all(
+                step,
+                states,
+                background=background,
+                metrics={primary: self.dp_metrics(step)},
+            )
             if self.rank == 0:
                 log.info("Saved model to %s", paths[primary])
 
