@@ -23,7 +23,7 @@ BLOCK_PLUGINS_ENV = "DP_CKPT_DISABLE_PLUGINS"
 #: Entry-point group third-party plugins register under.
 ENTRY_POINT_GROUP = "dp_ckpt"
 
-#: The core's built-in plugins: name to module. Each is marked ``trylast``;
+#: The core's built-in plugins, name to module, each marked ``trylast``;
 #: of two, the one registered later is called first, so ``best`` (which
 #: answers one specification) comes before ``resolve`` (which answers all).
 CORE_PLUGINS: Mapping[str, str] = {

@@ -146,6 +146,7 @@ class CheckpointStore:
         self._ready = False
         self._resumed_from: dict[str, Path] = {}
         self._continues_from: Path | None = None
+        self._resumed: tuple[Path, bool] | None = None
         self._started = False
         self._written: set[str] = set()
         self.catalogue = Catalogue(self.directory, [c.family for c in configs])
@@ -214,7 +215,9 @@ class CheckpointStore:
 
         For a family a host learns of late, such as best-validation
         checkpoints once the trainer is built. On an open store the family's
-        leftovers are swept as :meth:`open` sweeps the others'.
+        leftovers are swept as :meth:`open` sweeps the others'; a run that
+        resumed from a checkpoint of the family (``--restart best``) is
+        protected as :meth:`protect_resumed` protects it.
         """
         with self._mutex:
             prefix = config.family.prefix
@@ -224,6 +227,8 @@ class CheckpointStore:
                 if self._ready:
                     sweep(self.directory, [config.family])
             self.families[prefix] = config
+            if self._resumed is not None and not self._started:
+                self.protect_resumed(self._resumed[0], continues=self._resumed[1])
 
     def path_for(self, step: int, family: str | None = None) -> Path:
         """Return where the checkpoint of ``step`` goes."""
@@ -577,6 +582,7 @@ class CheckpointStore:
         path = Path(path)
         if path.parent.resolve() != self.directory.resolve():
             return
+        self._resumed = (path, continues)  # again for a family added later
         for prefix, cfg in self.families.items():
             if cfg.family.step_of(path.name) is not None:
                 self._resumed_from[prefix] = path

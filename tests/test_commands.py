@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import make_payload, open_manager
@@ -15,6 +17,7 @@ from helpers import make_payload, open_manager
 from dp_ckpt_plugin.commands import main, one_line
 from dp_ckpt_plugin.layout import MANIFEST_NAME
 from dp_ckpt_plugin.lock import StoreLock
+from dp_ckpt_plugin.quarantine import quarantine
 from dp_ckpt_plugin.records import record_path
 
 POLICY = {
@@ -434,3 +437,51 @@ def test_importing_the_commands_imports_nothing_heavy():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+# -- the documented JSON ------------------------------------------------------------
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "command.md"
+#: Keys whose values are open mappings (metric names, policy keys).
+OPEN = {"metrics", "policy"}
+
+
+def documented_json(command):
+    """The JSON example of ``dp-ckpt <command>`` in docs/command.md."""
+    text = DOCS.read_text("utf-8")
+    section = text.split(f"## `dp-ckpt {command}`", 1)[1].split("\n## ", 1)[0]
+    return json.loads(re.search(r"```json\n(.*?)```", section, re.DOTALL)[1])
+
+
+def shape_differences(documented, real, where="$"):
+    """Where the keys of two JSON values differ (lists: their first items)."""
+    if isinstance(documented, dict) and isinstance(real, dict):
+        found = []
+        if set(documented) != set(real):
+            found.append(f"{where}: {sorted(documented)} != {sorted(real)}")
+        for key in set(documented) & set(real) - OPEN:
+            found += shape_differences(documented[key], real[key], f"{where}.{key}")
+        return found
+    if isinstance(documented, list) and isinstance(real, list) and documented and real:
+        return shape_differences(documented[0], real[0], f"{where}[0]")
+    return []
+
+
+def test_the_json_of_every_command_is_the_documented_one(tmp_path, capsys):
+    d = tmp_path / "models"
+    policy = {"max_ckpt_keep": 3, "keep_best": 1, "best_metric": "loss"}
+    paths = fill(d, policy, {1: 0.5, 2: 0.4, 3: 0.3})
+    (d / "model.ckpt-9.h5").write_bytes(b"no record")
+    assert quarantine(paths[1]) is not None
+    archived = d / "archive" / "20260101T000000Z"
+    archived.mkdir(parents=True)
+    (archived / "model.ckpt-7.h5").write_bytes(b"x")
+    runs = {
+        "ls": ["ls", d],
+        "show": ["show", d, "best"],
+        "verify": ["verify", d, "--digest"],
+        "prune": ["prune", d, "--max-ckpt-keep", "1", "--keep-best", "0"],
+    }
+    for command, args in runs.items():
+        _, real = as_json(capsys, *args)
+        assert shape_differences(documented_json(command), real) == [], command

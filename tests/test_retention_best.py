@@ -14,10 +14,10 @@ import math
 import random
 
 import pytest
-from helpers import make_payload, open_manager
+from helpers import family, make_payload, open_manager
 
 from dp_ckpt_plugin.errors import InvalidRecordError, RestartNotFoundError
-from dp_ckpt_plugin.layout import MANIFEST_NAME
+from dp_ckpt_plugin.layout import MANIFEST_NAME, Family
 from dp_ckpt_plugin.manifest import read_manifest
 from dp_ckpt_plugin.records import check_metrics, read_record, record_path
 from dp_ckpt_plugin.retention import (
@@ -32,6 +32,7 @@ from dp_ckpt_plugin.retention import (
     policy_from_dict,
     policy_to_dict,
 )
+from dp_ckpt_plugin.store import CheckpointStore, FamilyConfig
 
 # -- KeepBest ------------------------------------------------------------------
 
@@ -425,3 +426,37 @@ def test_best_when_no_checkpoint_carries_the_metric(tmp_path):
             m.resolve("best")
     finally:
         m.close()
+
+
+def test_a_family_added_late_keeps_the_run_resumed_from_it(tmp_path, pm):
+    """``--restart best``: the host adds the best family after resolving."""
+    d = tmp_path / "models"
+    periodic = FamilyConfig(family(), KeepLast(0))
+    best = FamilyConfig(
+        Family("best.ckpt", ".h5", "checkpoint.best.ckpt"), KeepBest(2, "loss")
+    )
+    with CheckpointStore(d, format="hdf5", pm=pm, families=[periodic, best]) as first:
+        for step, loss in LOSSES.items():
+            first.save(step, make_payload(step))
+            first.save(
+                step, make_payload(step), family="best.ckpt", metrics={"loss": loss}
+            )
+    assert (d / "checkpoint.best.ckpt").read_text().strip() == "best.ckpt-4.h5"
+    with CheckpointStore(d, format="hdf5", pm=pm, families=[periodic]) as second:
+        found = second.resolve("best")
+        assert found.path == d / "best.ckpt-4.h5"
+        second.add_family(best)  # the trainer learns of it after the preflight
+        second.save(5, make_payload(5))
+    # continuing from step 4: what lay above it went to the archive, the
+    # checkpoint resumed from and everything up to it stayed
+    assert names_in(d) == [f"model.ckpt-{s}.h5" for s in (1, 2, 3, 4, 5)]
+    assert sorted(p.name for p in d.glob("best.ckpt-*.h5")) == [
+        "best.ckpt-2.h5",
+        "best.ckpt-4.h5",
+    ]
+    (archived,) = (d / "archive").iterdir()
+    assert sorted(p.name for p in archived.glob("*-*.h5")) == [
+        "best.ckpt-6.h5",
+        "model.ckpt-5.h5",
+        "model.ckpt-6.h5",
+    ]

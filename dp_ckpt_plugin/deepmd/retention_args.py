@@ -1,7 +1,7 @@
 """The ``retention`` options of the ``dp_ckpt`` section, and the policies they give.
 
 deepmd-kit's own keys set the window (``training.max_ckpt_keep``,
-``ckpt_keep_ratio``, ``ema_ckpt_keep``: :mod:`.policy`); these keep more::
+``ckpt_keep_ratio``, ``ema_ckpt_keep``: :mod:`dp_ckpt_plugin.deepmd.policy`); these keep more::
 
     "dp_ckpt": {
       "retention": {"keep_every_n_steps": 1000, "keep_best": 3, "best_metric": "rmse_val"}
@@ -117,7 +117,7 @@ def periodic_policy(
 ) -> RetentionPolicy:
     """The policy of the periodic (or, with ``ema``, the EMA) family.
 
-    DeePMD-kit's window (:func:`.policy.policy_from_training`), any of it
+    DeePMD-kit's window (:func:`~dp_ckpt_plugin.deepmd.policy.policy_from_training`), the
     milestones (``keep_every_n_steps``) and, for the periodic family, the best
     by a displayed metric (``keep_best``; EMA checkpoints record no metric of
     their own).
