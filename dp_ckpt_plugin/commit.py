@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from . import fsio
+from .digests import HashingWriter
 from .errors import CheckpointWriteError
 from .records import CommitRecord, make_record, record_path, write_record
 
@@ -51,7 +52,7 @@ def write_new(
     crash can leave a full-size numbered file without a record: a crash
     leaves at most a record naming no file, which the next open sweeps.
     """
-    tmp = fsio.write_temp(path, serialize, durable=durable)
+    tmp, digest = write_hashed(path, serialize, durable=durable)
     try:
         record = make_record(
             tmp,
@@ -59,6 +60,7 @@ def write_new(
             family=family,
             format=format,
             name=path.name,
+            digest=digest,
             metrics=metrics,
         )
         write_record(path, record, durable=durable)
@@ -89,7 +91,7 @@ def rewrite(
     metrics: Mapping[str, float] | None = None,
 ) -> CommitRecord:
     """Re-save a step whose committed checkpoint (``old``) is at ``path``."""
-    tmp = fsio.write_temp(path, serialize, durable=durable)
+    tmp, digest = write_hashed(path, serialize, durable=durable)
     try:
         new = make_record(
             tmp,
@@ -97,9 +99,10 @@ def rewrite(
             family=family,
             format=format,
             name=path.name,
+            digest=digest,
             metrics=metrics,
         )
-        both = dataclasses.replace(new, replaces=(old.size, old.sha256))
+        both = dataclasses.replace(new, replaces=(old.size, old.digest))
         write_record(path, both, durable=durable)
     except (OSError, CheckpointWriteError) as exc:
         with contextlib.suppress(OSError):
@@ -114,6 +117,27 @@ def rewrite(
     fsio.move_into_place(tmp, path, durable=durable)
     write_record(path, new, durable=durable)
     return new
+
+
+def write_hashed(
+    path: Path, serialize: Callable[[BinaryIO], object], *, durable: bool
+) -> tuple[Path, str | None]:
+    """Write a payload to a temporary file beside ``path``, hashing it on the way.
+
+    Returns the temporary path and its digest, or ``None`` when the format
+    did not write sequentially (the file is then hashed once it is written).
+    """
+    found: dict[str, str | None] = {}
+
+    def writer(handle):
+        hashing = HashingWriter(handle)
+        try:
+            serialize(hashing)
+        finally:
+            found["digest"] = hashing.digest()
+
+    tmp = fsio.write_temp(path, writer, durable=durable)
+    return tmp, found.get("digest")
 
 
 def remove(paths: list[Path], *, durable: bool) -> None:

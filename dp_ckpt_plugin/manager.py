@@ -68,8 +68,9 @@ class CheckpointManager:
         The retention policy, in place of ``max_keep``: a policy object, or
         the plain keys of :func:`~dp_ckpt_plugin.retention.policy_from_dict`
         (``{"max_ckpt_keep": 5, "keep_best": 3, "best_metric": "loss"}``).
-    verify : {"size", "sha256"}, optional
-        How a checkpoint is checked before it is restored.
+    verify : {"size", "digest"}, optional
+        How a checkpoint is checked before it is restored: its size, or also
+        its content digest (``"sha256"`` is accepted for ``"digest"``).
     durable : bool, optional
         Whether to fsync (leave on).
     lock : bool, optional
@@ -100,8 +101,9 @@ class CheckpointManager:
         pm: pluggy.PluginManager | None = None,
         ranks: Ranks | None = None,
     ) -> None:
-        if verify not in ("size", "sha256"):
-            raise ValueError(f"verify must be 'size' or 'sha256', got {verify!r}")
+        if verify not in ("size", "digest", "sha256"):
+            raise ValueError(f"verify must be 'size' or 'digest', got {verify!r}")
+        verify = "digest" if verify == "sha256" else verify
         self.pm = pm or get_plugin_manager()
         self.verify = verify
         self.async_save = async_save
@@ -144,12 +146,12 @@ class CheckpointManager:
     def resolve(self, spec: str = "latest") -> Path:
         """Return the checkpoint ``spec`` names, verified, without loading it."""
         self.store.wait()
-        return self.store.resolve(spec, sha256=self.verify == "sha256").path
+        return self.store.resolve(spec, digest=self.verify == "digest").path
 
     def restore(self, spec: str = "latest") -> Restored:
         """Resolve ``spec``, verify it and read it back."""
         self.store.wait()
-        found = self.store.resolve(spec, sha256=self.verify == "sha256")
+        found = self.store.resolve(spec, digest=self.verify == "digest")
         return Restored(found.step, found.path, self.store.load(found), found)
 
     def close(self) -> None:

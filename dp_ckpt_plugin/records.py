@@ -1,18 +1,21 @@
-"""Commit records: the marker that makes a checkpoint count.
+"""Commit records: the evidence that makes a checkpoint count.
 
 A checkpoint ``D/<name>`` is committed once ``D/.<name>.commit.json`` exists and
-describes it: its size and sha256, the step, the family, the format and the
-record format version, and the metrics the trainer reported with it, if
-any. The record is written last, atomically, after the payload is durable;
-readers ignore a numbered file that has no record.
+describes it: its size and content digest, the step, the family, the format
+and the record format version (and the metrics the trainer reported with it,
+if any), and the payload agrees with it. The record is written atomically and
+durably before the payload gets its name; readers ignore a numbered file
+without a record and a record without its file.
 
-Records written before the serialization kind was called a *format* name it
-under the key ``backend``; they are still read.
+A record is parsed strictly: malformed, of a newer format version, or
+disagreeing with the file it sits beside, it means "not committed". Records
+of format version 1 (dp-ckpt-plugin 0.1 and 0.2) hold a ``sha256`` field,
+some a ``backend`` field for the format; they are still read. Version 2 names
+its digest algorithm: ``"digest": "blake3:<hex>"``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -21,13 +24,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .digests import ALGORITHMS, DEFAULT_ALGORITHM, digest_of
 from .errors import CorruptCheckpointError, InvalidRecordError
 from .fsio import write_text_atomic
 from .layout import record_name
 
-#: Version of the record format this package writes and reads.
-FORMAT_VERSION = 1
-_CHUNK = 1 << 20
+#: Version of the record format this package writes; it reads 1 and 2.
+FORMAT_VERSION = 2
+_DIGEST = re.compile(r"([a-z0-9]+):([0-9a-f]+)")
 
 
 @dataclass(frozen=True)
@@ -46,14 +50,14 @@ class CommitRecord:
         Name of the format that serialized it.
     size : int
         Size of the payload in bytes.
-    sha256 : str
-        Hex digest of the payload.
+    digest : str
+        ``"<algorithm>:<hex>"`` of the payload, such as ``"blake3:9f0c..."``.
     created : float
         Unix time of the commit.
     format_version : int
         Version of this record's format.
     replaces : (int, str) or None
-        Size and sha256 of the payload a re-save of the same step is
+        Size and digest of the payload a re-save of the same step is
         replacing: while the new payload is moved into place, either payload
         is the committed checkpoint of the step. ``None`` otherwise.
     metrics : dict or None
@@ -68,7 +72,7 @@ class CommitRecord:
     family: str
     format: str
     size: int
-    sha256: str
+    digest: str
     created: float = 0.0
     format_version: int = FORMAT_VERSION
     replaces: tuple[int, str] | None = None
@@ -80,10 +84,15 @@ class CommitRecord:
         if self.replaces is None:
             del data["replaces"]
         else:
-            data["replaces"] = {"size": self.replaces[0], "sha256": self.replaces[1]}
+            data["replaces"] = {"size": self.replaces[0], "digest": self.replaces[1]}
         if self.metrics is None:
             del data["metrics"]
         return json.dumps(data, indent=1, sort_keys=True) + "\n"
+
+    @property
+    def algorithm(self) -> str:
+        """The digest algorithm, such as ``"blake3"``."""
+        return self.digest.partition(":")[0]
 
     def accepts(self, size: int) -> bool:
         """Whether a payload of ``size`` bytes may be the one this record describes."""
@@ -110,6 +119,13 @@ class CommitRecord:
                 f"commit record {source} has format version {version}, "
                 f"newer than this plugin reads ({FORMAT_VERSION}); upgrade dp-ckpt-plugin"
             )
+        if version == 1:
+            data["digest"] = _v1_digest(data.get("sha256"), source)
+            replaces = data.get("replaces")
+            if type(replaces) is dict and "sha256" in replaces:
+                replaces = dict(replaces)
+                replaces["digest"] = _v1_digest(replaces.pop("sha256"), source)
+                data["replaces"] = replaces
         for key, kind in _FIELDS.items():
             value = data.get(key)
             if type(value) is not kind:
@@ -125,31 +141,28 @@ class CommitRecord:
             raise InvalidRecordError(
                 f"commit record {source}: size, step and format version must not be negative"
             )
-        if not _HEX64.fullmatch(data["sha256"]):
-            raise InvalidRecordError(
-                f"commit record {source}: sha256 is not 64 hex digits"
-            )
+        _check_digest(data["digest"], source)
         replaces = data.get("replaces")
         if replaces is not None:
             if (
                 type(replaces) is not dict
-                or set(replaces) != {"size", "sha256"}
+                or set(replaces) != {"size", "digest"}
                 or type(replaces["size"]) is not int
                 or replaces["size"] < 0
-                or type(replaces["sha256"]) is not str
-                or not _HEX64.fullmatch(replaces["sha256"])
+                or type(replaces["digest"]) is not str
             ):
                 raise InvalidRecordError(
-                    f"commit record {source}: 'replaces' must hold a size and a sha256"
+                    f"commit record {source}: 'replaces' must hold a size and a digest"
                 )
-            replaces = (replaces["size"], replaces["sha256"])
+            _check_digest(replaces["digest"], source)
+            replaces = (replaces["size"], replaces["digest"])
         return cls(
             name=data["name"],
             step=data["step"],
             family=data["family"],
             format=data["format"],
             size=data["size"],
-            sha256=data["sha256"],
+            digest=data["digest"],
             created=float(created),
             format_version=data["format_version"],
             replaces=replaces,
@@ -168,19 +181,26 @@ _FIELDS = {
     "family": str,
     "format": str,
     "size": int,
-    "sha256": str,
+    "digest": str,
     "format_version": int,
 }
-_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
-def sha256_of(path: Path) -> str:
-    """Return the hex sha256 of a file's content."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+def _v1_digest(value: object, source: Path) -> str:
+    if type(value) is not str or not re.fullmatch(r"[0-9a-f]{64}", value):
+        raise InvalidRecordError(
+            f"commit record {source}: sha256 is not 64 hex digits, got {value!r}"
+        )
+    return f"sha256:{value}"
+
+
+def _check_digest(value: str, source: Path) -> None:
+    found = _DIGEST.fullmatch(value)
+    if not found or ALGORITHMS.get(found.group(1)) != len(found.group(2)):
+        raise InvalidRecordError(
+            f"commit record {source}: digest must be '<algorithm>:<hex>' with an "
+            f"algorithm of {sorted(ALGORITHMS)}, got {value!r}"
+        )
 
 
 def record_path(checkpoint: Path) -> Path:
@@ -195,13 +215,15 @@ def make_record(
     family: str,
     format: str,
     name: str | None = None,
+    digest: str | None = None,
     metrics: Mapping[str, float] | None = None,
 ) -> CommitRecord:
-    """Describe a durable payload, hashing it.
+    """Describe a durable payload.
 
     ``name`` is the file name the record is for, when ``checkpoint`` is still
-    a temporary file; ``metrics`` (see :func:`check_metrics`) what the trainer
-    reported with it.
+    a temporary file; ``digest`` the digest computed while it was written,
+    else the file is hashed now; ``metrics`` (see :func:`check_metrics`) what
+    the trainer reported with it.
     """
     return CommitRecord(
         name=name or checkpoint.name,
@@ -209,7 +231,7 @@ def make_record(
         family=family,
         format=format,
         size=checkpoint.stat().st_size,
-        sha256=sha256_of(checkpoint),
+        digest=digest or digest_of(checkpoint, DEFAULT_ALGORITHM),
         created=time.time(),
         metrics=check_metrics(metrics),
     )
@@ -241,16 +263,27 @@ def read_record(checkpoint: Path) -> CommitRecord | None:
         return None
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidRecordError(f"cannot read commit record {path}: {exc}") from exc
-    record = CommitRecord.from_json(text, source=path)
-    if not record.describes(checkpoint.name):
+    return parse_record(text, source=path, name=checkpoint.name)
+
+
+def parse_record(text: str, *, source, name: str) -> CommitRecord:
+    """Parse the record text of the checkpoint called ``name``, strictly.
+
+    Raises
+    ------
+    InvalidRecordError
+        When malformed, too new, or describing another file.
+    """
+    record = CommitRecord.from_json(text, source=source)
+    if not record.describes(name):
         raise InvalidRecordError(
-            f"commit record {path} describes {record.name!r} (family "
-            f"{record.family!r}, step {record.step}), not {checkpoint.name!r}"
+            f"commit record {source} describes {record.name!r} (family "
+            f"{record.family!r}, step {record.step}), not {name!r}"
         )
     return record
 
 
-def verify(checkpoint: Path, record: CommitRecord, *, sha256: bool) -> None:
+def verify(checkpoint: Path, record: CommitRecord, *, digest: bool) -> None:
     """Check a payload against its record.
 
     Parameters
@@ -259,8 +292,9 @@ def verify(checkpoint: Path, record: CommitRecord, *, sha256: bool) -> None:
         The payload.
     record : CommitRecord
         Its commit record.
-    sha256 : bool
-        Whether to hash the payload too (the size is always checked).
+    digest : bool
+        Whether to hash the payload too, with the record's algorithm (the
+        size is always checked).
 
     Raises
     ------
@@ -278,15 +312,17 @@ def verify(checkpoint: Path, record: CommitRecord, *, sha256: bool) -> None:
             f"checkpoint {checkpoint} has {size} bytes but its commit record says {record.size} "
             "(torn or truncated write)"
         )
-    if sha256:
-        actual = sha256_of(checkpoint)
-        allowed = {record.sha256}
+    if digest:
+        allowed = {record.digest}
         if record.replaces is not None:
             allowed.add(record.replaces[1])
-        if actual not in allowed:
+        actual = {d: digest_of(checkpoint, d.partition(":")[0]) for d in allowed}
+        if not any(actual[d] == d for d in allowed):
+            mine = actual[record.digest]
             raise CorruptCheckpointError(
-                f"checkpoint {checkpoint} does not match the sha256 of its commit record "
-                f"({actual[:12]}… instead of {record.sha256[:12]}…)"
+                f"checkpoint {checkpoint} does not match the {record.algorithm} digest "
+                f"of its commit record ({mine.partition(':')[2][:12]}… instead of "
+                f"{record.digest.partition(':')[2][:12]}…)"
             )
 
 

@@ -66,9 +66,9 @@ class ResolveContext:
     fallback_pointers : tuple of Path
         Pointers outside the store that ``latest`` follows into the store
         when the store itself names nothing (a host's mirrors).
-    sha256 : bool
-        Whether to hash candidates with a commit record (the size is always
-        checked).
+    digest : bool
+        Whether to hash candidates with a commit record and compare the
+        digest it names (the size is always checked).
     quarantine : bool
         Whether a corrupt candidate may be moved aside (chief rank only).
     """
@@ -78,7 +78,7 @@ class ResolveContext:
     cwd: Path = field(default_factory=Path.cwd)
     prefix_path: Path | None = None
     fallback_pointers: tuple[Path, ...] = ()
-    sha256: bool = False
+    digest: bool = False
     quarantine: bool = True
 
 
@@ -91,17 +91,20 @@ class Resolved:
     checkpoint : Checkpoint
         The checkpoint.
     checked : str
-        ``"sha256"``, ``"size"`` or ``"unverified"``.
+        ``"digest"``, ``"size"`` or ``"unverified"``.
     how : str
         Which rule found it, for messages.
     warnings : list of str
         What was skipped or moved aside on the way.
+    moved_aside : list of Path
+        Corrupt checkpoints moved into ``quarantine/`` on the way.
     """
 
     checkpoint: Checkpoint
     checked: str
     how: str
     warnings: list[str] = field(default_factory=list)
+    moved_aside: list[Path] = field(default_factory=list)
 
     @property
     def path(self) -> Path:
@@ -222,6 +225,7 @@ class _Search:
         self.warnings: list[str] = []
         self.bad: list[Path] = []
         self.skipped: set[Path] = set()
+        self.moved: list[Path] = []
 
     def fail(self) -> RestartNotFoundError:
         places = "\n".join(f"  - {p}" for p in self.looked) or "  (nowhere)"
@@ -242,7 +246,11 @@ class _Search:
             )
         )
         return Resolved(
-            Checkpoint(path, step, family, record), checked, how, self.warnings
+            Checkpoint(path, step, family, record),
+            checked,
+            how,
+            self.warnings,
+            self.moved,
         )
 
     def accept(
@@ -280,16 +288,18 @@ class _Search:
             )
             return self.found(path, None, "unverified", how)
         try:
-            verify(path, record, sha256=self.ctx.sha256)
+            verify(path, record, digest=self.ctx.digest)
         except CorruptCheckpointError as exc:
             if explicit:
                 raise
             self.bad.append(path)
             moved = quarantine(path) if self.ctx.quarantine else None
+            if moved:
+                self.moved.append(path)
             where = f"; moved aside to {moved}" if moved else ""
             self.warnings.append(f"{exc}{where}")
             return None
-        checked = "sha256" if self.ctx.sha256 else "size"
+        checked = "digest" if self.ctx.digest else "size"
         return self.found(path, record, checked, how)
 
     def follow(
@@ -306,10 +316,10 @@ class _Search:
                 )
                 return None
             target = real
-        if family.step_of(target.name) is None:
+        if not _numbered_name(target.name, family.suffix):
             self.warnings.append(
                 f"ignored: {via} names {target}, which is not a numbered "
-                f"{family.prefix}-<step>{family.suffix} checkpoint"
+                f"<prefix>-<step>{family.suffix} checkpoint"
             )
             return None
         if not target.is_file():
@@ -390,6 +400,19 @@ class _Search:
                 f"falling back from {', '.join(passed)} to {found.path}"
             )
         return found
+
+
+def _numbered_name(name: str, suffix: str) -> bool:
+    """Whether ``name`` is a numbered checkpoint name of some family.
+
+    A directory's pointer may name a checkpoint of another ``save_ckpt`` than
+    the configured one (a run restarting from another run's store); what it
+    may not name is the pointer itself, the lock, a record or a directory.
+    """
+    if name.startswith(".") or not name.endswith(suffix):
+        return False
+    prefix, dash, _ = name[: len(name) - len(suffix)].rpartition("-")
+    return bool(prefix and dash) and Family(prefix, suffix).step_of(name) is not None
 
 
 def _provably_committed(path: Path) -> bool:

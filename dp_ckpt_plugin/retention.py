@@ -6,8 +6,14 @@ the model). Policies compose with :class:`AnyOf`: a checkpoint stays if any
 policy keeps it. :func:`plan_prune` applies a policy together with the rules
 no policy can change: protected checkpoints (the one just written, the
 published one, the one the run resumed from) are never removed, and
-checkpoints numbered above the current step (remnants of an earlier, longer
-run) are not the window's to keep. A new policy needs no edit of the planner.
+checkpoints numbered above the current step are not the window's: they are
+left alone (an earlier run's are archived before a run's first save, rule
+14). A new policy needs no edit of the planner.
+
+A policy may also say, with ``keeps_all(count)``, that a family of ``count``
+checkpoints is kept whole whatever their steps (a window at least that wide,
+keep-all): the store then skips planning, so a save costs the same with 10 or
+10,000 checkpoints kept.
 
 Each built-in policy has a ``name`` (stable, for programs) and a ``reason``
 (for people, such as ``"newest 5"``); :func:`explain_prune` says, for every
@@ -86,6 +92,10 @@ class KeepAll:
         """Every candidate."""
         return {name for name, _ in candidates}
 
+    def keeps_all(self, count: int) -> bool:
+        """Always."""
+        return True
+
     def to_dict(self) -> dict[str, Any]:
         """The keys of :func:`policy_from_dict` that build this policy."""
         return {"max_ckpt_keep": 0}
@@ -111,6 +121,10 @@ class KeepLast:
     def reason(self) -> str:
         """``newest <count>``, or ``all kept`` without a window."""
         return "all kept" if self.window is None else f"newest {self.count}"
+
+    def keeps_all(self, count: int) -> bool:
+        """Whether ``count`` checkpoints fit in the window."""
+        return self.window is None or count <= self.window
 
     def keeps(self, candidates, protected):
         """The newest ``count`` minus the protected ones among the candidates."""
@@ -238,6 +252,12 @@ class AnyOf:
         """The reasons of the parts, joined by ``or``."""
         return " or ".join(reason_of(p) for p in self.policies)
 
+    def keeps_all(self, count: int) -> bool:
+        """Whether one of the policies keeps a family of ``count`` whole."""
+        return any(
+            getattr(p, "keeps_all", lambda n: False)(count) for p in self.policies
+        )
+
     def keeps(self, candidates, protected):
         """The union of what each policy keeps."""
         kept: set[str] = set()
@@ -325,17 +345,14 @@ class Verdict:
         Its step.
     kept_by : tuple of (str, str)
         ``(name, reason)`` of everything that keeps it: ``("protected",
-        why)`` for a protected checkpoint, then each policy keeping it.
+        why)`` for a protected checkpoint, ``("above_current_step", why)``
+        for one the planner leaves alone, then each policy keeping it.
         Empty when it is removed.
-    note : str
-        Why a removed checkpoint goes when no policy could keep it
-        (numbered above the current step); empty otherwise.
     """
 
     name: str
     step: int
     kept_by: tuple[tuple[str, str], ...]
-    note: str = ""
 
     @property
     def kept(self) -> bool:
@@ -349,7 +366,7 @@ def _split(
     keep: frozenset[str],
     metrics: Mapping[str, Mapping[str, float]] | None,
 ) -> tuple[list[tuple[int, str]], list[Candidate]]:
-    """Remnants (numbered above the current step, not protected) and candidates."""
+    """Those numbered above the current step (not protected), and the candidates."""
     metrics = metrics or {}
     remnants = sorted(
         (s, n) for n, s in committed.items() if s > current_step and n not in keep
@@ -370,6 +387,8 @@ def plan_prune(
 ) -> list[str]:
     """Return the names of committed checkpoints to remove, oldest first.
 
+    Checkpoints numbered above ``current_step`` are never removed here.
+
     Parameters
     ----------
     committed : Mapping[str, int]
@@ -385,9 +404,9 @@ def plan_prune(
         :class:`KeepBest`).
     """
     keep = frozenset(protected)
-    remnants, candidates = _split(committed, current_step, keep, metrics)
+    _, candidates = _split(committed, current_step, keep, metrics)
     kept = keep | policy.keeps(candidates, keep)
-    return [n for _, n in remnants] + [n for n, _ in candidates if n not in kept]
+    return [n for n, _ in candidates if n not in kept]
 
 
 def explain_prune(
@@ -415,12 +434,10 @@ def explain_prune(
         else dict.fromkeys(protected, "protected")
     )
     keep = frozenset(why_protected)
-    remnants, candidates = _split(committed, current_step, keep, metrics)
+    above, candidates = _split(committed, current_step, keep, metrics)
     kept = explain(policy, candidates, keep)
-    verdicts = [
-        Verdict(n, s, (), f"numbered above the current step {current_step}")
-        for s, n in remnants
-    ]
+    why = f"numbered above the current step {current_step}"
+    verdicts = [Verdict(n, s, (("above_current_step", why),)) for s, n in above]
     for name, step in candidates:
         by = [("protected", why_protected[name])] if name in keep else []
         verdicts.append(Verdict(name, step, (*by, *kept.get(name, ()))))

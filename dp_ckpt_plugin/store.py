@@ -302,6 +302,8 @@ class CheckpointStore:
             self._save_states(step, states, paths, reported)
             return paths
         self.wait()
+        with self._mutex:
+            self.open()  # the lock is taken (or refused) now, not on the worker
         snapshots = {f: self._background.snapshots.take(s) for f, s in states.items()}
         self._background.submit(self._save_states, step, snapshots, paths, reported)
         return paths
@@ -522,25 +524,31 @@ class CheckpointStore:
         resumed = self._resumed_from.get(fam.prefix)
         if resumed is not None and checkpoint.step >= (fam.step_of(resumed.name) or 0):
             del self._resumed_from[fam.prefix]
-        checkpoints = self.catalogue.of(fam).values()
+        entries = self.catalogue.of(fam)
+        keeps_all = getattr(cfg.policy, "keeps_all", None)
+        if keeps_all is not None and keeps_all(len(entries)):
+            return []  # nothing to plan: the policy keeps a family this size whole
         doomed = plan_prune(
-            {c.name: c.step for c in checkpoints},
+            {c.name: c.step for c in entries.values()},
             current_step=checkpoint.step,
             protected=self.protected(fam, checkpoint.path),
             policy=cfg.policy,
-            metrics={c.name: c.record.metrics or {} for c in checkpoints},
+            metrics={c.name: c.record.metrics or {} for c in entries.values()},
         )
         paths = [self.directory / name for name in doomed]
-        for path in paths:
-            self.catalogue.discard(fam, path.name)
-        remove(paths, durable=self.durable)
+        try:
+            remove(paths, durable=self.durable)
+        finally:  # a failed removal leaves its checkpoint in the catalogue
+            for path in paths:
+                if not os.path.lexists(path):
+                    self.catalogue.discard(fam, path.name)
         return paths
 
     # -- resolution and loading ----------------------------------------------
     def context(
         self,
         *,
-        sha256: bool = False,
+        digest: bool = False,
         cwd: Path | None = None,
         family: str | None = None,
     ) -> ResolveContext:
@@ -551,12 +559,12 @@ class CheckpointStore:
             store_dir=self.directory,
             cwd=cwd or Path.cwd(),
             fallback_pointers=tuple(m.path for m in cfg.mirrors if m.kind == "pointer"),
-            sha256=sha256,
+            digest=digest,
             quarantine=self.is_chief,
         )
 
     def resolve(
-        self, spec: str, *, sha256: bool = False, cwd: Path | None = None
+        self, spec: str, *, digest: bool = False, cwd: Path | None = None
     ) -> Resolved:
         """Resolve a restart specification (on the chief, broadcast to all).
 
@@ -564,9 +572,11 @@ class CheckpointStore:
         commits one of a later step.
         """
         with self._mutex:
-            ctx = self.context(sha256=sha256, cwd=cwd) if self.is_chief else None
+            ctx = self.context(digest=digest, cwd=cwd) if self.is_chief else None
             found = resolve_restart(self.pm, spec, ctx, self.ranks)
-            self.catalogue.invalidate()  # resolution may have moved a file aside
+            for moved in found.moved_aside:  # corrupt files went to quarantine
+                for cfg in self.families.values():
+                    self.catalogue.discard(cfg.family, moved.name)
             self.protect_resumed(found.path)
             return found
 

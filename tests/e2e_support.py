@@ -25,6 +25,8 @@ from typing import Any
 
 from helpers import free_port
 
+from dp_ckpt_plugin.digests import digest_of
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 """Root of the repository checkout."""
 
@@ -329,7 +331,10 @@ def assert_committed(checkpoint: Path, *, step: int, family: str) -> None:
     assert record["family"] == family
     assert record["format"] == "torch"
     assert record["size"] == checkpoint.stat().st_size
-    assert record["sha256"] == sha256(checkpoint)
+    algorithm, _, value = record["digest"].partition(":")
+    assert (
+        algorithm == "blake3" and value == digest_of(checkpoint, "blake3").split(":")[1]
+    )
     assert isinstance(record["format_version"], int)
 
 

@@ -233,7 +233,7 @@ def test_verify_finds_a_flipped_byte_only_with_the_digest(store, capsys, flag):
     status, data = as_json(capsys, "verify", store, flag)
     assert status == 1 and not data["ok"]
     (bad,) = [c for c in data["checkpoints"] if not c["ok"]]
-    assert bad["name"] == "model.ckpt-8.h5" and "sha256" in bad["problem"]
+    assert bad["name"] == "model.ckpt-8.h5" and "digest" in bad["problem"]
     status, out, _ = dp_ckpt(capsys, "verify", store, flag)
     assert "CORRUPT" in out and "1 problem(s)" in out
     assert (store / "model.ckpt-8.h5").exists()  # reported, never moved

@@ -8,7 +8,8 @@ import pickle
 import pytest
 from helpers import BACKENDS, SUFFIX, assert_same, nested_payload, temporaries
 
-from dp_ckpt_plugin.records import read_record, sha256_of
+from dp_ckpt_plugin.digests import digest_of
+from dp_ckpt_plugin.records import read_record
 
 
 @pytest.fixture(params=BACKENDS)
@@ -32,7 +33,7 @@ def test_every_save_is_committed_and_leaves_no_temporary(make_manager, backend):
     for step in range(4):
         path = m.save(step, nested_payload(step, backend))
         record = read_record(path)
-        assert record.format == backend and record.sha256 == sha256_of(path)
+        assert record.format == backend and record.digest == digest_of(path)
     names = os.listdir(m.directory)
     assert temporaries(m.directory) == []
     assert sorted(n for n in names if not n.startswith(".")) == sorted(

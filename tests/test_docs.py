@@ -169,7 +169,7 @@ def test_restart_by_step(tmp_path):
         restored = m.restore("step:1")
         assert restored.step == 1
         assert restored.path == paths[1]
-        assert restored.resolved.checked == "sha256"
+        assert restored.resolved.checked == "digest"
         assert payload_mismatches(restored.state, 1) == []
         # other specs still reach the built-in resolver
         assert m.resolve("latest") == paths[3]

@@ -131,7 +131,7 @@ def test_a_resave_keeps_a_committed_checkpoint_at_every_step(tmp_path, monkeypat
             real_replace(src, dst)
             record = read_record_or_none(path)
             assert record is not None, f"no valid record after replace {dst}"
-            verify(path, record, sha256=True)
+            verify(path, record, digest=True)
             seen.append(os.path.basename(os.fspath(dst)))
 
         monkeypatch.setattr(os, "replace", replace)

@@ -102,7 +102,7 @@ def test_every_commit_is_copied_with_its_record(tmp_path, backup, backup_dir):
         copy = copies / path.name
         record = read_record(copy)
         assert (record.name, record.step) == (path.name, step)
-        verify(copy, record, sha256=True)
+        verify(copy, record, digest=True)
     assert json.loads(record_path(copies / paths[-1].name).read_text()) == json.loads(
         record_path(paths[-1]).read_text()
     )
@@ -124,7 +124,7 @@ def test_restart_backup_after_the_store_is_lost(tmp_path, backup, backup_dir):
         restored = m.restore("backup")
         assert restored.step == 3
         assert restored.path == backup_dir / "models" / "model.ckpt-3.h5"
-        assert restored.resolved.checked == "sha256"
+        assert restored.resolved.checked == "digest"
         assert payload_mismatches(restored.state, 3) == []
         assert m.resolve("backup:models") == restored.path
         # other specifications are not the plugin's

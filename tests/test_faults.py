@@ -334,7 +334,7 @@ def test_fault_during_save(tmp_path, monkeypatch, backend, point, code):
             assert snapshot(directory, backend) == (new, pointer, alias)
             assert committed_steps(directory, backend) == [1, 2]
             payload = directory / names["payload"]
-            verify(payload, read_record(payload), sha256=True)
+            verify(payload, read_record(payload), digest=True)
         restored = manager.restore("latest")
         assert restored.step == 1
         assert restored.path == directory / file_names(backend, 1)["payload"]
@@ -381,7 +381,7 @@ def test_fault_while_pruning(tmp_path, monkeypatch, role, code):
             verify(
                 directory / old["payload"],
                 read_record(directory / old["payload"]),
-                sha256=True,
+                digest=True,
             )
         else:
             # the payload is gone, its record stays: it names no file, and
@@ -423,13 +423,13 @@ def test_fault_while_saving_a_step_again(tmp_path, monkeypatch, point):
         assert restored.step == 2
         assert payload_mismatches(restored.state, 2) == []
         assert committed_steps(directory) == [1, 2]
-        assert restored.resolved.checked == "sha256"
+        assert restored.resolved.checked == "digest"
         if point in ("create", "write", "fsync"):
             assert snapshot(directory) == before
 
         manager.save(2, make_payload(2))
         assert committed_steps(directory) == [1, 2]
-        assert manager.restore("latest").resolved.checked == "sha256"
+        assert manager.restore("latest").resolved.checked == "digest"
 
 
 def test_free_space_is_checked_before_any_file_is_created(tmp_path, monkeypatch):

@@ -273,7 +273,7 @@ def check_latest(models: Path) -> tuple[Path, int]:
     record = read_record(path)
     assert record is not None, f"{name} has no commit record"
     assert record.step == step
-    verify(path, record, sha256=True)
+    verify(path, record, digest=True)
     state = torch.load(path, weights_only=True, map_location="cpu")
     assert state["model"]["_extra_state"]["train_infos"]["step"] == step
     # the alias in the store and the compatibility pointer and alias in the

@@ -152,7 +152,7 @@ def test_corrupt_newest_is_moved_aside_and_previous_used(tmp_path, damage, caplo
         data[len(data) // 2] ^= 0xFF
     newest.write_bytes(bytes(data))
     with caplog.at_level(logging.WARNING):
-        found = resolve("latest", ctx(tmp_path, store_dir=d, sha256=True))
+        found = resolve("latest", ctx(tmp_path, store_dir=d, digest=True))
     assert found.step == 2
     assert not newest.exists()
     moved = list((d / "quarantine").iterdir())
@@ -170,7 +170,7 @@ def test_size_check_is_always_on(tmp_path):
     fill_store(d, [1, 2])
     with open(d / "model.ckpt-2.h5", "ab") as fh:
         fh.write(b"\0")
-    assert resolve("latest", ctx(tmp_path, store_dir=d, sha256=False)).step == 1
+    assert resolve("latest", ctx(tmp_path, store_dir=d, digest=False)).step == 1
 
 
 def test_flipped_byte_passes_size_check_but_not_sha256(tmp_path):
@@ -181,11 +181,11 @@ def test_flipped_byte_passes_size_check_but_not_sha256(tmp_path):
     (d / "model.ckpt-2.h5").write_bytes(bytes(data))
     assert (
         resolve(
-            "latest", ctx(tmp_path, store_dir=d, sha256=False, quarantine=False)
+            "latest", ctx(tmp_path, store_dir=d, digest=False, quarantine=False)
         ).step
         == 2
     )
-    assert resolve("latest", ctx(tmp_path, store_dir=d, sha256=True)).step == 1
+    assert resolve("latest", ctx(tmp_path, store_dir=d, digest=True)).step == 1
 
 
 def test_explicitly_named_corrupt_file_is_an_error_not_a_fallback(tmp_path):

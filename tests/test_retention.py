@@ -66,19 +66,20 @@ def test_more_protected_than_window_keeps_all_protected():
     assert sorted(doomed) == ["m-2.h5", "m-4.h5"]
 
 
-def test_remnants_above_current_step_go_first_and_do_not_count():
-    # a longer earlier run left 6..9; a restart from 3 commits 4
+def test_checkpoints_above_the_current_step_are_never_the_windows():
+    # rule 14: steps above the current one are not removed by retention (an
+    # earlier run's are archived before the first save), nor counted
     doomed = plan_prune(
         names([2, 3, 4, 6, 7, 8, 9]),
         current_step=4,
         protected={"m-4.h5"},
-        policy=KeepLast(3),
+        policy=KeepLast(2),
     )
-    assert doomed == ["m-6.h5", "m-7.h5", "m-8.h5", "m-9.h5"]
+    assert doomed == ["m-2.h5"]
     doomed = plan_prune(
         names([1, 2, 3, 4, 9]), current_step=4, protected={"m-4.h5"}, policy=KeepLast(0)
     )
-    assert doomed == ["m-9.h5"]
+    assert doomed == []
 
 
 def test_protected_remnant_is_kept():

@@ -116,9 +116,11 @@ def test_explain_says_which_policy_keeps_each_file():
     assert by["m-30.h5"].kept_by == (("keep_last", "newest 2"),)
     assert by["m-20.h5"].kept_by == (("keep_every_n_steps", "every 20 steps"),)
     assert by["m-10.h5"].kept_by == (("keep_best", "best 1 by loss (lowest)"),)
-    assert not by["m-25.h5"].kept and by["m-25.h5"].note == ""
-    assert not by["m-40.h5"].kept
-    assert by["m-40.h5"].note == "numbered above the current step 35"
+    assert not by["m-25.h5"].kept
+    # numbered above the current step: left alone (an earlier run's are archived)
+    assert by["m-40.h5"].kept_by == (
+        ("above_current_step", "numbered above the current step 35"),
+    )
     assert {v.name for v in verdicts if not v.kept} == set(
         plan_prune(
             committed,
@@ -374,9 +376,9 @@ def test_best_resolves_to_the_best_committed_checkpoint(tmp_path):
     )
     try:
         assert m.resolve("latest") == d / "model.ckpt-6.h5"
-        found = m.store.resolve("best", sha256=True)
+        found = m.store.resolve("best", digest=True)
         assert found.path == d / "model.ckpt-4.h5"
-        assert found.checked == "sha256"
+        assert found.checked == "digest"
         assert found.how == f"best 1 by loss (lowest) in {d}"
         assert m.resolve(f"best:{d}") == d / "model.ckpt-4.h5"
         assert m.restore("best").step == 4

@@ -18,8 +18,8 @@ from dp_ckpt_plugin.retention import (
 
 def oracle(committed, current, protected, window, every=None):
     """The rules written out plainly: what a family keeps after a save."""
-    remnants = {n for n, s in committed.items() if s > current and n not in protected}
-    rest = sorted((s, n) for n, s in committed.items() if n not in remnants)
+    above = {n for n, s in committed.items() if s > current and n not in protected}
+    rest = sorted((s, n) for n, s in committed.items() if n not in above)
     kept = {n for _, n in rest if n in protected}
     others = [n for _, n in rest if n not in protected]
     if window is None or window < 1:
@@ -29,7 +29,7 @@ def oracle(committed, current, protected, window, every=None):
         kept |= set(list(reversed(others))[:free])
     if every:
         kept |= {n for s, n in rest if s % every == 0}
-    return remnants | {n for _, n in rest if n not in kept}
+    return {n for _, n in rest if n not in kept}
 
 
 CASES = [random.Random(seed) for seed in range(400)]
@@ -54,13 +54,14 @@ def test_plan_prune_matches_the_oracle(rng):
     assert set(doomed) == oracle(committed, current, protected, window, every)
     assert len(doomed) == len(set(doomed))
     assert not set(doomed) & protected
-    # oldest first, remnants before the window's
-    remnant = [n for n in doomed if committed[n] > current]
-    assert doomed[: len(remnant)] == sorted(remnant, key=committed.get)
-    window_doomed = doomed[len(remnant) :]
-    assert window_doomed == sorted(window_doomed, key=committed.get)
+    # oldest first; never a step above the current one (rule 14)
+    assert doomed == sorted(doomed, key=committed.get)
+    assert all(committed[n] <= current for n in doomed)
     if not every and window >= 1:
-        left = len(committed) - len(doomed)
+        window_part = {
+            n for n, s in committed.items() if s <= current or n in protected
+        }
+        left = len(window_part - set(doomed))
         assert left <= max(window, len(protected & set(committed)))
 
 

@@ -40,25 +40,26 @@ from dp_ckpt_plugin import (
 )
 from dp_ckpt_plugin import fsio as fsio_module
 from dp_ckpt_plugin.catalogue import committed
+from dp_ckpt_plugin.digests import digest_of
 from dp_ckpt_plugin.layout import HOLDER_NAME, LOCK_NAME, record_name, temp_name
-from dp_ckpt_plugin.records import read_record, sha256_of
+from dp_ckpt_plugin.records import read_record
 
 FAM = Family("model.ckpt", ".h5")
 EMA = Family("model_ema.ckpt", ".h5", "checkpoint.model_ema.ckpt")
 
 
 def inventory(directory: Path) -> dict[str, str]:
-    """sha256 of every committed checkpoint under ``directory``, archives included."""
+    """The digest of every committed checkpoint under ``directory``, archives included."""
     found = {}
     for folder in [directory, *sorted((directory / "archive").glob("*"))]:
         for fam in (FAM, EMA):
             for c in committed(folder, fam):
-                found[f"{folder.name}/{c.name}"] = sha256_of(c.path)
+                found[f"{folder.name}/{c.name}"] = digest_of(c.path)
     return found
 
 
 def earlier_run(directory: Path, steps, *, ema: bool) -> dict[str, str]:
-    """Write an earlier run into ``directory``; return sha256 by file name."""
+    """Write an earlier run into ``directory``; return digests by file name."""
     pm = plugin_manager()
     with make_store(pm, directory, keep=0) as store:
         for step in steps:
@@ -66,7 +67,7 @@ def earlier_run(directory: Path, steps, *, ema: bool) -> dict[str, str]:
             if ema:
                 store.save(step, make_payload(step + 1000), family=EMA.prefix)
     return {
-        c.name: sha256_of(c.path)
+        c.name: digest_of(c.path)
         for fam in (FAM, EMA)
         for c in committed(directory, fam)
     }
@@ -147,7 +148,7 @@ def test_init_model_latest_follows_the_move(tmp_path):
         store.save(10, make_payload(7))  # the new run's own step 10
         moved = next((d / "archive").glob("*")) / "model.ckpt-10.h5"
         # the checkpoint the run started from is intact in the archive
-        assert moved.is_file() and read_record(moved).sha256 == sha256_of(moved)
+        assert moved.is_file() and read_record(moved).digest == digest_of(moved)
         restored = open_manager(d / "x", max_keep=0).store.load(
             resolve(str(moved), ResolveContext(FAM))
         )
@@ -228,8 +229,11 @@ def malformations():
     yield "step-other", lambda r: {**r, "step": r["step"] - 1}
     yield "family-other", lambda r: {**r, "family": "other.ckpt"}
     yield "name-other", lambda r: {**r, "name": "model.ckpt-1.h5"}
-    yield "sha-short", lambda r: {**r, "sha256": r["sha256"][:10]}
-    yield "sha-upper", lambda r: {**r, "sha256": r["sha256"].upper()}
+    yield "digest-short", lambda r: {**r, "digest": r["digest"][:20]}
+    yield "digest-upper", lambda r: {**r, "digest": r["digest"].upper()}
+    yield "digest-no-algorithm", lambda r: {**r, "digest": r["digest"].split(":")[1]}
+    yield "digest-unknown-algorithm", lambda r: {**r, "digest": "md5:" + "0" * 32}
+    yield "v1-without-sha256", lambda r: {**r, "format_version": 1}
     yield "newer-version", lambda r: {**r, "format_version": 99}
     yield "no-format", lambda r: {k: v for k, v in r.items() if k != "format"}
     yield "created-text", lambda r: {**r, "created": "yesterday"}
@@ -339,10 +343,12 @@ def test_an_explicit_file_is_hashed_once(tmp_path, monkeypatch):
     d = tmp_path / "models"
     fill_store(d, [1])
     calls = []
-    real = records.sha256_of
-    monkeypatch.setattr(records, "sha256_of", lambda p: (calls.append(p), real(p))[1])
-    found = resolve(str(d / "model.ckpt-1.h5"), ResolveContext(FAM, sha256=True))
-    assert found.checked == "sha256" and calls == [d / "model.ckpt-1.h5"]
+    real = records.digest_of
+    monkeypatch.setattr(
+        records, "digest_of", lambda p, a: (calls.append(p), real(p, a))[1]
+    )
+    found = resolve(str(d / "model.ckpt-1.h5"), ResolveContext(FAM, digest=True))
+    assert found.checked == "digest" and calls == [d / "model.ckpt-1.h5"]
 
 
 def test_a_failed_publication_puts_every_mirror_back(tmp_path, monkeypatch):
@@ -404,7 +410,7 @@ def test_threads_share_one_store(tmp_path):
     assert len(returned) == 40
     left = committed(tmp_path / "m", FAM)
     for c in left:
-        assert read_record(c.path).sha256 == sha256_of(c.path)
+        assert read_record(c.path).digest == digest_of(c.path)
     assert 1 <= len(left) <= 3 + 1  # the window, and a resumed-from at most
 
 
@@ -415,3 +421,28 @@ def test_a_step_is_an_int(tmp_path, step):
             m.save(step, make_payload(1))
         assert not (tmp_path / "m").exists()
         assert m.save(np.int64(5), make_payload(5)).name == "model.ckpt-5.h5"
+
+
+def test_records_of_version_1_with_sha256_still_verify(tmp_path):
+    """Old records (format version 1, ``sha256``, ``backend``) stay evidence."""
+    import hashlib
+
+    d = tmp_path / "models"
+    fill_store(d, [1, 2])
+    path = d / "model.ckpt-2.h5"
+    rec = d / record_name(path.name)
+    raw = json.loads(rec.read_text())
+    raw.pop("digest")
+    raw["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    raw["backend"] = raw.pop("format")
+    raw["format_version"] = 1
+    rec.write_text(json.dumps(raw))
+    found = resolve("latest", ResolveContext(FAM, store_dir=d, digest=True))
+    assert found.path == path and found.checked == "digest"
+    assert found.record.digest == "sha256:" + raw["sha256"]
+    # and a flipped byte is caught by that sha256
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    path.write_bytes(bytes(data))
+    found = resolve("latest", ResolveContext(FAM, store_dir=d, digest=True))
+    assert found.step == 1

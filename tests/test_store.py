@@ -12,8 +12,9 @@ import pytest
 from helpers import make_payload, make_store, payload_mismatches
 
 from dp_ckpt_plugin import CheckpointStore, fsio
+from dp_ckpt_plugin.digests import digest_of
 from dp_ckpt_plugin.layout import Family
-from dp_ckpt_plugin.records import FORMAT_VERSION, read_record, sha256_of
+from dp_ckpt_plugin.records import FORMAT_VERSION, read_record
 
 
 def visible(directory):
@@ -90,10 +91,11 @@ def test_commit_record_fields(tmp_path, pm):
         record.step == 7 and record.family == "model.ckpt" and record.format == "hdf5"
     )
     assert record.size == path.stat().st_size
-    assert record.sha256 == sha256_of(path)
+    assert record.digest == digest_of(path)
     assert record.format_version == FORMAT_VERSION
     raw = json.loads((d / ".model.ckpt-7.h5.commit.json").read_text())
-    assert set(raw) >= {"size", "sha256", "step", "family", "format", "format_version"}
+    assert set(raw) >= {"size", "digest", "step", "family", "format", "format_version"}
+    assert raw["digest"].startswith("blake3:") and raw["format_version"] == 2
     # a record written before "backend" was renamed "format" still reads
     raw["backend"] = raw.pop("format")
     (d / ".model.ckpt-7.h5.commit.json").write_text(json.dumps(raw))
@@ -269,20 +271,28 @@ def test_resumed_from_is_protected_until_a_later_step_is_committed(tmp_path, pm)
         ]
 
 
-def test_remnants_above_current_step_removed_after_first_commit(tmp_path, pm):
+def test_remnants_above_the_resumed_step_are_archived_at_the_first_commit(tmp_path, pm):
     d = tmp_path / "models"
     with make_store(pm, d, keep=0) as store:
         for step in (1, 2, 3, 4):
             store.save(step, make_payload(step))
+    old3 = (d / "model.ckpt-3.h5").read_bytes()
     with make_store(pm, d, keep=0) as store:
         store.resolve(str(d / "model.ckpt-2.h5"))
-        assert "model.ckpt-4.h5" in visible(d)  # nothing removed before a commit
+        assert "model.ckpt-4.h5" in visible(d)  # nothing moved before a commit
         store.save(3, make_payload(33))
         assert [n for n in visible(d) if n.startswith("model.ckpt-")] == [
             "model.ckpt-1.h5",
             "model.ckpt-2.h5",
             "model.ckpt-3.h5",
         ]
+    # the abandoned branch (3 and 4 of the earlier run) is archived, not deleted
+    (archived,) = (d / "archive").iterdir()
+    assert sorted(p.name for p in archived.glob("model.ckpt-*.h5")) == [
+        "model.ckpt-3.h5",
+        "model.ckpt-4.h5",
+    ]
+    assert (archived / "model.ckpt-3.h5").read_bytes() == old3
     assert (
         payload_mismatches(
             make_store(pm, d).load(make_store(pm, d).resolve("latest")), 33
@@ -322,7 +332,7 @@ def test_resave_of_the_same_step_replaces_it_committed(tmp_path, make_manager):
     m.save(5, make_payload(55))  # e.g. the re-save after change_bias_after_training
     r = m.restore("latest")
     assert payload_mismatches(r.state, 55) == []
-    assert read_record(r.path).sha256 == sha256_of(r.path)
+    assert read_record(r.path).digest == digest_of(r.path)
 
 
 def test_observers_see_publication_before_pruning(tmp_path, pm):

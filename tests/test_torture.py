@@ -1,22 +1,33 @@
 """Kill torture: a writer SIGKILLed at random times never loses a checkpoint.
 
 A child process (``saver_child.py run``) restores ``latest``, checks its
-content and saves 24 MB payloads step after step. The parent kills it with
-SIGKILL after a random (seeded) delay and starts it again, round after round.
-After every kill the parent checks, without writing anything:
+content and saves 24 MB payloads step after step, synchronously or, in the
+``async`` variant, with background saves (``async_save=True``: a step is
+reported committed once the save of the next one returned, which waited for
+it). The parent kills it with SIGKILL after a random (seeded) delay and starts
+it again, round after round. After every kill the parent checks, without
+writing anything:
 
 - ``latest`` restores, without any fallback warning, a checkpoint whose
   content is exactly the payload of its step, and no step the child reported
   as committed is newer than it;
 - every reported step that retention keeps is still committed (nothing
-  committed is lost), every committed checkpoint matches the sha256 of its
-  commit record, the family holds no more than the window plus the one a
-  kill may leave unpruned, and no payload without a record lies below
-  ``latest`` (none that nothing would ever remove);
+  committed is lost), every committed checkpoint matches the digest of its
+  commit record, the family holds no more checkpoints than
+  :func:`retention_bound` allows (the window, plus one per kill between a
+  commit and its pruning since a save last pruned), and no payload without a
+  record lies below ``latest`` (none that nothing would ever remove);
 - the only temporary files are those of the children since the last one
   that committed a checkpoint: a writer sweeps those of earlier children when
-  it first saves (the child checks after each save that none is left, and
-  the parent checks it after a final save).
+  it first saves (the child checks after each save that none is left, with
+  background saves none but its own once its first save is done, and the
+  parent checks it after a final save).
+
+Kills between a commit and its pruning add up (the family of a store with
+``max_keep=2`` can hold 4 checkpoints after two such kills in a row);
+:func:`test_kills_between_commit_and_pruning_add_up_until_a_save_prunes`
+shows it deterministically, and that the next save that prunes removes them
+all.
 """
 
 from __future__ import annotations
@@ -33,7 +44,9 @@ import pytest
 from helpers import (
     BACKENDS,
     FULL_SIZES,
+    backend_case,
     committed_paths,
+    committed_steps,
     family,
     make_payload,
     open_manager,
@@ -95,7 +108,7 @@ class ChildOutput:
         ]
 
 
-def start_child(directory, backend, max_keep, stderr):
+def start_child(directory, backend, max_keep, stderr, background=False):
     """Start ``saver_child.py run`` on ``directory``; return the process.
 
     Parameters
@@ -108,8 +121,53 @@ def start_child(directory, backend, max_keep, stderr):
         Retention window of the child's manager.
     stderr : file object
         Where the child's stderr goes.
+    background : bool
+        Whether the child saves in the background (``async_save=True``).
     """
-    return start_saver("run", directory, backend, max_keep, stderr=stderr)
+    how = ["async"] if background else []
+    return start_saver("run", directory, backend, max_keep, *how, stderr=stderr)
+
+
+def retention_bound(max_keep, reported_now, held_before):
+    """The most committed checkpoints a kill may leave in the family.
+
+    Derived from rules 11-13 of ``docs/semantics.md``. Pruning is the last
+    step of a save (rule 13); once it ran, the family holds at most
+    ``max(window, number protected)`` (rule 12), and then the new checkpoint
+    is the only one protected: the pointer and the alias name it, and the
+    protection of the checkpoint the run resumed from ended with this commit
+    of a later step. So:
+
+    - a child that reported a step had a save of its own return, pruning
+      included: at the kill the family holds the window plus at most the one
+      checkpoint of the save in flight, committed and not yet pruned (a
+      background save too: one is in flight at most);
+    - a child that reported nothing may still have committed its first step
+      and been killed before that save pruned. Nothing prunes when a store
+      opens, only after a commit, so that checkpoint comes on top of what the
+      earlier children left: kills like this in a row leave the window plus
+      one per kill (two in a row: 4 with ``max_keep=2``). The first save that
+      completes removes them all (retention plans over every committed
+      checkpoint), which the final save of a torture run checks.
+
+    Parameters
+    ----------
+    max_keep : int
+        The child's window (below one keeps all: no bound).
+    reported_now : bool
+        Whether the child killed last reported a committed step.
+    held_before : int
+        Committed checkpoints the kill before it left.
+
+    Returns
+    -------
+    int or None
+    """
+    if max_keep < 1:
+        return None
+    if reported_now:
+        return max_keep + 1
+    return max(max_keep, held_before) + 1
 
 
 class Tally:
@@ -123,9 +181,13 @@ class Tally:
         self.uncommitted = 0
         self.unpublished = 0
         self.stray_records = set()
+        self.held = 0
+        self.above_window = 0
 
 
-def check_after_kill(manager, backend, max_keep, reported, pids, hashed, tally):
+def check_after_kill(
+    manager, backend, max_keep, reported, pids, hashed, tally, *, bound
+):
     """Check the store left by the child ``pid``; return the latest step.
 
     Parameters
@@ -144,9 +206,13 @@ def check_after_kill(manager, backend, max_keep, reported, pids, hashed, tally):
         only theirs may be left.
     hashed : set of tuple
         ``(step, record time)`` of the commits already checked against their
-        sha256 (updated).
+        digest (updated).
     tally : Tally
-        Counts what was seen (updated).
+        Counts what was seen (updated); ``tally.held`` is set to the number of
+        committed checkpoints found.
+    bound : int or None
+        The most committed checkpoints the family may hold
+        (:func:`retention_bound`), or ``None`` for no bound.
     """
     directory = manager.directory
     names = os.listdir(directory) if directory.exists() else []
@@ -158,6 +224,10 @@ def check_after_kill(manager, backend, max_keep, reported, pids, hashed, tally):
     committed = committed_paths(directory, backend)
     numbered = {family(backend).step_of(name) for name in names}
     uncommitted = numbered - {None, *committed}
+    tally.held = len(committed)
+    if bound is not None:
+        assert len(committed) <= bound, (sorted(committed), f"at most {bound}")
+        tally.above_window += len(committed) > max_keep + 1
 
     try:
         restored = manager.restore("latest")
@@ -167,7 +237,7 @@ def check_after_kill(manager, backend, max_keep, reported, pids, hashed, tally):
         return 0
     latest = restored.step
     assert restored.resolved.warnings == [], restored.resolved.warnings
-    assert restored.resolved.checked == "sha256"
+    assert restored.resolved.checked == "digest"
     assert latest >= max(reported, default=0), "latest went back"
     assert payload_mismatches(restored.state, latest, backend, FULL_SIZES) == []
     tally.verified += 1
@@ -187,14 +257,13 @@ def check_after_kill(manager, backend, max_keep, reported, pids, hashed, tally):
         kept = set(range(1, latest + 1)) | reported
     else:
         kept = {step for step in reported if step > latest - max_keep}
-        assert len(committed) <= max_keep + 1, sorted(committed)
     lost = sorted(kept - committed.keys())
     assert not lost, f"committed checkpoints lost: steps {lost}"
     for step in sorted(committed):  # every commit record tells the truth
         record = read_record(committed[step])
-        sha256 = (step, record.created) not in hashed  # new, or saved again
-        verify(committed[step], record, sha256=sha256)
-        if sha256:
+        full = (step, record.created) not in hashed  # new, or saved again
+        verify(committed[step], record, digest=full)
+        if full:
             hashed.add((step, record.created))
             tally.verified += 1
     return latest
@@ -204,8 +273,33 @@ def check_after_kill(manager, backend, max_keep, reported, pids, hashed, tally):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_kill_torture(tmp_path, backend, max_keep):
     """Rules 5-8 and 12 under SIGKILL at random times, round after round."""
+    torture(tmp_path, backend, max_keep, background=False)
+
+
+#: The background variants: torch (half a minute a case) with a window only.
+ASYNC_CASES = [
+    backend_case("hdf5", 0),
+    backend_case("hdf5", 2),
+    backend_case("torch", 2),
+]
+
+
+@pytest.mark.parametrize(
+    ("backend", "max_keep"),
+    ASYNC_CASES,
+    ids=["hdf5-keep-all", "hdf5-keep-2", "torch-keep-2"],
+)
+def test_kill_torture_async(tmp_path, backend, max_keep):
+    """The same with background saves: what a child reported committed stays."""
+    torture(tmp_path, backend, max_keep, background=True)
+
+
+def torture(tmp_path, backend, max_keep, *, background):
+    """Kill child savers round after round, checking the store after each kill."""
     directory = tmp_path / "models"
-    delays = random.Random(f"torture-{backend}-{max_keep}")
+    mode = "async" if background else "sync"
+    seed = f"torture-{backend}-{max_keep}" + ("-async" if background else "")
+    delays = random.Random(seed)
     # the child's own settings (saver_child.py run), for reading only
     manager = open_manager(directory, backend, max_keep=max_keep, verify="sha256")
     reported, hashed, tally, pids = set(), set(), Tally(), []
@@ -213,7 +307,7 @@ def test_kill_torture(tmp_path, backend, max_keep):
     started = time.monotonic()
     with open(tmp_path / "child.err", "w+") as stderr:
         for _ in range(ROUNDS[backend]):
-            child = start_child(directory, backend, max_keep, stderr)
+            child = start_child(directory, backend, max_keep, stderr, background)
             output = ChildOutput(child.stdout)
             try:
                 assert output.ready.wait(timeout=120), "the child never got ready"
@@ -234,8 +328,11 @@ def test_kill_torture(tmp_path, backend, max_keep):
             tally.kills += 1
             reported.update(output.steps("committed"))
             pids = [child.pid] if output.steps("committed") else [*pids, child.pid]
+            bound = retention_bound(
+                max_keep, bool(output.steps("committed")), tally.held
+            )
             latest = check_after_kill(
-                manager, backend, max_keep, reported, pids, hashed, tally
+                manager, backend, max_keep, reported, pids, hashed, tally, bound=bound
             )
 
     # one more save without a kill: every leftover of the killed writers goes
@@ -253,17 +350,54 @@ def test_kill_torture(tmp_path, backend, max_keep):
             range(max(1, latest + 2 - max_keep), latest + 2)
         )
     for path in committed.values():
-        verify(path, read_record(path), sha256=True)
+        verify(path, read_record(path), digest=True)
         tally.verified += 1
     shutil.rmtree(directory)
 
     assert tally.kills >= 1 and reported, "no checkpoint was committed at all"
     print(
-        f"\ntorture {backend} max_keep={max_keep}: {tally.rounds} rounds, "
+        f"\ntorture {backend} {mode} max_keep={max_keep}: {tally.rounds} rounds, "
         f"{tally.kills} kills, {len(reported)} steps reported committed, "
-        f"{tally.verified} checkpoint verifications (sha256), 0 lost; "
+        f"{tally.verified} checkpoint verifications (digest), 0 lost; "
         f"kills that left a torn temporary {tally.mid_write}, an uncommitted "
         f"payload {tally.uncommitted}, a committed but unpublished step "
         f"{tally.unpublished}; records left naming no file by a kill while "
-        f"pruning {len(tally.stray_records)}; {time.monotonic() - started:.1f} s"
+        f"pruning {len(tally.stray_records)}; more than window + 1 left by kills "
+        f"between commit and pruning in a row {tally.above_window}; "
+        f"{time.monotonic() - started:.1f} s"
     )
+
+
+def test_kills_between_commit_and_pruning_add_up_until_a_save_prunes(tmp_path):
+    """Two writers killed between their commit and their pruning leave window + 2.
+
+    Why ``test_kill_torture[hdf5-keep-2]`` once found 4 checkpoints with
+    ``max_keep=2``: rules 12-13 bound the family once a save pruned, and
+    pruning comes last, after the commit and the observers; a new writer
+    prunes only after its own first commit. Each child here (``saver_child.py
+    stall``) resumes from ``latest``, commits and publishes the next step and
+    stops in an ``on_commit`` observer, where it is killed: retention never
+    ran. The next save that completes brings the family back to the window.
+    """
+    directory = tmp_path / "models"
+    with open_manager(directory, max_keep=2) as manager:
+        for step in (1, 2):
+            manager.save(step, make_payload(step))
+    with open(tmp_path / "child.err", "w+") as stderr:
+        for step, held in ((3, [1, 2, 3]), (4, [1, 2, 3, 4])):
+            child = start_saver("stall", directory, "hdf5", 2, stderr=stderr)
+            try:
+                lines = [child.stdout.readline(), child.stdout.readline()]
+                child.send_signal(signal.SIGKILL)
+            finally:
+                child.kill()
+                child.wait()
+                child.stdout.close()
+            stderr.seek(0)
+            expected = [f"ready {step - 1}\n", f"published {step}\n"]
+            assert lines == expected, stderr.read()
+            assert committed_steps(directory) == held
+    with open_manager(directory, max_keep=2, verify="sha256") as manager:
+        assert manager.restore("latest").step == 4
+        manager.save(5, make_payload(5))
+    assert committed_steps(directory) == [4, 5]

@@ -88,7 +88,7 @@ def describe_kept(verdict: Verdict | None, policy_known: bool) -> str:
     if verdict is None or not verdict.kept:
         if not policy_known:
             return "? (policy unknown)"
-        return (verdict.note if verdict else "") or GOES
+        return GOES
     return "; ".join(reason for _, reason in verdict.kept_by)
 
 
@@ -208,7 +208,6 @@ def family_json(view: FamilyView) -> dict[str, Any]:
                 "metrics": c.record.metrics,
                 "kept": bool(kept_by) if known else (True if kept_by else None),
                 "kept_by": [{"policy": p, "reason": r} for p, r in kept_by],
-                "note": verdict.note if verdict else "",
             }
         )
     return {

@@ -95,7 +95,7 @@ def resolve_in(directory: Path, spec: str, *, digest: bool) -> Resolved:
         family=inventory.families[0].family,
         store_dir=inventory.directory,
         cwd=Path.cwd(),
-        sha256=digest,
+        digest=digest,
         quarantine=False,
     )
     return resolve_restart(get_plugin_manager(), spec, context)
@@ -112,7 +112,7 @@ def as_json(found: Resolved, spec: str) -> dict[str, Any]:
         "step": c.step,
         "family": c.family,
         "how": found.how,
-        "checked": "digest" if found.checked == "sha256" else found.checked,
+        "checked": found.checked,
         "committed": record is not None,
         "size": record.size if record else None,
         "created": (record.created or None) if record else None,

@@ -65,7 +65,7 @@ class Check:
 def check(checkpoint: Checkpoint, *, digest: bool) -> Check:
     """Check one committed checkpoint against its record."""
     try:
-        records.verify(checkpoint.path, checkpoint.record, sha256=digest)
+        records.verify(checkpoint.path, checkpoint.record, digest=digest)
     except CorruptCheckpointError as exc:
         return Check(checkpoint, str(exc))
     return Check(checkpoint)

@@ -96,7 +96,7 @@ class RunSettings:
             store_dir=self.save_dir,
             cwd=self.cwd,
             prefix_path=self.save_ckpt,
-            sha256=self.options.verify == "sha256",
+            digest=self.options.verify != "size",
             quarantine=self.options.quarantine and chief,
         )
 
@@ -107,7 +107,7 @@ def restart_context(
     cwd: Path,
     store_dir: Path | None = None,
     prefix_path: Path | None = None,
-    sha256: bool = True,
+    digest: bool = True,
     quarantine: bool = True,
 ) -> ResolveContext:
     """The resolution context of a deepmd-kit command (train or freeze).
@@ -121,7 +121,7 @@ def restart_context(
         cwd=cwd,
         prefix_path=prefix_path,
         fallback_pointers=(cwd / WORKDIR_POINTER,) if store_dir is not None else (),
-        sha256=sha256,
+        digest=digest,
         quarantine=quarantine,
     )
 

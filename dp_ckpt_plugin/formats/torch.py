@@ -27,6 +27,7 @@ module is imported.
 from __future__ import annotations
 
 import collections
+import contextlib
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -106,8 +107,22 @@ def on_save_step(format: str, step: int, state: Any, file: BinaryIO):
         return None
     import torch
 
-    torch.save(state, file)
+    with _without_zip_crc32():
+        torch.save(state, file)
     return True
+
+
+def _without_zip_crc32():
+    """Skip the CRC32 torch's zip writer computes: the store's digest covers it.
+
+    The archive stays a valid zip that ``torch.load`` (and plain deepmd-kit)
+    reads; only the redundant checksum pass over the bytes goes.
+    """
+    try:
+        from torch.utils.serialization import config
+    except ImportError:  # torch without the option: keep its default
+        return contextlib.nullcontext()
+    return config.patch({"save.compute_crc32": False})
 
 
 @hookimpl(trylast=True)

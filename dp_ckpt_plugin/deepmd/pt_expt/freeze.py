@@ -47,7 +47,7 @@ def run_freeze(flags, pm) -> str:
     if spec.is_dir():
         family = primary_family_in(spec, SUFFIX, family)
     # a reader: leave the files of a possibly running job alone (no quarantine)
-    context = restart_context(family, cwd=Path.cwd(), sha256=True, quarantine=False)
+    context = restart_context(family, cwd=Path.cwd(), digest=True, quarantine=False)
     found = resolve_restart(pm, flags.checkpoint_folder, context)
     log.info("freezing %s (%s; checked: %s)", found.path, found.how, found.checked)
     options = {

@@ -66,7 +66,7 @@ def on_commit(store, checkpoint):
     folder.mkdir(parents=True, exist_ok=True)
     copy = folder / checkpoint.name
     copy_atomic(checkpoint.path, copy)
-    verify(copy, checkpoint.record, sha256=True)  # raises: the store logs it
+    verify(copy, checkpoint.record, digest=True)  # raises: the store logs it
     copy_atomic(record_path(checkpoint.path), record_path(copy))
 
 

@@ -1,0 +1,1022 @@
+"""Every state a power loss can leave during a save, reopened (ALICE, OSDI'14).
+
+A save is run for real in a temporary directory while the file operations of
+the store are recorded, in order: the creation of a file and its content,
+``fsync`` of a file or of a directory, ``rename``, ``unlink``, ``mkdir``,
+``symlink`` and ``link``. Operations are recorded whatever thread issues them
+(a background save runs on the store's worker thread), each logged together
+with the real call under one lock, so the log holds them in the order they
+happened. From the directory as it was before the save (the
+*initial state*) and this log, every state a file system may leave after a
+crash at every point of the log is generated under two models, materialized
+in a fresh directory and reopened by a new store.
+
+Models of what survives a crash once operations ``0..k`` were issued
+--------------------------------------------------------------------
+``posix`` (the weakest POSIX guarantees)
+    A file's data is durable only after an ``fsync`` of that file; before,
+    the file may be empty or hold its full content. A directory operation
+    (create, rename, unlink, mkdir, symlink, link) is durable only after a
+    later ``fsync`` of its directory (of both, for a rename between two
+    directories); an ``fsync`` of a file does not persist its name. Until
+    then any subset of the pending directory operations may have reached the
+    disk; a subset is applied in issue order. A rename itself is atomic: the
+    target names the old file or the new one, never a mix. Entries whose
+    parent directory did not persist are gone. With more than ten pending
+    items (operations and unsynced files), a few hundred subsets are sampled
+    with a fixed seed, besides all, none, and each item dropped alone.
+``ordered`` (like ext4 ``data=ordered``)
+    Operations persist in issue order: the states are the prefixes of the
+    log. Data written to a file before an operation that exposes it persists
+    with it.
+
+States are deduplicated by the content of their whole tree before checking;
+a tree that also arises once the save returned must pass the stricter check.
+
+Invariants, checked by new managers (``verify="sha256"``) in every state
+------------------------------------------------------------------------
+- When the save had returned (the crash follows its last operation; for a
+  background save, once ``wait()`` returned), ``restore("latest")`` gives
+  exactly its payload.
+- What ``restore("latest")`` and the restore of each committed numbered file
+  give is, value for value, a payload saved for that step before or during
+  the scenario: wrong content is never accepted.
+- ``latest`` never falls below the step that was latest before the save. An
+  earlier run that the save archives is never lost: each of its checkpoints
+  is either still in the store directory or, whole and with its record, in
+  an archive folder.
+- The next run (restore ``latest``, save step 99) succeeds, and step 99
+  restores.
+- After that open and save, the store directory holds no temporary file, no
+  commit record whose payload is missing, and no numbered checkpoint without
+  a valid record.
+
+The test fails listing every violation (scenario, model, crash point, what
+was lost, what is wrong) and prints how many distinct states each model gave.
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import hashlib
+import io
+import itertools
+import os
+import posixpath
+import random
+import shutil
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from helpers import assert_same, family, make_payload, open_manager, plugin_manager
+
+from dp_ckpt_plugin import fsio
+from dp_ckpt_plugin.catalogue import committed, read_record_or_none, uncommitted
+from dp_ckpt_plugin.errors import RestartNotFoundError
+from dp_ckpt_plugin.layout import is_temp, record_target
+from dp_ckpt_plugin.records import verify
+
+pytestmark = pytest.mark.skipif(
+    not os.path.isdir("/proc/self/fd"),
+    reason="the recorder finds the file an fsync flushes through /proc/self/fd",
+)
+
+#: Where the store directory lies under a scenario's root (created by the save).
+STORE = "run/models"
+#: A directory tree: relative path -> (kind, content). Kinds are ``dir``
+#: (content None), ``file`` (bytes) and ``link`` (the symlink's target).
+Tree = dict[str, tuple[str, object]]
+
+# -- the log ------------------------------------------------------------------
+
+#: Operations that change a directory, and so are durable only after its fsync.
+NAMESPACE_OPS = ("create", "mkdir", "symlink", "link", "rename", "unlink")
+
+
+@dataclass(frozen=True)
+class Op:
+    """One recorded file operation.
+
+    Attributes
+    ----------
+    kind : str
+        ``create``, ``write``, ``fsync`` (of a file), ``fsync_dir``,
+        ``rename``, ``unlink``, ``mkdir``, ``symlink`` or ``link``.
+    path : str
+        The path it acts on, relative to the root (the source of a rename or
+        link).
+    inode : int or None
+        The file it acts on (``None`` for ``fsync_dir``).
+    dst : str or None
+        The new name of a rename or link.
+    data : bytes or None
+        The whole content of the file after a ``write``.
+    """
+
+    kind: str
+    path: str
+    inode: int | None = None
+    dst: str | None = None
+    data: bytes | None = None
+
+    def directories(self) -> tuple[str, ...]:
+        """The directories whose entries this operation changes."""
+        if self.kind not in NAMESPACE_OPS:
+            return ()
+        names = {"rename": (self.path, self.dst), "link": (self.dst,)}
+        changed = names.get(self.kind, (self.path,))
+        return tuple(sorted({posixpath.dirname(n) or "." for n in changed}))
+
+    def __str__(self) -> str:
+        if self.dst is not None:
+            return f"{self.kind} {self.path} -> {self.dst}"
+        if self.data is not None:
+            return f"write {self.path} ({len(self.data)} bytes)"
+        return f"{self.kind} {self.path}"
+
+
+@dataclass
+class Log:
+    """The initial state of a root and the operations recorded after it.
+
+    Attributes
+    ----------
+    names : dict
+        The initial namespace: relative path -> inode.
+    kinds : dict
+        Inode -> ``file``, ``dir`` or ``link``, for every inode ever seen.
+    targets : dict
+        Inode of a symlink -> its target.
+    initial : dict
+        Inode -> its content in the initial state (durable).
+    ops : list of Op
+        The recorded operations, in issue order.
+    threads : list of str
+        The name of the thread that issued each recorded operation.
+    """
+
+    names: dict[str, int] = field(default_factory=dict)
+    kinds: dict[int, str] = field(default_factory=dict)
+    targets: dict[int, str] = field(default_factory=dict)
+    initial: dict[int, bytes] = field(default_factory=dict)
+    ops: list[Op] = field(default_factory=list)
+    threads: list[str] = field(default_factory=list)
+
+    def add(self, kind: str, content: object = None) -> int:
+        """Register a new inode; return its number."""
+        inode = len(self.kinds)
+        self.kinds[inode] = kind
+        if kind == "link":
+            self.targets[inode] = content
+        return inode
+
+    @classmethod
+    def of_tree(cls, tree: Tree) -> Log:
+        """Return a log whose initial state is ``tree`` and with no operation."""
+        log = cls()
+        for path, (kind, content) in sorted(tree.items()):
+            if path == ".":
+                continue
+            inode = log.add(kind, content)
+            log.names[path] = inode
+            if kind == "file":
+                log.initial[inode] = content
+        return log
+
+
+def scan(root: Path) -> Tree:
+    """Return the tree under ``root``, symlinks not followed."""
+    tree: Tree = {".": ("dir", None)}
+    for base, dirs, files in os.walk(root):
+        for name in dirs + files:
+            full = os.path.join(base, name)
+            rel = os.path.relpath(full, root)
+            if os.path.islink(full):
+                tree[rel] = ("link", os.readlink(full))
+            elif os.path.isdir(full):
+                tree[rel] = ("dir", None)
+            else:
+                tree[rel] = ("file", Path(full).read_bytes())
+    return tree
+
+
+# -- recording ----------------------------------------------------------------
+
+
+def _serialized(wrapper: Callable) -> Callable:
+    """Run a wrapper holding the recorder's lock.
+
+    The real call and its log entry are then one step: when several threads
+    (the caller and a background writer) touch files, the log holds their
+    operations in the order the calls happened.
+    """
+
+    @functools.wraps(wrapper)
+    def run(self, *args, **kwargs):
+        with self.lock:
+            return wrapper(self, *args, **kwargs)
+
+    return run
+
+
+class Recorder:
+    """Log the file operations under ``root`` while it is installed.
+
+    The ``os`` functions the store calls and ``open`` (``builtins.open`` and
+    ``io.open``, which ``pathlib`` calls) are wrapped in their modules, so
+    the calls of every thread go through the wrappers: each call goes through
+    and, when it touches ``root``, is logged with the name of its thread. A
+    lock makes each call and its log entry one step (see :func:`_serialized`). A file's content is captured
+    whenever an operation observes the file (its fsync, its rename, link or
+    unlink) and at the end, as a ``write`` logged just before that operation.
+
+    Parameters
+    ----------
+    root : Path
+        The directory whose operations count; the initial state is its tree
+        when the recorder is made.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = os.path.realpath(root)
+        self.log = Log.of_tree(scan(root))
+        self.live = dict(self.log.names)
+        self.known = dict(self.log.initial)
+        self.real: dict[str, Callable] = {}
+        self.lock = threading.RLock()
+
+    def install(self, mp: pytest.MonkeyPatch) -> None:
+        """Wrap the functions (undone when ``mp`` is)."""
+        wrappers = {
+            "open": self._os_open,
+            "fsync": self._fsync,
+            "replace": self._replace,
+            "rename": self._rename,
+            "unlink": self._unlink,
+            "remove": self._unlink,
+            "mkdir": self._mkdir,
+            "symlink": self._symlink,
+            "link": self._link,
+        }
+        for name, wrapper in wrappers.items():
+            self.real[name] = getattr(os, name)
+            mp.setattr(os, name, wrapper)
+        self.real["builtin_open"] = builtins.open
+        mp.setattr(builtins, "open", self._open)
+        mp.setattr(io, "open", self._open)
+
+    @_serialized
+    def finish(self) -> Log:
+        """Capture the last content of every file; check nothing was missed."""
+        for rel in list(self.live):
+            self._observe(rel)
+        replayed = tree_of(
+            self.log, replay(self.log.ops, self.log.names), latest_data(self.log)
+        )
+        actual = scan(Path(self.root))
+        missed = sorted(set(replayed.items()) ^ set(actual.items()))
+        assert not missed, f"the recorder missed operations on {missed[:3]}"
+        return self.log
+
+    # -- helpers -------------------------------------------------------------
+    def _rel(self, path) -> str | None:
+        """``path`` relative to the root, or ``None`` if outside it (or a fd)."""
+        if isinstance(path, int):
+            return None
+        full = os.path.abspath(os.fsdecode(os.fspath(path)))
+        if full == self.root:
+            return "."
+        if full.startswith(self.root + os.sep):
+            return os.path.relpath(full, self.root)
+        return None
+
+    def _emit(self, kind: str, path: str, inode=None, **extra) -> None:
+        self.log.ops.append(Op(kind, path, inode, **extra))
+        self.log.threads.append(threading.current_thread().name)
+
+    def _new(self, rel: str, kind: str, content: object = None) -> int:
+        inode = self.log.add(kind, content)
+        self.live[rel] = inode
+        if kind == "file":
+            self.known[inode] = b""
+        self._emit(
+            {"file": "create", "dir": "mkdir", "link": "symlink"}[kind], rel, inode
+        )
+        return inode
+
+    def _observe(self, rel: str) -> int:
+        """Log a ``write`` if the file at ``rel`` changed; return its inode."""
+        inode = self.live.get(rel)
+        assert inode is not None, f"the recorder missed the creation of {rel}"
+        if self.log.kinds[inode] == "file":
+            with self.real["builtin_open"](os.path.join(self.root, rel), "rb") as f:
+                data = f.read()
+            if data != self.known[inode]:
+                self.known[inode] = data
+                self._emit("write", rel, inode, data=data)
+        return inode
+
+    # -- the wrappers ----------------------------------------------------------
+    @_serialized
+    def _open(self, file, mode="r", *args, **kwargs):
+        rel = self._rel(file)
+        existed = rel is not None and os.path.lexists(file)
+        handle = self.real["builtin_open"](file, mode, *args, **kwargs)
+        if rel is not None and any(c in mode for c in "wxa"):
+            if not existed:
+                self._new(rel, "file")
+            elif "w" in mode:
+                self._observe(rel)  # truncated
+        return handle
+
+    @_serialized
+    def _os_open(self, path, flags, *args, **kwargs):
+        rel = self._rel(path)
+        existed = rel is not None and os.path.lexists(path)
+        fd = self.real["open"](path, flags, *args, **kwargs)
+        if rel is not None and flags & os.O_CREAT and not existed:
+            self._new(rel, "file")
+        elif rel is not None and flags & os.O_TRUNC:
+            self._observe(rel)
+        return fd
+
+    @_serialized
+    def _fsync(self, fd):
+        target = os.readlink(f"/proc/self/fd/{int(fd)}")
+        rel = self._rel(target)
+        if rel is not None and os.path.isdir(target):
+            self._emit("fsync_dir", rel)
+        elif rel is not None:
+            self._emit("fsync", rel, self._observe(rel))
+        return self.real["fsync"](fd)
+
+    def _replace(self, src, dst, **kwargs):
+        return self._move("replace", src, dst, **kwargs)
+
+    def _rename(self, src, dst, **kwargs):
+        return self._move("rename", src, dst, **kwargs)
+
+    @_serialized
+    def _move(self, how, src, dst, **kwargs):
+        old, new = self._rel(src), self._rel(dst)
+        if (old is None and new is None) or not os.path.lexists(src):
+            return self.real[how](src, dst, **kwargs)
+        assert old is not None and new is not None, f"a move across {self.root}"
+        inode = self._observe(old)
+        assert self.log.kinds[inode] != "dir", "directory renames are not modelled"
+        self.real[how](src, dst, **kwargs)
+        self.live[new] = self.live.pop(old)
+        self._emit("rename", old, inode, dst=new)
+        return None
+
+    @_serialized
+    def _unlink(self, path, **kwargs):
+        rel = self._rel(path)
+        if rel is None or not os.path.lexists(path):
+            return self.real["unlink"](path, **kwargs)
+        inode = self._observe(rel)
+        self.real["unlink"](path, **kwargs)
+        del self.live[rel]
+        self._emit("unlink", rel, inode)
+        return None
+
+    @_serialized
+    def _mkdir(self, path, *args, **kwargs):
+        self.real["mkdir"](path, *args, **kwargs)
+        rel = self._rel(path)
+        if rel is not None:
+            self._new(rel, "dir")
+
+    @_serialized
+    def _symlink(self, target, path, *args, **kwargs):
+        self.real["symlink"](target, path, *args, **kwargs)
+        rel = self._rel(path)
+        if rel is not None:
+            self._new(rel, "link", os.fsdecode(target))
+
+    @_serialized
+    def _link(self, src, dst, *args, **kwargs):
+        self.real["link"](src, dst, *args, **kwargs)
+        old, new = self._rel(src), self._rel(dst)
+        if new is not None:
+            assert old is not None, f"a link into {self.root} from outside"
+            inode = self._observe(old)
+            self.live[new] = inode
+            self._emit("link", old, inode, dst=new)
+
+
+# -- crash states -------------------------------------------------------------
+
+
+@dataclass
+class CrashState:
+    """One state a crash may leave.
+
+    Attributes
+    ----------
+    tree : Tree
+        The files, links and directories.
+    point : int
+        The last operation issued before the crash (-1: none).
+    lost : tuple of str
+        The issued operations and file contents that did not persist.
+    returned : bool
+        Whether the save had returned (the crash follows its last operation).
+    """
+
+    tree: Tree
+    point: int
+    lost: tuple[str, ...] = ()
+    returned: bool = False
+
+
+def replay(ops: Iterable[Op], names: dict[str, int] | None = None) -> dict[str, int]:
+    """Apply the namespace operations of ``ops`` to ``names``; return the result.
+
+    A rename or unlink acts on its file: when an earlier operation that made
+    it reachable under the old name did not persist, the rename still gives
+    it the new name and the unlink does nothing.
+    """
+    names = dict(names or {})
+    for op in ops:
+        if op.kind in ("create", "mkdir", "symlink"):
+            names[op.path] = op.inode
+        elif op.kind == "link":
+            names[op.dst] = op.inode
+        elif op.kind in ("rename", "unlink"):
+            if names.get(op.path) == op.inode:
+                del names[op.path]
+            if op.kind == "rename":
+                names[op.dst] = op.inode
+    return names
+
+
+def tree_of(log: Log, names: dict[str, int], data: Callable[[int], bytes]) -> Tree:
+    """The tree ``names`` give, with file content by ``data``.
+
+    Entries whose parent directory is missing are dropped (with their own).
+    """
+    tree: Tree = {".": ("dir", None)}
+    for path in sorted(names, key=lambda p: p.count("/")):
+        parent = posixpath.dirname(path) or "."
+        if tree.get(parent, ("",))[0] != "dir":
+            continue
+        inode = names[path]
+        kind = log.kinds[inode]
+        if kind == "file":
+            tree[path] = (kind, data(inode))
+        else:
+            tree[path] = (kind, log.targets.get(inode))
+    return tree
+
+
+def file_data(log: Log, point: int, *, synced: bool) -> dict[int, bytes]:
+    """The content of every file after operation ``point``.
+
+    With ``synced``, only what an fsync of the file made durable: the last
+    write before its last fsync (a new file that was never fsynced is empty).
+    """
+    files = [inode for inode, kind in log.kinds.items() if kind == "file"]
+    data = {inode: log.initial.get(inode, b"") for inode in files}
+    issued = log.ops[: point + 1]
+    last_sync = {op.inode: i for i, op in enumerate(issued) if op.kind == "fsync"}
+    for i, op in enumerate(issued):
+        if op.kind == "write" and (not synced or i < last_sync.get(op.inode, -1)):
+            data[op.inode] = op.data
+    return data
+
+
+def latest_data(log: Log) -> Callable[[int], bytes]:
+    """The last content each file was given in the whole log."""
+    return file_data(log, len(log.ops) - 1, synced=False).__getitem__
+
+
+def pending_ops(ops: list[Op], point: int) -> tuple[list[int], list[int]]:
+    """Split the namespace operations up to ``point`` into durable and pending.
+
+    An operation is durable once each directory it changes was fsynced after
+    it (and no later than ``point``).
+    """
+    durable, pending = [], []
+    for i, op in enumerate(ops[: point + 1]):
+        dirs = op.directories()
+        if not dirs:
+            continue
+        later = ops[i + 1 : point + 1]
+        synced = all(
+            any(o.kind == "fsync_dir" and o.path == d for o in later) for d in dirs
+        )
+        (durable if synced else pending).append(i)
+    return durable, pending
+
+
+def choices(count: int, rng: random.Random, exhaustive: int = 10, samples: int = 300):
+    """Which of ``count`` pending items persist: every subset, or a sample.
+
+    Yields tuples of booleans (True: persisted). Above ``exhaustive`` items:
+    all, none, each one dropped alone, then ``samples`` random subsets.
+    """
+    if count <= exhaustive:
+        yield from itertools.product((True, False), repeat=count)
+        return
+    yield (True,) * count
+    yield (False,) * count
+    for dropped in range(count):
+        yield tuple(i != dropped for i in range(count))
+    for _ in range(samples):
+        yield tuple(rng.random() < 0.5 for _ in range(count))
+
+
+def posix_states(log: Log, seed: str) -> Iterator[CrashState]:
+    """The states of the POSIX weakest model after each operation (see above)."""
+    last = len(log.ops) - 1
+    for point in range(-1, last + 1):
+        durable, pending = pending_ops(log.ops, point)
+        full = file_data(log, point, synced=False)
+        synced = file_data(log, point, synced=True)
+        unsynced = [inode for inode in full if full[inode] != synced[inode]]
+        items = [str(log.ops[i]) for i in pending]
+        items += [f"data of {_name_of(log, inode)}" for inode in unsynced]
+        rng = random.Random(f"{seed}:{point}")
+        for kept in choices(len(items), rng):
+            ops_kept, data_kept = kept[: len(pending)], kept[len(pending) :]
+            ops = [i for i, k in zip(pending, ops_kept, strict=True) if k]
+            names = replay((log.ops[i] for i in sorted(durable + ops)), log.names)
+            data = dict(synced)
+            data.update(
+                (i, full[i]) for i, k in zip(unsynced, data_kept, strict=True) if k
+            )
+            lost = tuple(item for item, k in zip(items, kept, strict=True) if not k)
+            tree = tree_of(log, names, data.__getitem__)
+            yield CrashState(tree, point, lost, point == last)
+
+
+def ordered_states(log: Log) -> Iterator[CrashState]:
+    """The states of the ordered-metadata model: every prefix of the log."""
+    last = len(log.ops) - 1
+    for point in range(-1, last + 1):
+        names = replay(log.ops[: point + 1], log.names)
+        data = file_data(log, point, synced=False)
+        yield CrashState(
+            tree_of(log, names, data.__getitem__), point, (), point == last
+        )
+
+
+def _name_of(log: Log, inode: int) -> str:
+    """The first path the log gives ``inode``, for messages."""
+    for op in log.ops:
+        if op.inode == inode:
+            return op.path
+    return f"inode {inode}"
+
+
+def tree_key(tree: Tree) -> str:
+    """A digest of a whole tree: paths, kinds and content."""
+    digest = hashlib.sha256()
+    for path, (kind, content) in sorted(tree.items()):
+        value = content if isinstance(content, bytes) else str(content).encode()
+        digest.update(f"{path}\0{kind}\0{len(value)}\0".encode() + value)
+    return digest.hexdigest()
+
+
+def distinct(states: Iterable[CrashState]) -> list[CrashState]:
+    """The states with distinct trees; one seen after the save returned wins."""
+    found: dict[str, CrashState] = {}
+    for state in states:
+        key = tree_key(state.tree)
+        if key not in found or (state.returned and not found[key].returned):
+            found[key] = state
+    return list(found.values())
+
+
+def materialize(tree: Tree, dest: Path) -> None:
+    """Create ``tree`` under ``dest`` (which must not exist)."""
+    dest.mkdir(parents=True)
+    for path in sorted(tree, key=lambda p: p.count("/")):
+        kind, content = tree[path]
+        target = dest / path
+        if path == ".":
+            continue
+        if kind == "dir":
+            target.mkdir()
+        elif kind == "file":
+            target.write_bytes(content)
+        else:
+            os.symlink(content, target)
+
+
+# -- scenarios ----------------------------------------------------------------
+
+
+def payload(step: int, version: int = 0) -> dict:
+    """The payload of ``step``; another ``version`` has other arrays."""
+    if version == 0:
+        return make_payload(step)
+    other = make_payload(step + 1000 * version)
+    return {**other, "step": step, "tag": f"step-{step}-v{version}"}
+
+
+def same(a, b) -> bool:
+    """Whether two payloads are equal, value for value (keys, dtypes, types)."""
+    try:
+        assert_same(a, b)
+    except AssertionError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A save to record, and what was saved before it.
+
+    Attributes
+    ----------
+    name : str
+        For messages.
+    save : (int, int)
+        Step and payload version of the recorded save.
+    before : tuple of (int, int)
+        Saved (step, version) by the same manager before the recording.
+    earlier_run : tuple of int
+        Steps committed by an earlier, closed run before the manager opens.
+    max_keep : int
+        Retention window of the saving manager.
+    async_save : bool
+        Whether the saving manager writes in the background
+        (``CheckpointManager(async_save=True)``): each save is waited for,
+        and the recorded one is ``save`` followed by ``wait``, whose file
+        operations all run on the store's worker thread.
+    """
+
+    name: str
+    save: tuple[int, int]
+    before: tuple[tuple[int, int], ...] = ()
+    earlier_run: tuple[int, ...] = ()
+    max_keep: int = 2
+    async_save: bool = False
+
+    def saved(self, step: int) -> list[dict]:
+        """Every payload saved for ``step`` before or during the scenario."""
+        versions = {v for s, v in self.before if s == step}
+        versions |= {0} if step in self.earlier_run else set()
+        versions |= {self.save[1]} if self.save[0] == step else set()
+        return [payload(step, v) for v in sorted(versions)]
+
+    @property
+    def floor(self) -> int | None:
+        """The step that was latest when the recorded save started."""
+        return self.before[-1][0] if self.before else None
+
+
+SCENARIOS = [
+    Scenario("first-save", save=(1, 0)),
+    Scenario("prune", save=(3, 0), before=((1, 0), (2, 0))),
+    Scenario("resave", save=(2, 1), before=((1, 0), (2, 0)), max_keep=5),
+    Scenario("archive", save=(1, 1), earlier_run=(1, 2, 3)),
+    # the background writer: steps 1 and 2 saved and waited for, then
+    # ``save(3)`` (a snapshot) and ``wait()``, the worker thread writing,
+    # committing, publishing and pruning step 1
+    Scenario("background", save=(3, 0), before=((1, 0), (2, 0)), async_save=True),
+]
+
+
+def record(scenario: Scenario, root: Path, pm, *, alter=None) -> Log:
+    """Prepare the scenario under ``root``, then record its save.
+
+    Parameters
+    ----------
+    scenario : Scenario
+        What to save.
+    root : Path
+        A directory to create; the store directory is ``root/run/models``.
+    pm : pluggy.PluginManager
+        The plugin manager of the managers.
+    alter : callable, optional
+        Called with the monkeypatch of the recording, to break the store on
+        purpose (the explorer's own test).
+
+    Returns
+    -------
+    Log
+        The tree before the save and the operations of the save.
+    """
+    root.mkdir()
+    directory = Path(os.path.realpath(root)) / STORE
+    if scenario.earlier_run:
+        with open_manager(directory, pm=pm, max_keep=0) as earlier:
+            for step in scenario.earlier_run:
+                earlier.save(step, payload(step))
+    manager = open_manager(
+        directory, pm=pm, max_keep=scenario.max_keep, async_save=scenario.async_save
+    )
+    try:
+        for step, version in scenario.before:
+            manager.save(step, payload(step, version))
+        manager.wait()
+        recorder = Recorder(root)
+        with pytest.MonkeyPatch.context() as mp:
+            recorder.install(mp)
+            if alter is not None:
+                alter(mp)
+            manager.save(scenario.save[0], payload(*scenario.save))
+            manager.wait()  # the background save, if any, is done
+        return recorder.finish()
+    finally:
+        manager.close()
+
+
+# -- checks -------------------------------------------------------------------
+
+
+def check_state(scenario: Scenario, root: Path, returned: bool, pm) -> list[str]:
+    """Reopen the store of a materialized state; say what is wrong with it."""
+    directory = root / STORE
+    problems = check_committed(scenario, directory, pm)
+    problems += check_next_run(scenario, directory, returned, pm)
+    problems += check_leftovers(directory)
+    problems += check_earlier_run(scenario, directory, pm)
+    return problems
+
+
+def check_committed(scenario: Scenario, directory: Path, pm) -> list[str]:
+    """Each committed numbered file restores a payload saved for its step."""
+    problems = []
+    with open_manager(directory, pm=pm, verify="sha256", lock=False) as reader:
+        for checkpoint in committed(directory, family()):
+            name = checkpoint.path.name
+            try:
+                restored = reader.restore(str(checkpoint.path))
+            except Exception as exc:
+                problems.append(f"committed {name} does not restore: {exc}")
+                continue
+            if not any(
+                same(restored.state, p) for p in scenario.saved(checkpoint.step)
+            ):
+                problems.append(f"committed {name} restores content never saved")
+    return problems
+
+
+def check_next_run(
+    scenario: Scenario, directory: Path, returned: bool, pm
+) -> list[str]:
+    """``latest`` is right, and a new run resuming from it saves step 99.
+
+    The new run keeps every checkpoint (``max_keep=0``), so that retention
+    removes nothing the later checks look for.
+    """
+    problems = []
+    manager = open_manager(directory, pm=pm, verify="sha256", max_keep=0)
+    try:
+        try:
+            latest = manager.restore("latest")
+        except RestartNotFoundError:
+            latest = None
+        problems += judge_latest(scenario, latest, returned)
+        manager.save(99, payload(99))
+        again = manager.restore("latest")
+        if again.step != 99 or not same(again.state, payload(99)):
+            problems.append(f"after saving step 99, latest restores step {again.step}")
+    except Exception as exc:
+        problems.append(f"the next run failed: {type(exc).__name__}: {exc}")
+    finally:
+        manager.close()
+    return problems
+
+
+def judge_latest(scenario: Scenario, latest, returned: bool) -> list[str]:
+    """What is wrong with what ``restore("latest")`` gave (``None``: nothing)."""
+    step, version = scenario.save
+    floor = scenario.floor
+    if latest is None:
+        if returned:
+            return ["latest finds nothing although the save returned"]
+        if floor is not None:
+            return [f"latest finds nothing; it was step {floor} before the save"]
+        return []
+    problems = []
+    if not any(same(latest.state, p) for p in scenario.saved(latest.step)):
+        problems.append(f"latest restores content never saved for step {latest.step}")
+    if returned and (
+        latest.step != step or not same(latest.state, payload(step, version))
+    ):
+        problems.append(f"latest is step {latest.step}, not the save that returned")
+    if floor is not None and latest.step < floor:
+        problems.append(f"latest went back to step {latest.step} from {floor}")
+    return problems
+
+
+def check_leftovers(directory: Path) -> list[str]:
+    """Nothing the open should have swept is left in the store directory."""
+    problems = []
+    for name in sorted(os.listdir(directory)):
+        if is_temp(name):
+            problems.append(f"temporary file {name} left")
+        target = record_target(name)
+        if target is not None and not os.path.lexists(directory / target):
+            problems.append(f"orphan record {name} left")
+    for path in uncommitted(directory, family()):
+        problems.append(f"numbered file {path.name} left without a valid record")
+    return problems
+
+
+def check_earlier_run(scenario: Scenario, directory: Path, pm) -> list[str]:
+    """Each checkpoint of the earlier run is whole in the store or an archive."""
+    problems = []
+    for step in scenario.earlier_run:
+        name = family().numbered(step)
+        places = [directory / name, *sorted(directory.glob(f"archive/*/{name}"))]
+        if not any(holds(path, payload(step), pm) for path in places):
+            problems.append(f"the earlier run's step {step} is lost")
+    return problems
+
+
+def holds(path: Path, want: dict, pm) -> bool:
+    """Whether ``path`` is committed (its record verifies) and holds ``want``."""
+    record = read_record_or_none(path)
+    if record is None:
+        return False
+    try:
+        verify(path, record, digest=True)
+        state = pm.hook.on_load_step(format="hdf5", path=path)
+    except Exception:
+        return False
+    return same(state, want)
+
+
+# -- the tests ----------------------------------------------------------------
+
+
+class Explorer:
+    """Check crash states of one recorded save, each distinct tree once.
+
+    Parameters
+    ----------
+    scenario : Scenario
+        The save recorded.
+    log : Log
+        Its recording.
+    workdir : Path
+        Where states are materialized, one at a time.
+    pm : pluggy.PluginManager
+        The plugin manager of the checking managers.
+    """
+
+    def __init__(self, scenario: Scenario, log: Log, workdir: Path, pm) -> None:
+        self.scenario = scenario
+        self.log = log
+        self.workdir = workdir
+        self.pm = pm
+        self.verdicts: dict[tuple[str, bool], list[str]] = {}
+
+    def check(self, state: CrashState) -> list[str]:
+        """The problems of one state (found once per tree and expectation)."""
+        key = (tree_key(state.tree), state.returned)
+        if key not in self.verdicts:
+            materialize(state.tree, self.workdir)
+            try:
+                self.verdicts[key] = check_state(
+                    self.scenario, self.workdir, state.returned, self.pm
+                )
+            finally:
+                shutil.rmtree(self.workdir)
+        return self.verdicts[key]
+
+    def explore(
+        self, model: str, states: Iterable[CrashState]
+    ) -> tuple[int, list[str]]:
+        """Check the distinct ``states``; return their number and the violations."""
+        unique = distinct(states)
+        violations = []
+        for state in unique:
+            for problem in self.check(state):
+                violations.append(self.describe(model, state, problem))
+        return len(unique), violations
+
+    def describe(self, model: str, state: CrashState, problem: str) -> str:
+        """One line: scenario, model, crash point, what was lost, the problem."""
+        after = str(self.log.ops[state.point]) if state.point >= 0 else "nothing"
+        lost = f", lost: {'; '.join(state.lost)}" if state.lost else ""
+        where = f"{self.scenario.name} {model} after op {state.point} ({after})"
+        return f"{where}{lost}: {problem}"
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)
+def test_crash_states(scenario, tmp_path, capsys):
+    """Every crash state of the scenario's save reopens safely."""
+    pm = plugin_manager()
+    log = record(scenario, tmp_path / "recorded", pm)
+    issuers = set(log.threads)
+    if scenario.async_save:  # the worker wrote everything, the caller nothing
+        assert log.ops and threading.current_thread().name not in issuers, issuers
+    else:
+        assert issuers <= {threading.current_thread().name}, issuers
+    explorer = Explorer(scenario, log, tmp_path / "state", pm)
+    counts, violations = [], []
+    for model, states in (
+        ("posix", posix_states(log, scenario.name)),
+        ("ordered", ordered_states(log)),
+    ):
+        count, found = explorer.explore(model, states)
+        counts.append(f"{model} {count} checked")
+        violations += found
+    summary = (
+        f"crash states: {scenario.name} ({len(log.ops)} ops) {', '.join(counts)}, "
+        f"{len(violations)} violations"
+    )
+    with capsys.disabled():
+        print(f"\n{summary}")
+    assert not violations, summary + "\n" + "\n".join(violations[:20])
+
+
+def test_explorer_catches_a_save_without_directory_fsyncs(tmp_path):
+    """With ``fsio.fsync_dir`` a no-op, a save that returned can still vanish.
+
+    The explorer must say so under the POSIX model (every directory
+    operation of the save may be lost) and not under the ordered one.
+    """
+    pm = plugin_manager()
+    scenario = next(s for s in SCENARIOS if s.name == "prune")
+
+    def no_directory_fsync(mp):
+        mp.setattr(fsio, "fsync_dir", lambda directory: None)
+
+    log = record(scenario, tmp_path / "recorded", pm, alter=no_directory_fsync)
+    assert not [op for op in log.ops if op.kind == "fsync_dir"]
+    explorer = Explorer(scenario, log, tmp_path / "state", pm)
+    returned = [s for s in posix_states(log, "broken") if s.returned]
+    everything_lost = max(returned, key=lambda s: len(s.lost))
+    assert "latest is step 2, not the save that returned" in explorer.check(
+        everything_lost
+    )
+    (ordered,) = [s for s in ordered_states(log) if s.returned]
+    assert explorer.check(ordered) == []
+
+
+# -- the models themselves ----------------------------------------------------
+
+
+def _rename_log(*, fsync_file: bool, fsync_dir: bool) -> Log:
+    """``a.tmp`` created and written, maybe fsynced, renamed to ``a``."""
+    log = Log()
+    inode = log.add("file")
+    log.ops += [Op("create", "a.tmp", inode), Op("write", "a.tmp", inode, data=b"x")]
+    if fsync_file:
+        log.ops.append(Op("fsync", "a.tmp", inode))
+    log.ops.append(Op("rename", "a.tmp", inode, dst="a"))
+    if fsync_dir:
+        log.ops.append(Op("fsync_dir", "."))
+    return log
+
+
+def _final_trees(states: Iterable[CrashState]) -> set[tuple]:
+    return {
+        tuple(sorted((p, c) for p, (_, c) in s.tree.items() if p != "."))
+        for s in states
+        if s.returned
+    }
+
+
+def test_posix_model_loses_what_was_not_fsynced():
+    """Without fsyncs, a renamed file may be gone, empty, or under either name."""
+    log = _rename_log(fsync_file=False, fsync_dir=False)
+    assert _final_trees(posix_states(log, "t")) == {
+        (),
+        (("a.tmp", b""),),
+        (("a.tmp", b"x"),),
+        (("a", b""),),
+        (("a", b"x"),),
+    }
+    assert _final_trees(ordered_states(log)) == {(("a", b"x"),)}
+
+
+def test_posix_model_keeps_what_was_fsynced():
+    """Data fsynced before the rename, directory fsynced after: only the end state."""
+    log = _rename_log(fsync_file=True, fsync_dir=True)
+    assert _final_trees(posix_states(log, "t")) == {(("a", b"x"),)}
+    prefixes = [s.tree for s in ordered_states(log)]
+    assert [sorted(t) for t in prefixes] == [
+        ["."],
+        [".", "a.tmp"],
+        [".", "a.tmp"],
+        [".", "a.tmp"],
+        [".", "a"],
+        [".", "a"],
+    ]
+
+
+def test_posix_model_drops_entries_of_a_directory_not_made_durable():
+    """A file in a new directory is lost with it until the parent is fsynced."""
+    log = Log()
+    folder, inode = log.add("dir"), log.add("file")
+    log.ops += [
+        Op("mkdir", "d", folder),
+        Op("create", "d/f", inode),
+        Op("write", "d/f", inode, data=b"y"),
+        Op("fsync", "d/f", inode),
+        Op("fsync_dir", "d"),
+    ]
+    assert _final_trees(posix_states(log, "t")) == {(), (("d", None), ("d/f", b"y"))}
