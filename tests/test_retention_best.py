@@ -462,3 +462,64 @@ def test_a_family_added_late_keeps_the_run_resumed_from_it(tmp_path, pm):
         "model.ckpt-5.h5",
         "model.ckpt-6.h5",
     ]
+
+
+# -- the deepmd-kit host's keys ----------------------------------------------------
+
+
+def test_the_host_section_is_checked_strictly():
+    from dp_ckpt_plugin.deepmd.argcheck import plugin_options
+    from dp_ckpt_plugin.errors import ConfigError
+
+    options = plugin_options({"dp_ckpt": {"retention": {"keep_best": 2}}})
+    assert options.retention == {
+        "keep_every_n_steps": None,
+        "keep_best": 2,
+        "best_metric": "rmse_val",
+        "best_mode": "min",
+    }
+    for bad, where in [
+        ({"keep_bst": 2}, "dp_ckpt/retention/keep_bst"),
+        ({"keep_best": -1}, "dp_ckpt/retention/keep_best"),
+        ({"keep_every_n_steps": "often"}, "dp_ckpt/retention/keep_every_n_steps"),
+        ({"best_mode": "up"}, "dp_ckpt/retention/best_mode"),
+    ]:
+        with pytest.raises(ConfigError, match=f"invalid input at `{where}`"):
+            plugin_options({"dp_ckpt": {"retention": bad}})
+
+
+def test_the_host_builds_window_milestones_and_best():
+    from dp_ckpt_plugin.deepmd.retention_args import best_policy, periodic_policy
+
+    training = {"max_ckpt_keep": 3, "ema_ckpt_keep": 1}
+    retention = {"keep_every_n_steps": 100, "keep_best": 2, "best_metric": "rmse_val"}
+    assert periodic_policy(training, retention) == AnyOf(
+        (KeepLast(3), KeepEveryNSteps(100), KeepBest(2, "rmse_val"))
+    )
+    # EMA checkpoints record no metric of their own: window and milestones
+    assert periodic_policy(training, retention, ema=True) == AnyOf(
+        (KeepLast(1), KeepEveryNSteps(100))
+    )
+    assert periodic_policy(training, None) == KeepLast(3)
+    assert periodic_policy(training, {"keep_every_n_steps": 0}) == KeepLast(3)
+    ratio = {"ckpt_keep_ratio": 0.5, "save_freq": 10}
+    assert periodic_policy(ratio, None, num_steps=100) == KeepLast(5)
+    assert best_policy(2, "e:mae") == KeepBest(2, "e:mae", "min")
+
+
+def test_the_host_names_metrics_as_lcurve_does():
+    from dp_ckpt_plugin.deepmd.retention_args import display_metrics
+
+    train = {"rmse": 1.0, "rmse_e": 0.1}
+    assert display_metrics(train, {"rmse": 2.0}) == {
+        "rmse_trn": 1.0,
+        "rmse_e_trn": 0.1,
+        "rmse_val": 2.0,
+    }
+    assert display_metrics(train, None) == {"rmse_trn": 1.0, "rmse_e_trn": 0.1}
+    tasks = {"water": {"rmse": 1.0}, "metal": {"rmse": 3.0}}
+    assert display_metrics(tasks, {"water": {"rmse": 2.0}, "metal": None}) == {
+        "rmse_trn_water": 1.0,
+        "rmse_trn_metal": 3.0,
+        "rmse_val_water": 2.0,
+    }
