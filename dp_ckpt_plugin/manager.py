@@ -80,8 +80,8 @@ class CheckpointManager:
         and writes in a background thread (at most one save in flight; an
         error surfaces at the next save, :meth:`wait` or :meth:`close`).
     pm : pluggy.PluginManager, optional
-        The plugin manager; one is built with :func:`~dp_ckpt_plugin.plugins.get_plugin_manager` if
-        not given.
+        The plugin manager; one is built with
+        :func:`~dp_ckpt_plugin.plugins.get_plugin_manager` if not given.
     ranks : Ranks, optional
         This process's rank; torch.distributed's if a group is initialized.
     """

@@ -58,6 +58,37 @@ def store_directory(value: str) -> Path:
     return path
 
 
+def add_digest_flag(parser: argparse.ArgumentParser) -> None:
+    """``--digest`` (alias ``--sha256``): re-read files and compare digests."""
+    parser.add_argument(
+        "--digest",
+        "--sha256",
+        dest="digest",
+        action="store_true",
+        help="also re-read each file and compare its digest with its commit "
+        "record (the size is always compared)",
+    )
+
+
+def select_families(inventory, prefix: str | None) -> list:
+    """The families of ``inventory`` asked for (all by default).
+
+    Raises
+    ------
+    UsageError
+        Naming the families the store has, when it has no ``prefix``.
+    """
+    if prefix is None:
+        return inventory.families
+    found = inventory.family(prefix)
+    if found is None:
+        known = ", ".join(f.family.prefix for f in inventory.families) or "none"
+        raise UsageError(
+            f"{inventory.directory} has no family {prefix!r} (families: {known})"
+        )
+    return [found]
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``dp-ckpt`` and its subcommands."""
     parser = _Parser(

@@ -13,7 +13,7 @@ import argparse
 from typing import Any
 
 from ..retention import Verdict, ranking_of
-from . import output, store_directory
+from . import output, select_families, store_directory
 from .inventory import FamilyView, Inventory, read_inventory
 
 HELP = "list checkpoints and what keeps each"
@@ -43,27 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """List; exit status 0."""
     inventory = read_inventory(args.directory)
-    families = select(inventory, args.family)
+    families = select_families(inventory, args.family)
     if args.json:
         output.print_json(as_json(inventory, families))
     else:
         show(inventory, families, everything=args.all)
     return 0
-
-
-def select(inventory: Inventory, prefix: str | None) -> list[FamilyView]:
-    """The families asked for; a usage error naming the known ones otherwise."""
-    from . import UsageError
-
-    if prefix is None:
-        return inventory.families
-    found = inventory.family(prefix)
-    if found is None:
-        known = ", ".join(f.family.prefix for f in inventory.families) or "none"
-        raise UsageError(
-            f"{inventory.directory} has no family {prefix!r} (families: {known})"
-        )
-    return [found]
 
 
 def verdicts(view: FamilyView) -> dict[str, Verdict]:

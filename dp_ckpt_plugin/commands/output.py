@@ -74,12 +74,14 @@ def size(n: int | None) -> str:
     """A size for people: ``812 B``, ``1.2 MB``."""
     if n is None:
         return "-"
-    value = float(n)
-    for unit in ("B", "kB", "MB", "GB"):
-        if value < 1000 or unit == "GB":
-            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+    if n < 1000:
+        return f"{n} B"
+    value = n / 1000
+    for unit in ("kB", "MB"):
+        if value < 1000:
+            return f"{value:.1f} {unit}"
         value /= 1000
-    return f"{n} B"
+    return f"{value:.1f} GB"
 
 
 def utc(seconds: float | None) -> str:

@@ -25,9 +25,8 @@ from ..retention import (
     policy_to_dict,
     reason_of,
 )
-from . import UsageError, output, store_directory
+from . import UsageError, output, select_families, store_directory
 from .inventory import FamilyView, read_inventory
-from .ls import select
 
 HELP = "remove what a retention policy does not keep"
 DESCRIPTION = (
@@ -96,7 +95,7 @@ def policy_for(view: FamilyView, args: argparse.Namespace) -> RetentionPolicy:
 def run(args: argparse.Namespace) -> int:
     """Plan, and unless ``--dry-run`` remove; exit status 1 if the store is held."""
     inventory = read_inventory(args.directory)
-    families = select(inventory, args.family)
+    families = select_families(inventory, args.family)
     policies = {v.family.prefix: policy_for(v, args) for v in families}
     lock = None if args.dry_run else StoreLock(inventory.directory)
     if lock is not None:
@@ -104,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if lock is not None:  # read again under the lock: what we remove is current
             inventory = read_inventory(args.directory)
-            families = select(inventory, args.family)
+            families = select_families(inventory, args.family)
         plans = {
             v.family.prefix: v.explain(policies[v.family.prefix], protect_newest=True)
             for v in families

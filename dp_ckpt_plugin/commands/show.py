@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import RestartNotFoundError
 from ..plugins import get_plugin_manager
 from ..resolution import ResolveContext, Resolved, resolve_restart
-from . import output, store_directory
+from . import add_digest_flag, output, store_directory
 from .inventory import read_inventory
 
 HELP = "show the checkpoint a restart would use"
@@ -37,18 +37,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="latest (default), best, best:DIR, a directory, a file or a prefix",
     )
     add_digest_flag(parser)
-
-
-def add_digest_flag(parser: argparse.ArgumentParser) -> None:
-    """``--digest`` (alias ``--sha256``): re-read files and compare digests."""
-    parser.add_argument(
-        "--digest",
-        "--sha256",
-        dest="digest",
-        action="store_true",
-        help="also re-read each file and compare its digest with its commit "
-        "record (the size is always compared)",
-    )
 
 
 def run(args: argparse.Namespace) -> int:

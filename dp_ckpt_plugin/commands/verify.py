@@ -22,9 +22,8 @@ from typing import Any
 from .. import records
 from ..checkpoint import Checkpoint
 from ..errors import CorruptCheckpointError, InvalidRecordError
-from . import output
+from . import add_digest_flag, output
 from .inventory import Inventory, read_inventory
-from .show import add_digest_flag
 
 HELP = "check checkpoints against their commit records"
 DESCRIPTION = (
