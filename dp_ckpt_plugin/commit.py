@@ -27,7 +27,7 @@ import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NoReturn
 
 from . import fsio
 from .digests import HashingWriter
@@ -68,14 +68,7 @@ def write_new(
     except (OSError, CheckpointWriteError) as exc:
         # nothing of this step may stay: the temporary file, the record, and
         # a payload whose name might not survive (its directory fsync failed)
-        for leftover in (tmp, path, record_path(path)):
-            with contextlib.suppress(OSError):
-                os.unlink(leftover)
-        if isinstance(exc, CheckpointWriteError):
-            raise
-        raise CheckpointWriteError(
-            f"could not commit {path}: {exc.strerror or exc}"
-        ) from exc
+        _undo(exc, path, (tmp, path, record_path(path)))
     return record
 
 
@@ -105,18 +98,24 @@ def rewrite(
         both = dataclasses.replace(new, replaces=(old.size, old.digest))
         write_record(path, both, durable=durable)
     except (OSError, CheckpointWriteError) as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, CheckpointWriteError):
-            raise
-        raise CheckpointWriteError(
-            f"could not commit {path}: {exc.strerror or exc}"
-        ) from exc
+        _undo(exc, path, (tmp,))
     # from here on the double record stands whatever fails: it accepts the
     # old payload (the move failed) and the new one (the move happened)
     fsio.move_into_place(tmp, path, durable=durable)
     write_record(path, new, durable=durable)
     return new
+
+
+def _undo(exc: OSError, path: Path, leftovers: tuple[Path, ...]) -> NoReturn:
+    """Remove ``leftovers`` of a failed commit of ``path``; raise the error."""
+    for leftover in leftovers:
+        with contextlib.suppress(OSError):
+            os.unlink(leftover)
+    if isinstance(exc, CheckpointWriteError):
+        raise exc
+    raise CheckpointWriteError(
+        f"could not commit {path}: {exc.strerror or exc}"
+    ) from exc
 
 
 def write_hashed(

@@ -350,9 +350,11 @@ class _Search:
         if not alias.is_symlink():
             if not alias.is_file():
                 return None
-            # a hard link or copy, made where symlinks cannot be: its content
-            # is the checkpoint; it is used only with a record that agrees
-            return self.accept(alias, f"alias {alias}", trusted=False)
+            # a hard link or copy, made where symlinks cannot be: it has no
+            # record of its own, so it is never used; the newest committed
+            # checkpoint (the one it copies) answers instead
+            self.looked.append(f"alias {alias} is a copy, not a link: skipped")
+            return None
         try:
             target = alias.resolve(strict=True)
         except (OSError, RuntimeError):

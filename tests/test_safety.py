@@ -446,3 +446,26 @@ def test_records_of_version_1_with_sha256_still_verify(tmp_path):
     path.write_bytes(bytes(data))
     found = resolve("latest", ResolveContext(FAM, store_dir=d, digest=True))
     assert found.step == 1
+
+
+@pytest.mark.parametrize("whose", ["unrecorded", "earlier-run"])
+def test_a_save_never_overwrites_a_file_this_run_did_not_write(tmp_path, whose):
+    """Rule 12/15: a file at the name being saved is moved into an archive first."""
+    d = tmp_path / "models"
+    fill_store(d, [1])
+    target = d / "model.ckpt-2.h5"
+    if whose == "unrecorded":
+        target.write_bytes(b"written by plain deepmd-kit")
+    else:
+        fill_store(tmp_path / "other", [2])
+        os.replace(tmp_path / "other" / "model.ckpt-2.h5", target)
+        os.replace(
+            tmp_path / "other" / record_name(target.name), d / record_name(target.name)
+        )
+    before = target.read_bytes()
+    with open_manager(d, max_keep=0) as m:
+        m.store.resolve(str(d / "model.ckpt-1.h5"))  # continue from step 1
+        m.save(2, make_payload(2))
+        assert_same(m.restore("latest").state, make_payload(2))
+    kept = [p for p in (d / "archive").rglob("model.ckpt-2.h5")]
+    assert len(kept) == 1 and kept[0].read_bytes() == before
