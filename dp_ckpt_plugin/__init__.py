@@ -40,9 +40,12 @@ _EXPORTS = {
     "resolve_restart": "resolution",
     "AnyOf": "retention",
     "KeepAll": "retention",
+    "KeepBest": "retention",
     "KeepEveryNSteps": "retention",
     "KeepLast": "retention",
     "RetentionPolicy": "retention",
+    "explain_prune": "retention",
+    "policy_from_dict": "retention",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import BinaryIO, NoReturn
 
@@ -43,6 +43,7 @@ def write_new(
     family: str,
     format: str,
     durable: bool,
+    metrics: Mapping[str, float] | None = None,
 ) -> CommitRecord:
     """Write and commit the first checkpoint of a step at ``path`` (absent).
 
@@ -54,7 +55,13 @@ def write_new(
     tmp, digest = write_hashed(path, serialize, durable=durable)
     try:
         record = make_record(
-            tmp, step=step, family=family, format=format, name=path.name, digest=digest
+            tmp,
+            step=step,
+            family=family,
+            format=format,
+            name=path.name,
+            digest=digest,
+            metrics=metrics,
         )
         write_record(path, record, durable=durable)
         fsio.move_into_place(tmp, path, durable=durable)
@@ -74,12 +81,19 @@ def rewrite(
     family: str,
     format: str,
     durable: bool,
+    metrics: Mapping[str, float] | None = None,
 ) -> CommitRecord:
     """Re-save a step whose committed checkpoint (``old``) is at ``path``."""
     tmp, digest = write_hashed(path, serialize, durable=durable)
     try:
         new = make_record(
-            tmp, step=step, family=family, format=format, name=path.name, digest=digest
+            tmp,
+            step=step,
+            family=family,
+            format=format,
+            name=path.name,
+            digest=digest,
+            metrics=metrics,
         )
         both = dataclasses.replace(new, replaces=(old.size, old.digest))
         write_record(path, both, durable=durable)

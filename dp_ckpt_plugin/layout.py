@@ -21,6 +21,8 @@ QUARANTINE_DIR = "quarantine"
 LOCK_NAME = ".dp_ckpt.lock"
 #: Name of the file describing the holder of the lock.
 HOLDER_NAME = ".dp_ckpt.holder.json"
+#: Name of the file in which a store describes its families and policies.
+MANIFEST_NAME = ".dp_ckpt.store.json"
 
 _TEMP_MARK = ".tmp-"
 #: Exactly the temporary names :func:`temp_name` makes: a dot, the final name,

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from .layout import Family
 from .plugins import get_plugin_manager
 from .ranks import Ranks, current_ranks
 from .resolution import Resolved
-from .retention import KeepLast
+from .retention import KeepLast, RetentionPolicy, policy_from_dict
 from .store import CheckpointStore, FamilyConfig
 
 
@@ -63,6 +64,10 @@ class CheckpointManager:
         File-name prefix of the checkpoints.
     max_keep : int, optional
         How many committed checkpoints to keep; ``0`` keeps all.
+    policy : RetentionPolicy or Mapping, optional
+        The retention policy, in place of ``max_keep``: a policy object, or
+        the plain keys of :func:`~dp_ckpt_plugin.retention.policy_from_dict`
+        (``{"max_ckpt_keep": 5, "keep_best": 3, "best_metric": "loss"}``).
     verify : {"size", "digest"}, optional
         How a checkpoint is checked before it is restored: its size, or also
         its content digest (``"sha256"`` is accepted for ``"digest"``).
@@ -75,8 +80,8 @@ class CheckpointManager:
         and writes in a background thread (at most one save in flight; an
         error surfaces at the next save, :meth:`wait` or :meth:`close`).
     pm : pluggy.PluginManager, optional
-        The plugin manager; one is built with :func:`get_plugin_manager` if
-        not given.
+        The plugin manager; one is built with
+        :func:`~dp_ckpt_plugin.plugins.get_plugin_manager` if not given.
     ranks : Ranks, optional
         This process's rank; torch.distributed's if a group is initialized.
     """
@@ -88,6 +93,7 @@ class CheckpointManager:
         format: str = "hdf5",
         prefix: str = "model.ckpt",
         max_keep: int = 5,
+        policy: RetentionPolicy | Mapping[str, Any] | None = None,
         verify: str = "size",
         durable: bool = True,
         lock: bool = True,
@@ -102,11 +108,15 @@ class CheckpointManager:
         self.verify = verify
         self.async_save = async_save
         family = Family(prefix, get_format(self.pm, format).suffix)
+        if policy is None:
+            policy = KeepLast(int(max_keep))
+        elif isinstance(policy, Mapping):
+            policy = policy_from_dict(policy)
         self.store = CheckpointStore(
             directory,
             format=format,
             pm=self.pm,
-            families=[FamilyConfig(family, KeepLast(int(max_keep)))],
+            families=[FamilyConfig(family, policy)],
             ranks=ranks or current_ranks(),
             durable=durable,
             lock=lock,
@@ -117,13 +127,17 @@ class CheckpointManager:
         """The checkpoint directory."""
         return self.store.directory
 
-    def save(self, step: int, state: Any) -> Path:
+    def save(
+        self, step: int, state: Any, *, metrics: Mapping[str, float] | None = None
+    ) -> Path:
         """Write and commit the checkpoint of ``step``; return its path.
 
-        With ``async_save``, the path is returned once a snapshot is taken;
-        the checkpoint is committed when :meth:`wait` returns.
+        ``metrics`` (name to number) go into its commit record, where a
+        ``keep_best`` policy ranks by them. With ``async_save``, the path is
+        returned once a snapshot is taken; the checkpoint is committed when
+        :meth:`wait` returns.
         """
-        return self.store.save(step, state, background=self.async_save)
+        return self.store.save(step, state, background=self.async_save, metrics=metrics)
 
     def wait(self) -> None:
         """Wait for a background save; raise its error if it failed."""

@@ -23,10 +23,13 @@ BLOCK_PLUGINS_ENV = "DP_CKPT_DISABLE_PLUGINS"
 #: Entry-point group third-party plugins register under.
 ENTRY_POINT_GROUP = "dp_ckpt"
 
-#: The core's built-in plugins: name to module. Each is marked ``trylast``.
+#: The core's built-in plugins, name to module, each marked ``trylast``;
+#: of two, the one registered later is called first, so ``best`` (which
+#: answers one specification) comes before ``resolve`` (which answers all).
 CORE_PLUGINS: Mapping[str, str] = {
     "hdf5": "dp_ckpt_plugin.formats.hdf5",
     "torch": "dp_ckpt_plugin.formats.torch",
+    "best": "dp_ckpt_plugin.best",
     "resolve": "dp_ckpt_plugin.resolution",
 }
 

@@ -2,9 +2,10 @@
 
 A checkpoint ``D/<name>`` is committed once ``D/.<name>.commit.json`` exists and
 describes it: its size and content digest, the step, the family, the format
-and the record format version, and the payload agrees with it. The record is
-written atomically and durably before the payload gets its name; readers
-ignore a numbered file without a record and a record without its file.
+and the record format version (and the metrics the trainer reported with it,
+if any), and the payload agrees with it. The record is written atomically and
+durably before the payload gets its name; readers ignore a numbered file
+without a record and a record without its file.
 
 A record is parsed strictly: malformed, of a newer format version, or
 disagreeing with the file it sits beside, it means "not committed". Records
@@ -16,9 +17,11 @@ its digest algorithm: ``"digest": "blake3:<hex>"``.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .digests import ALGORITHMS, DEFAULT_ALGORITHM, digest_of
@@ -57,6 +60,11 @@ class CommitRecord:
         Size and digest of the payload a re-save of the same step is
         replacing: while the new payload is moved into place, either payload
         is the committed checkpoint of the step. ``None`` otherwise.
+    metrics : dict or None
+        What the trainer reported with the checkpoint (a validation error,
+        say), metric name to value; ``None`` (a value that was not a finite
+        number) stands for no value. ``None`` when nothing was reported.
+        Retention's :class:`~dp_ckpt_plugin.retention.KeepBest` ranks by it.
     """
 
     name: str
@@ -68,6 +76,7 @@ class CommitRecord:
     created: float = 0.0
     format_version: int = FORMAT_VERSION
     replaces: tuple[int, str] | None = None
+    metrics: dict[str, float | None] | None = field(default=None, hash=False)
 
     def to_json(self) -> str:
         """Serialize to the text stored on disk."""
@@ -76,6 +85,8 @@ class CommitRecord:
             del data["replaces"]
         else:
             data["replaces"] = {"size": self.replaces[0], "digest": self.replaces[1]}
+        if self.metrics is None:
+            del data["metrics"]
         return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
     @property
@@ -155,6 +166,7 @@ class CommitRecord:
             created=float(created),
             format_version=data["format_version"],
             replaces=replaces,
+            metrics=_metrics_from_json(data.get("metrics"), source),
         )
 
     def describes(self, name: str) -> bool:
@@ -204,12 +216,14 @@ def make_record(
     format: str,
     name: str | None = None,
     digest: str | None = None,
+    metrics: Mapping[str, float] | None = None,
 ) -> CommitRecord:
     """Describe a durable payload.
 
     ``name`` is the file name the record is for, when ``checkpoint`` is still
     a temporary file; ``digest`` the digest computed while it was written,
-    else the file is hashed now.
+    else the file is hashed now; ``metrics`` (see :func:`check_metrics`) what
+    the trainer reported with it.
     """
     return CommitRecord(
         name=name or checkpoint.name,
@@ -219,6 +233,7 @@ def make_record(
         size=checkpoint.stat().st_size,
         digest=digest or digest_of(checkpoint, DEFAULT_ALGORITHM),
         created=time.time(),
+        metrics=check_metrics(metrics),
     )
 
 
@@ -309,3 +324,62 @@ def verify(checkpoint: Path, record: CommitRecord, *, digest: bool) -> None:
                 f"of its commit record ({mine.partition(':')[2][:12]}… instead of "
                 f"{record.digest.partition(':')[2][:12]}…)"
             )
+
+
+# -- metrics ------------------------------------------------------------------------
+
+
+def check_metrics(
+    metrics: Mapping[str, float] | None,
+) -> dict[str, float | None] | None:
+    """Return ``metrics`` as a record holds them, or ``None`` for none.
+
+    Names are non-empty strings and values real numbers (not bools) or
+    ``None`` ("no value"); a value that is not finite (a diverged loss) is
+    kept as ``None``, since JSON has no NaN. An empty mapping is ``None``.
+
+    Raises
+    ------
+    TypeError
+        Naming the offending name or value.
+    """
+    if metrics is None:
+        return None
+    if not isinstance(metrics, Mapping):
+        raise TypeError(
+            f"metrics must map names to numbers, got {type(metrics).__name__}"
+        )
+    checked: dict[str, float | None] = {}
+    for key, value in metrics.items():
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"a metric name is a non-empty string, got {key!r}")
+        if value is None:
+            checked[key] = None
+            continue
+        if isinstance(value, bool):
+            raise TypeError(f"metric {key!r} must be a number, got the bool {value!r}")
+        if not isinstance(value, (int, float)):
+            try:
+                value = float(value)  # numpy and torch scalars
+            except (TypeError, ValueError):
+                raise TypeError(
+                    f"metric {key!r} must be a number, got {type(value).__name__} {value!r}"
+                ) from None
+        checked[key] = float(value) if math.isfinite(value) else None
+    return checked or None
+
+
+def _metrics_from_json(value: object, source: Path) -> dict[str, float | None] | None:
+    """Read the ``metrics`` of a record strictly (absent: ``None``)."""
+    if value is None:
+        return None
+    if type(value) is not dict or not all(
+        isinstance(k, str)
+        and k
+        and (v is None or (type(v) in (int, float) and math.isfinite(v)))
+        for k, v in value.items()
+    ):
+        raise InvalidRecordError(
+            f"commit record {source}: 'metrics' must map names to finite numbers or null"
+        )
+    return {k: None if v is None else float(v) for k, v in value.items()} or None

@@ -14,16 +14,50 @@ A policy may also say, with ``keeps_all(count)``, that a family of ``count``
 checkpoints is kept whole whatever their steps (a window at least that wide,
 keep-all): the store then skips planning, so a save costs the same with 10 or
 10,000 checkpoints kept.
+
+Each built-in policy has a ``name`` (stable, for programs) and a ``reason``
+(for people, such as ``"newest 5"``); :func:`explain_prune` says, for every
+checkpoint, which policies keep it, and removes exactly what
+:func:`plan_prune` removes. :func:`policy_from_dict` builds a policy from
+plain keys (``max_ckpt_keep``, ``keep_every_n_steps``, ``keep_best``, ...),
+and :func:`policy_to_dict` turns a built-in policy back into them.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-#: A committed checkpoint as a policy sees it: its file name and its step.
-Candidate = tuple[str, int]
+
+class Candidate(tuple):
+    """A committed checkpoint as a policy sees it.
+
+    It unpacks as ``(name, step)``, so a policy may treat it as that pair;
+    ``metrics`` holds what the trainer reported when it was saved (empty
+    when nothing was).
+    """
+
+    def __new__(
+        cls, name: str, step: int, metrics: Mapping[str, float] | None = None
+    ) -> Candidate:
+        self = super().__new__(cls, (name, step))
+        self.metrics = dict(metrics or {})
+        return self
+
+    @property
+    def name(self) -> str:
+        """The file name."""
+        return self[0]
+
+    @property
+    def step(self) -> int:
+        """The step."""
+        return self[1]
+
+    def __repr__(self) -> str:
+        return f"Candidate({self[0]!r}, {self[1]!r}, {self.metrics!r})"
 
 
 @runtime_checkable
@@ -37,8 +71,9 @@ class RetentionPolicy(Protocol):
 
         Parameters
         ----------
-        candidates : sequence of (name, step)
-            The family's committed checkpoints, oldest first.
+        candidates : sequence of Candidate
+            The family's committed checkpoints, oldest first; each unpacks
+            as ``(name, step)``.
         protected : frozenset of str
             Names kept whatever the policy says; a window policy counts them
             towards its window.
@@ -50,6 +85,9 @@ class RetentionPolicy(Protocol):
 class KeepAll:
     """Keep every committed checkpoint."""
 
+    name = "keep_all"
+    reason = "all kept"
+
     def keeps(self, candidates, protected):
         """Every candidate."""
         return {name for name, _ in candidates}
@@ -57,6 +95,10 @@ class KeepAll:
     def keeps_all(self, count: int) -> bool:
         """Always."""
         return True
+
+    def to_dict(self) -> dict[str, Any]:
+        """The keys of :func:`policy_from_dict` that build this policy."""
+        return {"max_ckpt_keep": 0}
 
 
 @dataclass(frozen=True)
@@ -68,11 +110,17 @@ class KeepLast:
     """
 
     count: int
+    name = "keep_last"
 
     @property
     def window(self) -> int | None:
         """The number of checkpoints kept, or ``None`` for all."""
         return self.count if self.count >= 1 else None
+
+    @property
+    def reason(self) -> str:
+        """``newest <count>``, or ``all kept`` without a window."""
+        return "all kept" if self.window is None else f"newest {self.count}"
 
     def keeps_all(self, count: int) -> bool:
         """Whether ``count`` checkpoints fit in the window."""
@@ -87,20 +135,109 @@ class KeepLast:
         others = [name for name, _ in candidates if name not in protected]
         return set(others[max(0, len(others) - free) :]) if free else set()
 
+    def to_dict(self) -> dict[str, Any]:
+        """The keys of :func:`policy_from_dict` that build this policy."""
+        return {"max_ckpt_keep": self.count}
+
 
 @dataclass(frozen=True)
 class KeepEveryNSteps:
     """Keep milestones: every checkpoint whose step is a multiple of ``n``."""
 
     n: int
+    name = "keep_every_n_steps"
 
     def __post_init__(self) -> None:
         if self.n < 1:
             raise ValueError(f"keep every n steps needs n >= 1, got {self.n}")
 
+    @property
+    def reason(self) -> str:
+        """``every <n> steps``."""
+        return f"every {self.n} steps"
+
     def keeps(self, candidates, protected):
         """The candidates whose step is a multiple of ``n``."""
         return {name for name, step in candidates if step % self.n == 0}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The keys of :func:`policy_from_dict` that build this policy."""
+        return {"max_ckpt_keep": None, "keep_every_n_steps": self.n}
+
+
+#: Whether a lower (``"min"``) or a higher (``"max"``) metric is better.
+BEST_MODES = ("min", "max")
+
+
+@dataclass(frozen=True)
+class KeepBest:
+    """Keep the ``count`` checkpoints with the best value of a reported metric.
+
+    The value is read from each checkpoint's commit record (the ``metrics``
+    a trainer passes to :meth:`~dp_ckpt_plugin.store.CheckpointStore.save`). A
+    checkpoint without the metric, or with a value that is not a finite
+    number, is never among the best. Ties go to the newer step. Protected
+    checkpoints do not take slots: the best ``count`` are kept whatever else
+    is.
+
+    Parameters
+    ----------
+    count : int
+        How many to keep, at least one.
+    metric : str
+        The key of the metric in the commit record, such as ``rmse_val``.
+    mode : {"min", "max"}
+        Whether a lower or a higher value is better.
+    """
+
+    count: int
+    metric: str
+    mode: str = "min"
+    name = "keep_best"
+
+    def __post_init__(self) -> None:
+        if type(self.count) is not int or self.count < 1:
+            raise ValueError(f"keep best needs a count >= 1, got {self.count!r}")
+        if not isinstance(self.metric, str) or not self.metric:
+            raise ValueError(f"keep best needs a metric name, got {self.metric!r}")
+        if self.mode not in BEST_MODES:
+            raise ValueError(
+                f"keep best mode must be 'min' or 'max', got {self.mode!r}"
+            )
+
+    @property
+    def reason(self) -> str:
+        """``best <count> by <metric> (lowest|highest)``."""
+        which = "lowest" if self.mode == "min" else "highest"
+        return f"best {self.count} by {self.metric} ({which})"
+
+    def value(self, candidate: Sequence) -> float | None:
+        """The candidate's value of the metric, or ``None`` if it has none."""
+        value = getattr(candidate, "metrics", {}).get(self.metric)
+        if type(value) not in (int, float) or not math.isfinite(value):
+            return None
+        return float(value)
+
+    def rank(self, candidates: Iterable[Sequence]) -> list:
+        """The candidates that carry the metric, best first (ties: newer first)."""
+        sign = 1.0 if self.mode == "min" else -1.0
+        scored = [(self.value(c), c) for c in candidates]
+        scored = [(v, c) for v, c in scored if v is not None]
+        scored.sort(key=lambda vc: (sign * vc[0], -vc[1][1]))
+        return [c for _, c in scored]
+
+    def keeps(self, candidates, protected):
+        """The best ``count`` candidates carrying the metric."""
+        return {c[0] for c in self.rank(candidates)[: self.count]}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The keys of :func:`policy_from_dict` that build this policy."""
+        return {
+            "max_ckpt_keep": None,
+            "keep_best": self.count,
+            "best_metric": self.metric,
+            "best_mode": self.mode,
+        }
 
 
 @dataclass(frozen=True)
@@ -108,6 +245,12 @@ class AnyOf:
     """Keep what any of ``policies`` keeps."""
 
     policies: tuple[RetentionPolicy, ...]
+    name = "any_of"
+
+    @property
+    def reason(self) -> str:
+        """The reasons of the parts, joined by ``or``."""
+        return " or ".join(reason_of(p) for p in self.policies)
 
     def keeps_all(self, count: int) -> bool:
         """Whether one of the policies keeps a family of ``count`` whole."""
@@ -122,6 +265,117 @@ class AnyOf:
             kept |= policy.keeps(candidates, protected)
         return kept
 
+    def explain(self, candidates, protected) -> dict[str, list[tuple[str, str]]]:
+        """For each kept name, the ``(name, reason)`` of every part keeping it."""
+        found: dict[str, list[tuple[str, str]]] = {}
+        for policy in self.policies:
+            for kept, why in explain(policy, candidates, protected).items():
+                found.setdefault(kept, []).extend(why)
+        return found
+
+    def to_dict(self) -> dict[str, Any] | None:
+        """The merged keys of the parts, or ``None`` when two parts set one key."""
+        merged: dict[str, Any] = {"max_ckpt_keep": None}
+        for policy in self.policies:
+            part = policy_to_dict(policy)
+            if part is None:
+                return None
+            window = part.pop("max_ckpt_keep")
+            if window is not None:
+                if merged["max_ckpt_keep"] is not None:
+                    return None
+                merged["max_ckpt_keep"] = window
+            if set(part) & set(merged):
+                return None
+            merged.update(part)
+        return merged
+
+
+# -- explaining -------------------------------------------------------------------
+
+
+def name_of(policy: object) -> str:
+    """A policy's ``name``, or its class name for a policy without one."""
+    return str(getattr(policy, "name", type(policy).__name__))
+
+
+def reason_of(policy: object) -> str:
+    """A policy's ``reason``, or its ``repr`` for a policy without one."""
+    return str(getattr(policy, "reason", repr(policy)))
+
+
+def explain(
+    policy: RetentionPolicy,
+    candidates: Sequence[Candidate],
+    protected: frozenset[str],
+) -> dict[str, list[tuple[str, str]]]:
+    """Which names ``policy`` keeps, each with the ``(name, reason)`` that keeps it.
+
+    A policy with an ``explain`` method (such as :class:`AnyOf`) answers
+    itself; any other is asked :meth:`~RetentionPolicy.keeps` and answers
+    with its own name and reason.
+    """
+    method = getattr(policy, "explain", None)
+    if method is not None:
+        return method(candidates, protected)
+    why = [(name_of(policy), reason_of(policy))]
+    return {kept: list(why) for kept in policy.keeps(candidates, protected)}
+
+
+def ranking_of(policy: RetentionPolicy) -> KeepBest | None:
+    """The first :class:`KeepBest` in ``policy`` (itself or a part), or ``None``."""
+    if isinstance(policy, KeepBest):
+        return policy
+    for part in getattr(policy, "policies", ()):
+        found = ranking_of(part)
+        if found is not None:
+            return found
+    return None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What retention does with one committed checkpoint, and why.
+
+    Attributes
+    ----------
+    name : str
+        The file name.
+    step : int
+        Its step.
+    kept_by : tuple of (str, str)
+        ``(name, reason)`` of everything that keeps it: ``("protected",
+        why)`` for a protected checkpoint, ``("above_current_step", why)``
+        for one the planner leaves alone, then each policy keeping it.
+        Empty when it is removed.
+    """
+
+    name: str
+    step: int
+    kept_by: tuple[tuple[str, str], ...]
+
+    @property
+    def kept(self) -> bool:
+        """Whether the checkpoint stays."""
+        return bool(self.kept_by)
+
+
+def _split(
+    committed: Mapping[str, int],
+    current_step: int,
+    keep: frozenset[str],
+    metrics: Mapping[str, Mapping[str, float]] | None,
+) -> tuple[list[tuple[int, str]], list[Candidate]]:
+    """Those numbered above the current step (not protected), and the candidates."""
+    metrics = metrics or {}
+    remnants = sorted(
+        (s, n) for n, s in committed.items() if s > current_step and n not in keep
+    )
+    rest = sorted(
+        (s, n) for n, s in committed.items() if s <= current_step or n in keep
+    )
+    return remnants, [Candidate(n, s, metrics.get(n)) for s, n in rest]
+
 
 def plan_prune(
     committed: Mapping[str, int],
@@ -129,6 +383,7 @@ def plan_prune(
     current_step: int,
     protected: Iterable[str],
     policy: RetentionPolicy,
+    metrics: Mapping[str, Mapping[str, float]] | None = None,
 ) -> list[str]:
     """Return the names of committed checkpoints to remove, oldest first.
 
@@ -144,11 +399,135 @@ def plan_prune(
         Names never to remove.
     policy : RetentionPolicy
         Which of the others to keep.
+    metrics : Mapping[str, Mapping[str, float]], optional
+        File name to the metrics its commit record carries (for
+        :class:`KeepBest`).
     """
     keep = frozenset(protected)
-    rest = sorted(
-        (s, n) for n, s in committed.items() if s <= current_step or n in keep
-    )
-    candidates = [(n, s) for s, n in rest]
+    _, candidates = _split(committed, current_step, keep, metrics)
     kept = keep | policy.keeps(candidates, keep)
     return [n for n, _ in candidates if n not in kept]
+
+
+def explain_prune(
+    committed: Mapping[str, int],
+    *,
+    current_step: int,
+    protected: Mapping[str, str] | Iterable[str],
+    policy: RetentionPolicy,
+    metrics: Mapping[str, Mapping[str, float]] | None = None,
+) -> list[Verdict]:
+    """Say, for every committed checkpoint, whether it stays and what keeps it.
+
+    Takes the arguments of :func:`plan_prune` (``protected`` may map each
+    name to why it is protected) and removes exactly what it removes: the
+    verdicts with an empty ``kept_by`` are :func:`plan_prune`'s names.
+
+    Returns
+    -------
+    list of Verdict
+        Oldest first.
+    """
+    why_protected = (
+        dict(protected)
+        if isinstance(protected, Mapping)
+        else dict.fromkeys(protected, "protected")
+    )
+    keep = frozenset(why_protected)
+    above, candidates = _split(committed, current_step, keep, metrics)
+    kept = explain(policy, candidates, keep)
+    why = f"numbered above the current step {current_step}"
+    verdicts = [Verdict(n, s, (("above_current_step", why),)) for s, n in above]
+    for name, step in candidates:
+        by = [("protected", why_protected[name])] if name in keep else []
+        verdicts.append(Verdict(name, step, (*by, *kept.get(name, ()))))
+    return sorted(verdicts, key=lambda v: (v.step, v.name))
+
+
+# -- plain keys --------------------------------------------------------------------
+
+#: The keys :func:`policy_from_dict` reads, with what each means.
+POLICY_KEYS = {
+    "max_ckpt_keep": "keep the newest N (below one: keep all; null: no window)",
+    "keep_every_n_steps": "also keep every checkpoint whose step is a multiple of N",
+    "keep_best": "also keep the N with the best value of best_metric",
+    "best_metric": "the metric keep_best ranks by, as the commit records name it",
+    "best_mode": "'min' (lower is better, the default) or 'max'",
+}
+
+
+def _int_or_none(spec: Mapping[str, Any], key: str) -> int | None:
+    value = spec.get(key)
+    if value is None:
+        return None
+    if type(value) is not int:
+        raise ValueError(f"retention key {key!r} must be an integer, got {value!r}")
+    return value
+
+
+def policy_from_dict(spec: Mapping[str, Any]) -> RetentionPolicy:
+    """Build a policy from plain keys, such as a configuration file gives.
+
+    ``{"max_ckpt_keep": 5, "keep_every_n_steps": 1000, "keep_best": 3,
+    "best_metric": "rmse_val"}`` keeps the newest 5, every thousandth step
+    and the 3 with the lowest ``rmse_val``: ``AnyOf((KeepLast(5),
+    KeepEveryNSteps(1000), KeepBest(3, "rmse_val")))``.
+
+    Parameters
+    ----------
+    spec : Mapping
+        The keys of :data:`POLICY_KEYS`. ``max_ckpt_keep`` defaults to 5;
+        ``null`` means no window (then another key must keep something).
+        ``keep_every_n_steps`` and ``keep_best`` are off when absent,
+        ``null`` or 0.
+
+    Returns
+    -------
+    RetentionPolicy
+        One policy, or an :class:`AnyOf` of several (window, milestones,
+        best, in that order).
+
+    Raises
+    ------
+    ValueError
+        Naming the key: an unknown key, a value of the wrong type, or
+        ``keep_best`` without ``best_metric``.
+    """
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"a retention policy is a mapping of keys, got {spec!r}")
+    unknown = sorted(set(spec) - set(POLICY_KEYS))
+    if unknown:
+        raise ValueError(
+            f"unknown retention key {unknown[0]!r}; known keys: "
+            + ", ".join(POLICY_KEYS)
+        )
+    parts: list[RetentionPolicy] = []
+    window = _int_or_none(spec, "max_ckpt_keep") if "max_ckpt_keep" in spec else 5
+    if window is not None:
+        parts.append(KeepLast(window))
+    every = _int_or_none(spec, "keep_every_n_steps")
+    if every:
+        parts.append(KeepEveryNSteps(every))
+    best = _int_or_none(spec, "keep_best")
+    metric = spec.get("best_metric")
+    mode = spec.get("best_mode") or "min"
+    if best:
+        if not metric:
+            raise ValueError("retention key 'keep_best' needs 'best_metric'")
+        parts.append(KeepBest(best, metric, mode))
+    if not parts:
+        raise ValueError(
+            "a retention policy with max_ckpt_keep null needs keep_every_n_steps "
+            "or keep_best, or it would keep nothing"
+        )
+    return parts[0] if len(parts) == 1 else AnyOf(tuple(parts))
+
+
+def policy_to_dict(policy: RetentionPolicy) -> dict[str, Any] | None:
+    """The keys of :func:`policy_from_dict` that build ``policy``.
+
+    ``None`` for a policy those keys cannot express (one without a
+    ``to_dict`` method, or an :class:`AnyOf` setting one key twice).
+    """
+    method = getattr(policy, "to_dict", None)
+    return method() if method is not None else None

@@ -15,7 +15,10 @@ latest pointer and alias inside ``D`` and optional mirrors outside it.
    committed at every instant; a file this run did not write is archived,
    never overwritten;
 4. publish: pointer, alias and mirrors, all or none
-   (:func:`~dp_ckpt_plugin.publish.publish`);
+   (:func:`~dp_ckpt_plugin.publish.publish`), naming the checkpoint just
+   written, or for a family ranked by a metric (its policy is a
+   :class:`~dp_ckpt_plugin.retention.KeepBest`) the best one; describe the
+   store in its manifest (:mod:`~dp_ckpt_plugin.manifest`) when that changed;
 5. call the ``on_commit`` observers;
 6. apply retention (:func:`~dp_ckpt_plugin.retention.plan_prune`).
 
@@ -30,7 +33,7 @@ import logging
 import operator
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,11 +50,13 @@ from .errors import CheckpointWriteError, RestartNotFoundError
 from .formats import FormatInfo, get_format
 from .layout import Family
 from .lock import StoreLock
+from .manifest import Manifest, describe, write_manifest
 from .pointers import read_link_or_none, read_text_or_none
 from .publish import Mirror, publish
 from .ranks import Ranks, SingleProcess
+from .records import check_metrics
 from .resolution import ResolveContext, Resolved, resolve_restart
-from .retention import KeepLast, RetentionPolicy, plan_prune
+from .retention import Candidate, KeepBest, KeepLast, RetentionPolicy, plan_prune
 from .sweep import sweep
 
 log = logging.getLogger("dp_ckpt_plugin")
@@ -141,10 +146,12 @@ class CheckpointStore:
         self._ready = False
         self._resumed_from: dict[str, Path] = {}
         self._continues_from: Path | None = None
+        self._resumed: tuple[Path, bool] | None = None
         self._started = False
         self._written: set[str] = set()
         self.catalogue = Catalogue(self.directory, [c.family for c in configs])
         self._last_size: dict[str, int] = {}
+        self._manifest: Manifest | None = None
         # saves, resolutions and closing serialize: several threads (and the
         # background writer) may share one store
         self._mutex = threading.RLock()
@@ -203,6 +210,26 @@ class CheckpointStore:
         """Return the configuration of a family (the primary one by default)."""
         return self.families[prefix or self.primary.prefix]
 
+    def add_family(self, config: FamilyConfig) -> None:
+        """Add a family (or replace one's configuration) before it is saved.
+
+        For a family a host learns of late, such as best-validation
+        checkpoints once the trainer is built. On an open store the family's
+        leftovers are swept as :meth:`open` sweeps the others'; a run that
+        resumed from a checkpoint of the family (``--restart best``) is
+        protected as :meth:`protect_resumed` protects it.
+        """
+        with self._mutex:
+            prefix = config.family.prefix
+            if prefix not in self.families:
+                self.catalogue.families.append(config.family)
+                self.catalogue.invalidate()
+                if self._ready:
+                    sweep(self.directory, [config.family])
+            self.families[prefix] = config
+            if self._resumed is not None and not self._started:
+                self.protect_resumed(self._resumed[0], continues=self._resumed[1])
+
     def path_for(self, step: int, family: str | None = None) -> Path:
         """Return where the checkpoint of ``step`` goes."""
         return self.directory / self.family(family).family.numbered(step)
@@ -214,11 +241,14 @@ class CheckpointStore:
         *,
         family: str | None = None,
         background: bool = False,
+        metrics: Mapping[str, float] | None = None,
     ) -> Path:
         """Write, commit, publish, observe and retain one checkpoint.
 
         Returns its path, the same on every rank; only the chief writes.
-        With ``background``, see :meth:`save_all`.
+        With ``background``, see :meth:`save_all`. ``metrics`` (name to
+        number, such as a validation error) go into the commit record, where
+        :class:`~dp_ckpt_plugin.retention.KeepBest` reads them.
 
         Raises
         ------
@@ -231,14 +261,25 @@ class CheckpointStore:
             the previous checkpoint, pointer and alias are untouched.
         """
         family = family or self.primary.prefix
-        return self.save_all(step, {family: state}, background=background)[family]
+        return self.save_all(
+            step,
+            {family: state},
+            background=background,
+            metrics=None if metrics is None else {family: metrics},
+        )[family]
 
     def save_all(
-        self, step: int, states: dict[str, Any], *, background: bool = False
+        self,
+        step: int,
+        states: dict[str, Any],
+        *,
+        background: bool = False,
+        metrics: Mapping[str, Mapping[str, float]] | None = None,
     ) -> dict[str, Path]:
         """Save one payload per family for ``step`` (periodic and EMA, say).
 
-        Returns the path of each, the same on every rank.
+        Returns the path of each, the same on every rank. ``metrics`` maps a
+        family to the metrics of its checkpoint (see :meth:`save`).
 
         With ``background``, the call returns once a consistent snapshot of
         the payloads is taken (:class:`~dp_ckpt_plugin.snapshot.Snapshotter`):
@@ -255,46 +296,58 @@ class CheckpointStore:
         if self.format.check is not None:
             for state in states.values():
                 self.format.check(state)
+        reported = {f: check_metrics(m) for f, m in (metrics or {}).items()}
         if not background:
             self.wait()
-            self._save_states(step, states, paths)
+            self._save_states(step, states, paths, reported)
             return paths
         self.wait()
         with self._mutex:
             self.open()  # the lock is taken (or refused) now, not on the worker
         snapshots = {f: self._background.snapshots.take(s) for f, s in states.items()}
-        self._background.submit(self._save_states, step, snapshots, paths)
+        self._background.submit(self._save_states, step, snapshots, paths, reported)
         return paths
 
-    def _save_states(self, step, states, paths) -> None:
+    def _save_states(self, step, states, paths, metrics) -> None:
         with self._mutex:
             for family, state in states.items():
-                self._save(step, state, self.family(family), paths[family])
+                self._save(
+                    step, state, self.family(family), paths[family], metrics.get(family)
+                )
 
     def wait(self) -> None:
         """Wait for the background save in flight; raise its error if it failed."""
         self._background.wait()
 
-    def _save(self, step: int, state: Any, cfg: FamilyConfig, path: Path) -> Path:
+    def _save(
+        self,
+        step: int,
+        state: Any,
+        cfg: FamilyConfig,
+        path: Path,
+        metrics: dict[str, float | None] | None = None,
+    ) -> Path:
         """The straight line of :meth:`save`, on the chief, holding the mutex."""
         self.open()
         self.start_run()
         self._check_space(cfg.family, path)
-        record = self._write(step, state, cfg.family, path)
+        record = self._write(step, state, cfg.family, path, metrics)
         self._written.add(path.name)
         self.catalogue.add(
             cfg.family, Checkpoint(path, step, cfg.family.prefix, record)
         )
         self._last_size[cfg.family.prefix] = record.size
         checkpoint = Checkpoint(path, step, cfg.family.prefix, record)
-        publish(path, self.publication_targets(cfg), durable=self.durable)
+        published = self.leader(cfg, step) or path
+        publish(published, self.publication_targets(cfg), durable=self.durable)
         log.info("committed %s (step %d)", path, step)
+        self._describe()
         self._notify(checkpoint)
         for removed in self.prune(checkpoint):
             log.info("removed %s (retention)", removed)
         return path
 
-    def _write(self, step: int, state: Any, family: Family, path: Path):
+    def _write(self, step: int, state: Any, family: Family, path: Path, metrics):
         """Write and commit ``path``; never overwrite what this run did not write."""
 
         def serialize(handle):
@@ -305,6 +358,7 @@ class CheckpointStore:
             "family": family.prefix,
             "format": self.format.name,
             "durable": self.durable,
+            "metrics": metrics,
         }
         if os.path.lexists(path):
             old = read_record_or_none(path)
@@ -409,6 +463,44 @@ class CheckpointStore:
                     exc,
                 )
 
+    def candidates(self, family: Family, up_to: int | None = None) -> list[Candidate]:
+        """The family's committed checkpoints as retention sees them, oldest first."""
+        return [
+            Candidate(c.name, c.step, c.record.metrics)
+            for c in sorted(self.catalogue.of(family).values(), key=_by_step)
+            if up_to is None or c.step <= up_to
+        ]
+
+    def leader(self, cfg: FamilyConfig, step: int) -> Path | None:
+        """The best checkpoint up to ``step`` of a family ranked by a metric.
+
+        A family is ranked when its policy is a
+        :class:`~dp_ckpt_plugin.retention.KeepBest` alone (a family of best
+        checkpoints); ``keep_best`` beside a window only keeps more files, and
+        the newest stays published. ``None`` when the family is not ranked,
+        or no checkpoint carries the metric: the checkpoint just written is
+        published then.
+        """
+        if not isinstance(cfg.policy, KeepBest):
+            return None
+        ranked = cfg.policy.rank(self.candidates(cfg.family, up_to=step))
+        return self.directory / ranked[0].name if ranked else None
+
+    def _describe(self) -> None:
+        """Write the store's manifest if what it says changed; never fatal."""
+        manifest = describe(
+            self.format.name, [(c.family, c.policy) for c in self.families.values()]
+        )
+        if manifest == self._manifest:
+            return
+        try:
+            # informative, like the lock's holder note: no fsync
+            write_manifest(self.directory, manifest, durable=False)
+        except OSError as exc:
+            log.warning("could not describe the store in %s: %s", self.directory, exc)
+            return
+        self._manifest = manifest
+
     def protected(self, family: Family, current: Path | None = None) -> set[str]:
         """Names retention must not remove in ``family``."""
         names = set()
@@ -441,6 +533,7 @@ class CheckpointStore:
             current_step=checkpoint.step,
             protected=self.protected(fam, checkpoint.path),
             policy=cfg.policy,
+            metrics={c.name: c.record.metrics or {} for c in entries.values()},
         )
         paths = [self.directory / name for name in doomed]
         try:
@@ -499,6 +592,7 @@ class CheckpointStore:
         path = Path(path)
         if path.parent.resolve() != self.directory.resolve():
             return
+        self._resumed = (path, continues)  # again for a family added later
         for prefix, cfg in self.families.items():
             if cfg.family.step_of(path.name) is not None:
                 self._resumed_from[prefix] = path

@@ -6,8 +6,8 @@ to the store's own files:
 - temporary files of the exact form the store makes (a dot, the final name,
   ``.tmp-``, a pid, eight hex digits) whose final name is one the store
   writes: a numbered checkpoint of a configured family, its commit record, a
-  family's pointer or alias, the lock's holder file; beside a mirror, only
-  temporaries of that mirror's own name;
+  family's pointer or alias, the lock's holder file, the store's manifest;
+  beside a mirror, only temporaries of that mirror's own name;
 - commit records of a configured family whose checkpoint is gone (a kill
   between the two unlinks of a prune). A record whose checkpoint was moved
   into an archive (a kill between the two moves of an archive) follows it
@@ -25,7 +25,14 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from .layout import HOLDER_NAME, Family, record_name, record_target, temp_target
+from .layout import (
+    HOLDER_NAME,
+    MANIFEST_NAME,
+    Family,
+    record_name,
+    record_target,
+    temp_target,
+)
 
 #: Folder of a store where earlier runs are moved (see :mod:`.archive`).
 ARCHIVE_DIR = "archive"
@@ -64,7 +71,7 @@ def _numbered(name: str, families: list[Family]) -> bool:
 
 def _ours(target: str, families: list[Family]) -> bool:
     """Whether ``target`` is a name the store writes in its directory."""
-    if target == HOLDER_NAME or _numbered(target, families):
+    if target in (HOLDER_NAME, MANIFEST_NAME) or _numbered(target, families):
         return True
     if any(target in (f.pointer, f.alias) for f in families):
         return True

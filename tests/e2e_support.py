@@ -61,7 +61,7 @@ SAVE_LINE = re.compile(
 """The whole save line: files, size, seconds, MB/s."""
 
 _TEMP = re.compile(r"\.tmp")
-_ALLOWED_DOT_FILES = re.compile(r"^\..+\.commit\.json$")
+_ALLOWED_DOT_FILES = re.compile(r"^\.(dp_ckpt\.store\.json|.+\.commit\.json)$")
 """Dot files a store keeps after a run: commit records (no lock, no holder)."""
 
 
@@ -385,8 +385,8 @@ def stray_files(root: Path) -> list[Path]:
 
     Temporary files of the plugin are ``.<name>.tmp-<pid>-<random>``; deepmd-kit
     uses ``<name>.tmp``. The only dot files a store keeps after a run are
-    commit records: the lock and its holder note are removed when a run ends
-    (or fails to start).
+    commit records and its manifest: the lock and its holder note are removed
+    when a run ends (or fails to start).
     """
     stray = []
     for path in root.rglob("*"):

@@ -40,6 +40,7 @@ DEFAULTS = {
     "compat_links": True,
     "async_save": False,
     "stop_signals": ("SIGTERM", "SIGUSR1"),
+    "retention": {},
 }
 OTHER_VALUES = {
     "verify": "size",
@@ -86,7 +87,12 @@ def test_schema_and_dataclass_agree():
     schema = plugin_args()
     assert schema.name == SECTION == "_dp_ckpt"
     assert schema.optional
-    fields = {f.name: f.default for f in dataclasses.fields(PluginOptions)}
+    fields = {
+        f.name: f.default
+        if f.default_factory is dataclasses.MISSING
+        else f.default_factory()
+        for f in dataclasses.fields(PluginOptions)
+    }
     defaults = {a.name: a.default for a in schema.sub_fields.values()}
     defaults["stop_signals"] = tuple(defaults["stop_signals"])
     assert defaults == fields

@@ -50,11 +50,12 @@ def page_text(path: Path) -> str:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """Build the HTML docs once, warnings as errors; return the output folder."""
+    """Build the HTML docs once, nitpicky, warnings as errors; return the output folder."""
     pytest.importorskip("sphinx")
     pytest.importorskip("myst_parser")
     out = tmp_path_factory.mktemp("docs")
-    cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-q"]
+    cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-n", "-W", "--keep-going"]
+    cmd += ["-q"]
     cmd += ["-d", str(out / "doctrees"), str(DOCS), str(out / "html")]
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -66,6 +67,14 @@ def test_options_page_lists_every_option(built):
     for field in dataclasses.fields(PluginOptions):
         assert f"_dp_ckpt/{field.name}" in text, field.name
     assert "save_dir" in text
+
+
+def test_api_page_documents_every_public_name(built):
+    import dp_ckpt_plugin
+
+    page = (built / "api.html").read_text("utf-8")
+    for name, module in dp_ckpt_plugin._EXPORTS.items():
+        assert f'id="dp_ckpt_plugin.{module}.{name}"' in page, name
 
 
 def test_hooks_page_covers_every_hook_and_example(built):

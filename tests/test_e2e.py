@@ -682,18 +682,22 @@ def test_two_ranks_restart_latest_resume_the_same_checkpoint(two_ranks_restarted
 
 
 def test_best_validation_files_and_bias_resave(base, data):
-    """Best-validation files keep their own place; the bias re-save is committed."""
+    """Best-validation files keep the place validating.save_best_dir names; the
+    bias re-save is committed. (Without save_best_dir they go into save_dir:
+    test_e2e_commands.py.)"""
     config = training_config(change_bias_after_training=True)
     config["validating"] = {
         "full_validation": True,
         "validation_freq": 5,
         "full_val_start": 0.0,
+        "save_best_dir": ".",
     }
     workdir = make_workdir(base, "best_and_bias", data, config)
     result = run(dp("train", "input.json"), workdir).check()
     text = result.stdout + result.stderr
-    # deepmd-kit names and places best files itself (the working directory
-    # here); the plugin writes them atomically but never prunes or records them
+    # deepmd-kit names and places best files itself where save_best_dir says
+    # (the working directory here); the plugin writes them atomically but
+    # never prunes or records them
     best = sorted(workdir.glob("best.ckpt-*.t-*.pt"))
     assert best, text[-2000:]
     assert not list(workdir.glob(".best*.commit.json"))

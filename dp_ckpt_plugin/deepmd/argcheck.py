@@ -35,7 +35,8 @@ import os
 import re
 import signal
 import stat
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ from dargs import Argument
 from dargs.dargs import ArgumentError, ArgumentKeyError
 
 from ..errors import ConfigError
+from .retention_args import retention_args
 
 log = logging.getLogger("dp_ckpt_plugin")
 
@@ -219,6 +221,7 @@ def plugin_args() -> Argument:
                 "async_save", bool, optional=True, default=False, doc=DOC_ASYNC_SAVE
             ),
             stop_signals_args(),
+            retention_args(),
         ],
         optional=True,
         default={},
@@ -289,6 +292,8 @@ class PluginOptions:
     stop_signals : tuple of str
         Canonical names (``"SIGTERM"``) of the signals that stop training
         with a checkpoint.
+    retention : dict
+        Retention beyond deepmd-kit's window (:mod:`.retention_args`).
     """
 
     verify: str = "digest"
@@ -299,6 +304,7 @@ class PluginOptions:
     compat_links: bool = True
     async_save: bool = False
     stop_signals: tuple[str, ...] = DEFAULT_STOP_SIGNALS
+    retention: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
 
 def plugin_options(config: dict) -> PluginOptions:

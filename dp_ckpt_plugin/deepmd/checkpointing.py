@@ -31,8 +31,8 @@ from ..errors import CheckpointError
 from ..store import CheckpointStore
 from .logs import SaveReport, demote_replaced_lines, finished_line
 from .naming import ema_prefix
-from .policy import policy_from_training
 from .preempt import Stopped, StopSignals
+from .retention_args import periodic_policy
 
 log = logging.getLogger("dp_ckpt_plugin")
 
@@ -57,6 +57,8 @@ class HostRun:
         The stop signals of the run.
     cwd : Path or None
         The working directory (for paths in messages).
+    retention : Mapping or None
+        The ``training._dp_ckpt.retention`` options (milestones, best K).
     """
 
     store: CheckpointStore | None
@@ -66,6 +68,7 @@ class HostRun:
     report: SaveReport | None = None
     stop: StopSignals | None = None
     cwd: Path | None = None
+    retention: Mapping[str, Any] | None = None
     #: The step of the last checkpoint this run saved.
     last_saved: int | None = None
 
@@ -82,6 +85,7 @@ class HostRun:
             report=prepared.report,
             stop=prepared.stop,
             cwd=prepared.settings.cwd,
+            retention=prepared.settings.options.retention,
         )
 
     # -- set-up ----------------------------------------------------------------------
@@ -92,8 +96,11 @@ class HostRun:
             return
         primary = self.store.primary.prefix
         for prefix, cfg in self.store.families.items():
-            cfg.policy = policy_from_training(
-                self.training, num_steps=num_steps, ema=prefix != primary
+            cfg.policy = periodic_policy(
+                self.training,
+                self.retention,
+                num_steps=num_steps,
+                ema=prefix != primary,
             )
 
     def build(self, make: Callable[[], None]) -> None:
@@ -122,13 +129,24 @@ class HostRun:
         return primary, ema_prefix(primary) if with_ema else None
 
     def save(
-        self, step: int, states: dict[str, Any], *, chief: bool
+        self,
+        step: int,
+        states: dict[str, Any],
+        *,
+        chief: bool,
+        metrics: Mapping[str, Mapping[str, float] | None] | None = None,
     ) -> dict[str, Path]:
-        """Hand the payloads of ``step`` (one per family) to the store."""
+        """Hand the payloads of ``step`` (one per family) to the store.
+
+        ``metrics`` are the values the trainer reports for a family at this
+        step (the displayed learning curve), recorded for best-K retention.
+        """
         self.last_saved = step
         if chief and self.report is not None:
             self.report.begin(step, states, background=self.background)
-        paths = self.store.save_all(step, states, background=self.background)
+        paths = self.store.save_all(
+            step, states, background=self.background, metrics=metrics
+        )
         if chief and self.report is not None:
             self.report.handed_over(step)
         return paths

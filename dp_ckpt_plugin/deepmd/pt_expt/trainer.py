@@ -29,21 +29,27 @@ from deepmd.pt_expt.train import training
 from deepmd.pt_expt.train.ema import EMA_CHECKPOINT_KEY
 
 from ..checkpointing import HostRun, write_torch_atomic
+from .metrics import MetricsMixin
 
 
 def make_trainer_class(host_run: HostRun) -> type:
     """Return a subclass of deepmd-kit's pt_expt ``Trainer`` bound to ``host_run``."""
 
-    class CheckpointingTrainer(training.Trainer):
+    class CheckpointingTrainer(MetricsMixin, training.Trainer):
         """deepmd-kit's pt_expt trainer writing through dp_ckpt_plugin."""
 
         dp_run = host_run
+        dp_store = host_run.store
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             host_run.build(
                 lambda: super(CheckpointingTrainer, self).__init__(*args, **kwargs)
             )
             host_run.started(self.num_steps)
+            config = args[0] if args else kwargs.get("config", {})
+            self.dp_setup_retention(
+                host_run.training, host_run.retention, (config or {}).get("validating")
+            )
 
         # -- the payload --------------------------------------------------
         def _checkpoint_payload(
@@ -117,7 +123,12 @@ def make_trainer_class(host_run: HostRun) -> type:
                         step, include_optimizer=False, include_ema_state=False
                     )
             # the periodic and EMA payloads go together: one save in flight
-            host_run.save(step, states, chief=self.rank == 0)
+            host_run.save(
+                step,
+                states,
+                chief=self.rank == 0,
+                metrics={primary: self.dp_metrics(step)},
+            )
 
         # -- the loop ---------------------------------------------------------
         def train_step(self, task, step: int):

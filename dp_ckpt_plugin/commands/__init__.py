@@ -1,0 +1,154 @@
+"""The ``dp-ckpt`` command: look into, check and tidy a checkpoint store.
+
+::
+
+    dp-ckpt ls models                  # every checkpoint, and what keeps it
+    dp-ckpt show models [latest|best]  # what a restart would use
+    dp-ckpt verify models [--digest]   # check every checkpoint against its record
+    dp-ckpt prune models --dry-run     # what retention removes, then remove it
+
+One module per subcommand, each with ``add_arguments(parser)`` and
+``run(args) -> int``. The commands know no trainer: they read what a store
+says of itself (its manifest, commit records and pointers), so they work on
+any store, whoever wrote it. ``--json`` gives a stable, documented form
+(``docs/command.md``). A mistake of the user's ends with one line on stderr
+and exit status 2 (a usage error) or 1 (a failure), never a traceback.
+
+Importing this package imports nothing heavy; ``rich`` is imported by the
+commands that print tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from pathlib import Path
+
+from .. import __version__
+from ..errors import CheckpointError
+
+#: The subcommands, each a module of this package.
+SUBCOMMANDS = ("ls", "show", "verify", "prune")
+#: Exit status of a failure (a corrupt checkpoint, a held lock, nothing found).
+FAILURE = 1
+#: Exit status of a usage error (an unknown option, a directory that is not one).
+USAGE = 2
+
+
+class UsageError(Exception):
+    """A mistake in the command line; exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def store_directory(value: str) -> Path:
+    """An argument naming an existing store directory."""
+    path = Path(value)
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"{value}: no such directory")
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{value} is not a directory")
+    return path
+
+
+def add_digest_flag(parser: argparse.ArgumentParser) -> None:
+    """``--digest`` (alias ``--sha256``): re-read files and compare digests."""
+    parser.add_argument(
+        "--digest",
+        "--sha256",
+        dest="digest",
+        action="store_true",
+        help="also re-read each file and compare its digest with its commit "
+        "record (the size is always compared)",
+    )
+
+
+def select_families(inventory, prefix: str | None) -> list:
+    """The families of ``inventory`` asked for (all by default).
+
+    Raises
+    ------
+    UsageError
+        Naming the families the store has, when it has no ``prefix``.
+    """
+    if prefix is None:
+        return inventory.families
+    found = inventory.family(prefix)
+    if found is None:
+        known = ", ".join(f.family.prefix for f in inventory.families) or "none"
+        raise UsageError(
+            f"{inventory.directory} has no family {prefix!r} (families: {known})"
+        )
+    return [found]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``dp-ckpt`` and its subcommands."""
+    parser = _Parser(
+        prog="dp-ckpt",
+        description="Look into, check and tidy a dp_ckpt_plugin checkpoint store.",
+    )
+    parser.add_argument("--version", action="version", version=f"dp-ckpt {__version__}")
+    subparsers = parser.add_subparsers(
+        dest="command", metavar="COMMAND", parser_class=_Parser
+    )
+    subparsers.required = True
+    for name in SUBCOMMANDS:
+        module = importlib.import_module(f".{name}", __name__)
+        sub = subparsers.add_parser(
+            name, help=module.HELP, description=module.DESCRIPTION
+        )
+        sub.add_argument(
+            "--json", action="store_true", help="print JSON (see docs/command.md)"
+        )
+        module.add_arguments(sub)
+        sub.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``dp-ckpt``; return its exit status.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        The arguments after the program name; ``sys.argv[1:]`` by default.
+    """
+    try:
+        args = build_parser().parse_args(argv)
+        return args.run(args)
+    except UsageError as exc:
+        return _fail(exc, USAGE)
+    except BrokenPipeError:  # `dp-ckpt ls D | head`: the reader is gone
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return FAILURE
+    except (CheckpointError, OSError) as exc:
+        return _fail(exc, FAILURE)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+
+
+def _fail(message: object, status: int) -> int:
+    sys.stderr.write(f"dp-ckpt: error: {one_line(str(message))}\n")
+    return status
+
+
+def one_line(text: str) -> str:
+    """A message of several lines (a list of places looked at) as one line."""
+    parts = [line.strip().removeprefix("- ") for line in text.splitlines()]
+    out = ""
+    for part in filter(None, parts):
+        out += part if not out else (" " if out.endswith(":") else "; ") + part
+    return out
+
+
+def entry_point() -> None:
+    """The ``dp-ckpt`` console script."""
+    sys.exit(main())

@@ -1,0 +1,310 @@
+"""What a store directory holds, read without a training input and without writing.
+
+:func:`read_inventory` finds the families of ``D`` (from its manifest, else from
+its commit records and pointers), each family's committed checkpoints, its
+pointer and alias targets, the numbered files that are not committed, and what
+lies in ``D/quarantine/`` and ``D/archive/``. Nothing is moved, hashed or
+locked: the commands that change a store (``prune``) or read every byte
+(``verify``) build on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..catalogue import numbered_files
+from ..checkpoint import Checkpoint
+from ..errors import InvalidRecordError
+from ..layout import POINTER_NAME, QUARANTINE_DIR, Family, record_target
+from ..manifest import Manifest, read_manifest
+from ..pointers import read_link_or_none, read_pointer
+from ..records import read_record
+from ..retention import KeepBest, RetentionPolicy, Verdict, explain_prune
+from ..sweep import ARCHIVE_DIR
+
+#: A numbered file name: ``<prefix>-<step><suffix>``, the step in plain decimal.
+_NUMBERED = re.compile(r"(?P<prefix>.+)-(?P<step>0|[1-9][0-9]*)(?P<suffix>\.[^.]+)")
+
+
+@dataclass
+class FamilyView:
+    """One family of a store, as found on disk.
+
+    Attributes
+    ----------
+    family : Family
+        Its names.
+    policy : RetentionPolicy or None
+        The retention policy the manifest records; ``None`` when unknown.
+    reason : str or None
+        That policy's reason, for people (also for a policy the manifest
+        could only describe, not record).
+    checkpoints : list of Checkpoint
+        Its committed checkpoints, oldest first.
+    pointer : str or None
+        The file name its pointer names.
+    alias : str or None
+        The file name its alias leads to.
+    """
+
+    family: Family
+    policy: RetentionPolicy | None = None
+    reason: str | None = None
+    checkpoints: list[Checkpoint] = field(default_factory=list)
+    pointer: str | None = None
+    alias: str | None = None
+
+    def protections(self) -> dict[str, str]:
+        """The names retention never removes, each with why."""
+        found: dict[str, list[str]] = {}
+        for kind, name in (("pointer", self.pointer), ("alias", self.alias)):
+            if name:
+                found.setdefault(name, []).append(kind)
+        what = "best" if isinstance(self.policy, KeepBest) else "latest"
+        return {name: f"{what} ({', '.join(how)})" for name, how in found.items()}
+
+    def explain(
+        self, policy: RetentionPolicy, *, protect_newest: bool = False
+    ) -> list[Verdict]:
+        """What ``policy`` keeps of this family now, and why.
+
+        The pointer and alias targets are protected, as a running store
+        protects them; ``protect_newest`` protects the newest checkpoint too
+        (as the one a store has just written).
+        """
+        protected = self.protections()
+        if protect_newest and self.checkpoints:
+            newest = self.checkpoints[-1].name
+            protected.setdefault(newest, "newest")
+        committed = {c.name: c.step for c in self.checkpoints}
+        current = max(committed.values(), default=0)
+        return explain_prune(
+            committed,
+            current_step=current,
+            protected=protected,
+            policy=policy,
+            metrics={c.name: c.record.metrics or {} for c in self.checkpoints},
+        )
+
+
+@dataclass
+class Stray:
+    """A file that looks like a checkpoint but is not a committed one.
+
+    Attributes
+    ----------
+    path : Path
+        The file.
+    family : str or None
+        The family its name belongs to, where known.
+    step : int or None
+        The step its name encodes, where known.
+    problem : str
+        Why it does not count (no commit record, a malformed one, ...).
+    """
+
+    path: Path
+    family: str | None
+    step: int | None
+    problem: str
+
+
+@dataclass
+class Inventory:
+    """Everything :func:`read_inventory` found in a store directory.
+
+    Attributes
+    ----------
+    directory : Path
+        The store directory (absolute).
+    manifest : Manifest or None
+        Its manifest, if it has a readable one.
+    families : list of FamilyView
+        Its families; the primary one (the one ``latest`` means) first.
+    strays : list of Stray
+        Numbered files of its families that are not committed checkpoints.
+    quarantined : list of Path
+        Files in ``D/quarantine/`` (corrupt checkpoints moved aside), records
+        excluded.
+    archived : dict of str to list of Path
+        Each folder of ``D/archive/`` (an earlier run) and the checkpoints in
+        it, records excluded.
+    warnings : list of str
+        What could not be read.
+    """
+
+    directory: Path
+    manifest: Manifest | None
+    families: list[FamilyView]
+    strays: list[Stray]
+    quarantined: list[Path]
+    archived: dict[str, list[Path]]
+    warnings: list[str]
+
+    @property
+    def format(self) -> str | None:
+        """The format of its checkpoints, as the manifest or records say."""
+        if self.manifest is not None:
+            return self.manifest.format
+        formats = {c.format for f in self.families for c in f.checkpoints}
+        return formats.pop() if len(formats) == 1 else None
+
+    def family(self, prefix: str) -> FamilyView | None:
+        """The family of ``prefix``, or ``None``."""
+        return next((f for f in self.families if f.family.prefix == prefix), None)
+
+    def checkpoints(self) -> list[Checkpoint]:
+        """Every committed checkpoint, family by family."""
+        return [c for f in self.families for c in f.checkpoints]
+
+
+def read_inventory(directory: Path) -> Inventory:
+    """Read what ``directory`` holds (see the module docs); it must exist."""
+    directory = Path(os.path.abspath(directory))
+    warnings: list[str] = []
+    try:
+        manifest = read_manifest(directory)
+    except InvalidRecordError as exc:
+        manifest = None
+        warnings.append(f"{exc}; families are read from the commit records")
+    views: dict[str, FamilyView] = {}
+    if manifest is not None:
+        for info in manifest.families:
+            views[info.family.prefix] = FamilyView(
+                info.family, info.retention(), info.reason
+            )
+    names = _listdir(directory)
+    strays = _find_families(directory, names, views)
+    for view in views.values():
+        _fill(directory, view, strays)
+    return Inventory(
+        directory=directory,
+        manifest=manifest,
+        families=_ordered(directory, views, manifest),
+        strays=sorted(strays.values(), key=lambda s: (s.family or "", s.step or 0)),
+        quarantined=_payloads(directory / QUARANTINE_DIR),
+        archived={
+            name: _payloads(directory / ARCHIVE_DIR / name, numbered=True)
+            for name in sorted(_listdir(directory / ARCHIVE_DIR))
+            if (directory / ARCHIVE_DIR / name).is_dir()
+        },
+        warnings=warnings,
+    )
+
+
+def _listdir(directory: Path) -> list[str]:
+    try:
+        return sorted(os.listdir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _find_families(
+    directory: Path, names: list[str], views: dict[str, FamilyView]
+) -> dict[Path, Stray]:
+    """Add the families the records and pointers name; return bad records."""
+    strays: dict[Path, Stray] = {}
+    for name in names:
+        target = record_target(name)
+        if target is None:
+            continue
+        path = directory / target
+        match = _NUMBERED.fullmatch(target)
+        try:
+            record = read_record(path)
+        except InvalidRecordError as exc:
+            if path.is_file():
+                strays[path] = Stray(
+                    path,
+                    match["prefix"] if match else None,
+                    int(match["step"]) if match else None,
+                    f"malformed commit record: {exc}",
+                )
+            continue
+        if record is None or not target.startswith(f"{record.family}-"):
+            continue
+        suffix = target[len(f"{record.family}-{record.step}") :]
+        if record.family not in views and suffix.startswith("."):
+            with contextlib.suppress(ValueError):
+                views[record.family] = FamilyView(Family(record.family, suffix))
+    for name in names:  # pointers: a store plain deepmd-kit wrote has no records
+        if name != POINTER_NAME and not name.startswith(f"{POINTER_NAME}."):
+            continue
+        with contextlib.suppress(Exception):
+            named = read_pointer(directory / name)
+            match = _NUMBERED.fullmatch(named.name) if named else None
+            if match and match["prefix"] not in views:
+                views[match["prefix"]] = FamilyView(
+                    Family(match["prefix"], match["suffix"], name)
+                )
+    return strays
+
+
+def _fill(directory: Path, view: FamilyView, strays: dict[Path, Stray]) -> None:
+    """Read a family's committed checkpoints, pointer, alias and strays."""
+    fam = view.family
+    for path in numbered_files(directory, fam):
+        try:
+            record = read_record(path)
+        except InvalidRecordError:
+            continue  # reported among the strays already
+        step = fam.step_of(path.name)
+        if record is None:
+            strays[path] = Stray(path, fam.prefix, step, "no commit record")
+        elif record.step != step or record.family != fam.prefix:
+            strays[path] = Stray(
+                path, fam.prefix, step, "its commit record describes another file"
+            )
+        else:
+            view.checkpoints.append(Checkpoint(path, step, fam.prefix, record))
+    view.checkpoints.sort(key=lambda c: c.step)
+    pointers = [fam.pointer]
+    if fam.pointer == POINTER_NAME:  # found without a manifest: any pointer naming it
+        pointers += [n for n in _listdir(directory) if n.startswith(f"{POINTER_NAME}.")]
+    for name in pointers:
+        with contextlib.suppress(Exception):
+            named = read_pointer(directory / name)
+            if named is not None and fam.step_of(named.name) is not None:
+                view.pointer = named.name
+                break
+    linked = read_link_or_none(directory / fam.alias)
+    if linked and fam.step_of(Path(linked).name) is not None:
+        view.alias = Path(linked).name
+
+
+def _ordered(
+    directory: Path, views: dict[str, FamilyView], manifest: Manifest | None
+) -> list[FamilyView]:
+    """The manifest's order; without one, the family ``D/checkpoint`` names first."""
+    if manifest is not None:
+        return list(views.values())
+    primary = None
+    with contextlib.suppress(Exception):
+        named = read_pointer(directory / POINTER_NAME)
+        primary = next(
+            (p for p, v in views.items() if named and v.family.step_of(named.name)),
+            None,
+        )
+    return sorted(
+        views.values(), key=lambda v: (v.family.prefix != primary, v.family.prefix)
+    )
+
+
+def _payloads(folder: Path, *, numbered: bool = False) -> list[Path]:
+    """The files of ``folder`` that are not commit records (nor links).
+
+    With ``numbered``, only numbered checkpoint names (an archive also holds
+    the pointers and aliases of the run it keeps).
+    """
+    return [
+        folder / n
+        for n in _listdir(folder)
+        if not n.endswith(".commit.json")
+        and (not numbered or _NUMBERED.fullmatch(n))
+        and (folder / n).is_file()
+        and not (folder / n).is_symlink()
+    ]

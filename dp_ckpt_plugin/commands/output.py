@@ -1,0 +1,100 @@
+"""Printing for the commands: tables through ``rich`` (imported here, lazily), JSON.
+
+Tables go to standard output; they are for people and may change. The JSON
+form (``--json``) is for programs: its keys are documented in
+``docs/command.md`` and carry ``"version": 1``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import time
+from typing import Any
+
+#: Version of the JSON the commands print.
+JSON_VERSION = 1
+
+
+def print_json(data: dict[str, Any]) -> None:
+    """Print ``data`` as JSON, with the version first."""
+    sys.stdout.write(json.dumps({"version": JSON_VERSION, **data}, indent=2) + "\n")
+
+
+class Printer:
+    """Prints ``rich`` renderables: styled on a terminal, plain text elsewhere.
+
+    Elsewhere (a pipe, a file) there are no colours, the width is wide
+    enough that no file name is cut, and lines carry no trailing spaces.
+    """
+
+    def __init__(self, *, stderr: bool = False) -> None:
+        from rich.console import Console
+
+        self.stream = sys.stderr if stderr else sys.stdout
+        self.tty = self.stream.isatty()
+        self.console = Console(
+            file=self.stream if self.tty else io.StringIO(),
+            highlight=False,
+            width=None if self.tty else 200,
+            no_color=not self.tty,
+        )
+
+    def print(self, *renderables: Any) -> None:
+        """Print, as ``rich.console.Console.print`` does."""
+        self.console.print(*renderables)
+        if not self.tty:
+            buffer = self.console.file
+            text = buffer.getvalue()
+            buffer.seek(0)
+            buffer.truncate()
+            self.stream.write(
+                "".join(line.rstrip() + "\n" for line in text.splitlines())
+            )
+
+
+def console(*, stderr: bool = False) -> Printer:
+    """A :class:`Printer` on standard output (or standard error)."""
+    return Printer(stderr=stderr)
+
+
+def table(title: str | None, columns: list[str], *, right: tuple[str, ...] = ()):
+    """An empty ``rich`` table with ``columns`` (those in ``right`` right-aligned)."""
+    from rich import box
+    from rich.table import Table
+
+    out = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in columns:
+        out.add_column(name, justify="right" if name in right else "left")
+    return out
+
+
+def size(n: int | None) -> str:
+    """A size for people: ``812 B``, ``1.2 MB``."""
+    if n is None:
+        return "-"
+    if n < 1000:
+        return f"{n} B"
+    value = n / 1000
+    for unit in ("kB", "MB"):
+        if value < 1000:
+            return f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} GB"
+
+
+def utc(seconds: float | None) -> str:
+    """A Unix time as ``2025-01-31 12:00:00`` UTC; ``-`` for none."""
+    if not seconds:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds))
+
+
+def metrics(values: dict[str, float | None] | None) -> str:
+    """Metrics for people: ``rmse_val=0.0123 lr=0.001``."""
+    if not values:
+        return ""
+    return " ".join(
+        f"{k}={'-' if v is None else format(v, '.4g')}" for k, v in values.items()
+    )

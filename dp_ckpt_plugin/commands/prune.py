@@ -1,0 +1,181 @@
+"""``dp-ckpt prune D``: apply a retention policy to a store now.
+
+The policy of each family is the one the store's manifest records, with the
+keys given on the command line (``--max-ckpt-keep``, ``--keep-every-n-steps``,
+``--keep-best``, ``--best-metric``, ``--best-mode``) in place of the recorded
+ones. As in a running store, the checkpoints the pointer and alias name and
+the newest one are never removed, and each removal takes the payload before
+its record. The store's lock is held throughout: a store a run is writing is
+refused, naming the run. ``--dry-run`` shows what would go and removes
+nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..commit import remove
+from ..lock import StoreLock
+from ..retention import (
+    BEST_MODES,
+    RetentionPolicy,
+    Verdict,
+    policy_from_dict,
+    policy_to_dict,
+    reason_of,
+)
+from . import UsageError, output, select_families, store_directory
+from .inventory import FamilyView, read_inventory
+
+HELP = "remove what a retention policy does not keep"
+DESCRIPTION = (
+    "Apply a retention policy to a store directory now: the policy its "
+    "manifest records, with the keys given here in place of the recorded "
+    "ones. The checkpoints the pointer and alias name, and the newest, are "
+    "never removed. Refused while a run holds the store."
+)
+
+#: Command-line options and the policy keys they set.
+OPTIONS = {
+    "max_ckpt_keep": "keep the newest N (0: keep all; none: no window)",
+    "keep_every_n_steps": "also keep every checkpoint whose step is a multiple of N",
+    "keep_best": "also keep the N best by --best-metric",
+    "best_metric": "the metric --keep-best ranks by (as the commit records name it)",
+    "best_mode": "min (lower is better, the default) or max",
+}
+
+
+def _count(value: str) -> int | None:
+    if value.lower() in ("none", "null"):
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer, got {value!r}"
+        ) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``prune``."""
+    parser.add_argument("directory", type=store_directory, help="the store (save_dir)")
+    parser.add_argument("--family", metavar="PREFIX", help="only this family")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="show what would go; remove nothing"
+    )
+    for key, doc in OPTIONS.items():
+        flag = "--" + key.replace("_", "-")
+        # an option not given leaves no attribute: ``none`` is a value
+        given = {"dest": key, "help": doc, "default": argparse.SUPPRESS}
+        if key == "best_metric":
+            parser.add_argument(flag, metavar="NAME", **given)
+        elif key == "best_mode":
+            parser.add_argument(flag, choices=BEST_MODES, **given)
+        else:
+            parser.add_argument(flag, type=_count, metavar="N", **given)
+
+
+def policy_for(view: FamilyView, args: argparse.Namespace) -> RetentionPolicy:
+    """The recorded policy of ``view`` with the command line's keys in its place."""
+    given = {k: getattr(args, k) for k in OPTIONS if hasattr(args, k)}
+    recorded = policy_to_dict(view.policy) if view.policy is not None else None
+    if recorded is None and not given:
+        raise UsageError(
+            f"no retention policy is recorded for {view.family.prefix} "
+            "(the store has no manifest, or its policy is not expressible as keys); "
+            "give one, such as --max-ckpt-keep 5"
+        )
+    try:
+        return policy_from_dict({**(recorded or {}), **given})
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plan, and unless ``--dry-run`` remove; exit status 1 if the store is held."""
+    inventory = read_inventory(args.directory)
+    families = select_families(inventory, args.family)
+    policies = {v.family.prefix: policy_for(v, args) for v in families}
+    lock = None if args.dry_run else StoreLock(inventory.directory)
+    if lock is not None:
+        lock.acquire()  # StoreLockedError names the run holding it
+    try:
+        if lock is not None:  # read again under the lock: what we remove is current
+            inventory = read_inventory(args.directory)
+            families = select_families(inventory, args.family)
+        plans = {
+            v.family.prefix: v.explain(policies[v.family.prefix], protect_newest=True)
+            for v in families
+        }
+        doomed = [
+            (view, v)
+            for view in families
+            for v in plans[view.family.prefix]
+            if not v.kept
+        ]
+        if lock is not None:
+            remove([inventory.directory / v.name for _, v in doomed], durable=True)
+    finally:
+        if lock is not None:
+            lock.release()
+    sizes = {c.name: c.record.size for view in families for c in view.checkpoints}
+    freed = sum(sizes.get(v.name, 0) for _, v in doomed)
+    if args.json:
+        output.print_json(
+            as_json(inventory.directory, families, policies, plans, freed, args.dry_run)
+        )
+    else:
+        show(families, policies, plans, sizes, freed, dry_run=args.dry_run)
+    return 0
+
+
+def show(families, policies, plans, sizes, freed: int, *, dry_run: bool) -> None:
+    """Print one table per family and a summary."""
+    out = output.console()
+    gone = 0
+    for view in families:
+        policy = policies[view.family.prefix]
+        rows = output.table(
+            f"{view.family.prefix}  policy: {reason_of(policy)}",
+            ["step", "file", "size", "outcome"],
+            right=("step", "size"),
+        )
+        for v in plans[view.family.prefix]:
+            if v.kept:
+                outcome = "kept: " + "; ".join(r for _, r in v.kept_by)
+            else:
+                gone += 1
+                outcome = "would be removed" if dry_run else "removed"
+            rows.add_row(str(v.step), v.name, output.size(sizes.get(v.name)), outcome)
+        out.print(rows)
+    verb = "would remove" if dry_run else "removed"
+    out.print(f"{verb} {gone} checkpoint(s), {output.size(freed)}")
+
+
+def as_json(
+    directory, families, policies, plans, freed: int, dry_run: bool
+) -> dict[str, Any]:
+    """The ``--json`` form (documented in docs/command.md)."""
+    return {
+        "directory": str(directory),
+        "dry_run": dry_run,
+        "families": [
+            {
+                "prefix": view.family.prefix,
+                "policy": policy_to_dict(policies[view.family.prefix]),
+                "reason": reason_of(policies[view.family.prefix]),
+                "removed": [v.name for v in plans[view.family.prefix] if not v.kept],
+                "kept": [_kept(v) for v in plans[view.family.prefix] if v.kept],
+            }
+            for view in families
+        ],
+        "freed": freed,
+    }
+
+
+def _kept(verdict: Verdict) -> dict[str, Any]:
+    return {
+        "name": verdict.name,
+        "kept_by": [{"policy": p, "reason": r} for p, r in verdict.kept_by],
+    }

@@ -1,0 +1,110 @@
+"""``dp-ckpt show D [SPEC]``: the checkpoint a restart would use, and how it was found.
+
+``SPEC`` is what ``--restart`` takes: ``latest`` (the default), ``best``, a
+directory, a file or a prefix; it resolves through the same front door as a
+training restart (:func:`~dp_ckpt_plugin.resolution.resolve_restart`, with
+installed resolver plugins), with ``D`` as the store. Nothing is moved: a
+corrupt candidate is skipped and reported, never quarantined.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ..errors import RestartNotFoundError
+from ..plugins import get_plugin_manager
+from ..resolution import ResolveContext, Resolved, resolve_restart
+from . import add_digest_flag, output, store_directory
+from .inventory import read_inventory
+
+HELP = "show the checkpoint a restart would use"
+DESCRIPTION = (
+    "Resolve a restart specification (latest, best, a directory, a file or a "
+    "prefix) against a store directory as --restart would, and show the "
+    "checkpoint found, how it was found and how it was checked. Read-only."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``show``."""
+    parser.add_argument("directory", type=store_directory, help="the store (save_dir)")
+    parser.add_argument(
+        "spec",
+        nargs="?",
+        default="latest",
+        help="latest (default), best, best:DIR, a directory, a file or a prefix",
+    )
+    add_digest_flag(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Resolve and show; exit status 1 when nothing is found."""
+    found = resolve_in(args.directory, args.spec, digest=args.digest)
+    if args.json:
+        output.print_json(as_json(found, args.spec))
+        return 0
+    out = output.console()
+    c = found.checkpoint
+    record = c.record
+    rows = [
+        ("checkpoint", str(c.path)),
+        ("step", str(c.step)),
+        ("family", c.family or "-"),
+        ("found by", found.how),
+        ("checked", found.checked),
+    ]
+    if record is not None:
+        rows += [
+            ("size", output.size(record.size)),
+            ("saved (UTC)", output.utc(record.created)),
+            ("format", record.format),
+        ]
+        if record.metrics:
+            rows.append(("metrics", output.metrics(record.metrics)))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        out.print(f"{key:<{width}}  {value}")
+    for warning in found.warnings:
+        out.print(f"warning: {warning}")
+    return 0
+
+
+def resolve_in(directory: Path, spec: str, *, digest: bool) -> Resolved:
+    """Resolve ``spec`` with ``directory`` as the store, moving nothing."""
+    inventory = read_inventory(directory)
+    if not inventory.families:
+        raise RestartNotFoundError(
+            f"no checkpoint found for restart {spec!r}: {inventory.directory} holds "
+            "no checkpoint family (no commit record, manifest or pointer)"
+        )
+    context = ResolveContext(
+        family=inventory.families[0].family,
+        store_dir=inventory.directory,
+        cwd=Path.cwd(),
+        digest=digest,
+        quarantine=False,
+    )
+    return resolve_restart(get_plugin_manager(), spec, context)
+
+
+def as_json(found: Resolved, spec: str) -> dict[str, Any]:
+    """The ``--json`` form (documented in docs/command.md)."""
+    c = found.checkpoint
+    record = c.record
+    return {
+        "spec": spec,
+        "path": str(c.path),
+        "name": c.name,
+        "step": c.step,
+        "family": c.family,
+        "how": found.how,
+        "checked": found.checked,
+        "committed": record is not None,
+        "size": record.size if record else None,
+        "created": (record.created or None) if record else None,
+        "format": record.format if record else None,
+        "metrics": record.metrics if record else None,
+        "warnings": list(found.warnings),
+    }

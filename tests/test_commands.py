@@ -1,0 +1,487 @@
+"""The ``dp-ckpt`` command on stores written through the API (the real ``dp`` is in
+``test_e2e_commands.py``): ``ls``, ``show``, ``verify``, ``prune``, their JSON,
+and user mistakes that end with one line and exit status 2 or 1."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import make_payload, open_manager
+
+from dp_ckpt_plugin.commands import main, one_line
+from dp_ckpt_plugin.layout import MANIFEST_NAME
+from dp_ckpt_plugin.lock import StoreLock
+from dp_ckpt_plugin.quarantine import quarantine
+from dp_ckpt_plugin.records import record_path
+
+POLICY = {
+    "max_ckpt_keep": 2,
+    "keep_every_n_steps": 4,
+    "keep_best": 1,
+    "best_metric": "loss",
+}
+LOSSES = {1: 0.9, 2: 0.3, 3: 0.5, 4: 0.8, 5: 0.1, 6: 0.6, 7: 0.7, 8: 0.4, 9: 0.2}
+
+
+def fill(directory, policy=POLICY, losses=LOSSES, **kwargs):
+    """A store written through the API, each checkpoint with its loss."""
+    m = open_manager(directory, policy=policy, **kwargs)
+    try:
+        return {
+            step: m.save(step, make_payload(step), metrics={"loss": loss})
+            for step, loss in losses.items()
+        }
+    finally:
+        m.close()
+
+
+def dp_ckpt(capsys, *args):
+    """Run ``dp-ckpt args``; return (status, stdout, stderr)."""
+    status = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def as_json(capsys, *args):
+    status, out, _ = dp_ckpt(capsys, *args, "--json")
+    return status, json.loads(out)
+
+
+@pytest.fixture
+def store(tmp_path):
+    d = tmp_path / "models"
+    fill(d)
+    return d
+
+
+# -- ls -----------------------------------------------------------------------------
+
+
+def test_ls_says_which_policy_keeps_each_file(store, capsys):
+    status, out, err = dp_ckpt(capsys, "ls", store)
+    assert status == 0 and err == ""
+    assert "kept by: newest 2 or every 4 steps or best 1 by loss (lowest)" in out
+    lines = {
+        line.split()[1]: line for line in out.splitlines() if "model.ckpt-" in line
+    }
+    assert sorted(lines) == [f"model.ckpt-{s}.h5" for s in (4, 5, 8, 9)]
+    assert lines["model.ckpt-4.h5"].endswith("every 4 steps")
+    assert lines["model.ckpt-5.h5"].endswith("best 1 by loss (lowest)")
+    assert lines["model.ckpt-8.h5"].endswith("newest 2; every 4 steps")
+    assert lines["model.ckpt-9.h5"].endswith("latest (pointer, alias)")
+    assert "loss=0.1" in lines["model.ckpt-5.h5"]
+    assert all(line == line.rstrip() for line in out.splitlines())
+
+
+def test_ls_json(store, capsys):
+    status, data = as_json(capsys, "ls", store)
+    assert status == 0
+    assert data["version"] == 1 and data["format"] == "hdf5" and data["manifest"]
+    (family,) = data["families"]
+    assert family["prefix"] == "model.ckpt" and family["latest"] == "model.ckpt-9.h5"
+    assert family["policy"] == {**POLICY, "best_mode": "min"}
+    by = {c["step"]: c for c in family["checkpoints"]}
+    assert sorted(by) == [4, 5, 8, 9]
+    assert by[5]["kept_by"] == [
+        {"policy": "keep_best", "reason": "best 1 by loss (lowest)"}
+    ]
+    assert by[9]["kept_by"] == [
+        {"policy": "protected", "reason": "latest (pointer, alias)"}
+    ]
+    assert by[5]["metrics"] == {"loss": 0.1}
+    assert all(c["kept"] for c in family["checkpoints"])
+    assert data["uncommitted"] == data["quarantine"] == data["archive"] == []
+
+
+def test_ls_says_what_goes_at_the_next_save(store, capsys):
+    manifest = json.loads((store / MANIFEST_NAME).read_text())
+    manifest["families"][0]["policy"] = {"max_ckpt_keep": 1}
+    (store / MANIFEST_NAME).write_text(json.dumps(manifest))
+    _, data = as_json(capsys, "ls", store)
+    kept = {c["step"]: c["kept"] for c in data["families"][0]["checkpoints"]}
+    assert kept == {4: False, 5: False, 8: False, 9: True}
+    _, out, _ = dp_ckpt(capsys, "ls", store)
+    assert "goes at the next save" in out
+
+
+def test_ls_without_a_manifest_finds_families_by_their_records(store, capsys):
+    (store / MANIFEST_NAME).unlink()
+    status, data = as_json(capsys, "ls", store)
+    assert status == 0 and not data["manifest"] and data["format"] == "hdf5"
+    (family,) = data["families"]
+    assert family["policy"] is None
+    by = {c["step"]: c for c in family["checkpoints"]}
+    assert by[9]["kept"] is True and by[4]["kept"] is None
+    _, out, _ = dp_ckpt(capsys, "ls", store)
+    assert "kept by: unknown (no manifest)" in out and "? (policy unknown)" in out
+
+
+def test_ls_of_a_store_written_without_the_plugin(tmp_path, capsys):
+    d = tmp_path / "plain"
+    d.mkdir()
+    for step in (10, 20):
+        (d / f"model.ckpt-{step}.pt").write_bytes(b"x" * step)
+    (d / "checkpoint").write_text("model.ckpt-20.pt\n")
+    status, data = as_json(capsys, "ls", d)
+    assert status == 0
+    assert data["families"][0]["prefix"] == "model.ckpt"
+    assert data["families"][0]["checkpoints"] == []
+    assert [(u["name"], u["problem"]) for u in data["uncommitted"]] == [
+        ("model.ckpt-10.pt", "no commit record"),
+        ("model.ckpt-20.pt", "no commit record"),
+    ]
+
+
+def test_ls_lists_quarantine_and_archive(tmp_path, capsys):
+    d = tmp_path / "models"
+    paths = fill(d, {"max_ckpt_keep": 3}, {1: 0.5, 2: 0.4, 3: 0.3})
+    with open(paths[3], "r+b") as handle:
+        handle.truncate(10)
+    with open_manager(d, max_keep=3) as m:
+        assert m.resolve("latest") == paths[2]  # 3 moved aside
+    with open_manager(d, max_keep=3) as m:
+        m.save(1, make_payload(1))  # a fresh run: the earlier one is archived
+    _, data = as_json(capsys, "ls", d)
+    assert [q["name"].split(".h5")[0] for q in data["quarantine"]] == ["model.ckpt-3"]
+    (archived,) = data["archive"]
+    assert sorted(archived["checkpoints"]) == ["model.ckpt-1.h5", "model.ckpt-2.h5"]
+    _, out, _ = dp_ckpt(capsys, "ls", d, "--all")
+    assert "quarantine/: 1 file(s)" in out and "archive/: 1 earlier run(s)" in out
+    assert "model.ckpt-1.h5, model.ckpt-2.h5" in out
+
+
+def test_ls_reports_files_that_are_not_committed(store, capsys):
+    (store / "model.ckpt-10.h5").write_bytes(b"no record")
+    record = record_path(store / "model.ckpt-8.h5")
+    record.write_text("{not json")
+    _, data = as_json(capsys, "ls", store)
+    problems = {u["name"]: u["problem"] for u in data["uncommitted"]}
+    assert problems["model.ckpt-10.h5"] == "no commit record"
+    assert problems["model.ckpt-8.h5"].startswith("malformed commit record")
+    steps = [c["step"] for c in data["families"][0]["checkpoints"]]
+    assert steps == [4, 5, 9]
+
+
+# -- show ---------------------------------------------------------------------------
+
+
+def test_show_latest_best_and_a_file(store, capsys):
+    status, data = as_json(capsys, "show", store)
+    assert status == 0
+    assert (data["name"], data["step"], data["checked"]) == (
+        "model.ckpt-9.h5",
+        9,
+        "size",
+    )
+    assert data["how"] == f"pointer {store / 'checkpoint'}"
+    status, data = as_json(capsys, "show", store, "best", "--digest")
+    assert (data["name"], data["checked"]) == ("model.ckpt-5.h5", "digest")
+    assert data["metrics"] == {"loss": 0.1}
+    status, data = as_json(capsys, "show", store, store / "model.ckpt-4.h5")
+    assert data["step"] == 4 and data["committed"]
+    status, out, _ = dp_ckpt(capsys, "show", store, "best")
+    assert "best 1 by loss (lowest)" in out and "model.ckpt-5.h5" in out
+
+
+def test_show_moves_nothing(store, capsys):
+    with open(store / "model.ckpt-9.h5", "r+b") as handle:
+        handle.truncate(10)
+    _, data = as_json(capsys, "show", store)
+    assert data["step"] == 8
+    assert any("model.ckpt-9.h5" in w for w in data["warnings"])
+    assert (store / "model.ckpt-9.h5").exists()
+    assert not (store / "quarantine").exists()
+
+
+def test_show_of_nothing_is_one_line_and_status_1(store, capsys):
+    status, out, err = dp_ckpt(capsys, "show", store, "no-such-file")
+    assert status == 1 and out == ""
+    assert err.startswith(
+        "dp-ckpt: error: no checkpoint found for restart 'no-such-file'"
+    )
+    assert err.count("\n") == 1
+
+
+# -- verify -------------------------------------------------------------------------
+
+
+def test_verify_a_sound_store(store, capsys):
+    status, out, _ = dp_ckpt(capsys, "verify", store)
+    assert status == 0
+    assert "4 of 4 checkpoint(s) sound (size); 0 problem(s)" in out
+    status, data = as_json(capsys, "verify", store, "--digest")
+    assert status == 0 and data["ok"] and data["checked"] == "digest"
+    assert [c["step"] for c in data["checkpoints"]] == [4, 5, 8, 9]
+
+
+def flip_a_byte(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("flag", ["--digest", "--sha256"])
+def test_verify_finds_a_flipped_byte_only_with_the_digest(store, capsys, flag):
+    flip_a_byte(store / "model.ckpt-8.h5")
+    assert dp_ckpt(capsys, "verify", store)[0] == 0
+    status, data = as_json(capsys, "verify", store, flag)
+    assert status == 1 and not data["ok"]
+    (bad,) = [c for c in data["checkpoints"] if not c["ok"]]
+    assert bad["name"] == "model.ckpt-8.h5" and "digest" in bad["problem"]
+    status, out, _ = dp_ckpt(capsys, "verify", store, flag)
+    assert "CORRUPT" in out and "1 problem(s)" in out
+    assert (store / "model.ckpt-8.h5").exists()  # reported, never moved
+
+
+def test_verify_finds_a_torn_file_malformed_record_and_dangling_pointer(store, capsys):
+    with open(store / "model.ckpt-4.h5", "r+b") as handle:
+        handle.truncate(100)
+    record_path(store / "model.ckpt-5.h5").write_text("[]")
+    (store / "model.ckpt-9.h5").unlink()
+    status, data = as_json(capsys, "verify", store)
+    assert status == 1
+    text = "\n".join(data["problems"])
+    assert "model.ckpt-4.h5 has 100 bytes" in text
+    assert "model.ckpt-5.h5: malformed commit record" in text
+    assert "pointer" in text and "names model.ckpt-9.h5" in text
+
+
+def test_verify_one_file(store, capsys):
+    assert dp_ckpt(capsys, "verify", store / "model.ckpt-5.h5", "--digest")[0] == 0
+    flip_a_byte(store / "model.ckpt-5.h5")
+    assert dp_ckpt(capsys, "verify", store / "model.ckpt-5.h5", "--digest")[0] == 1
+    plain = store.parent / "plain.pt"
+    plain.write_bytes(b"x")
+    status, data = as_json(capsys, "verify", plain)
+    assert status == 1 and "no commit record" in data["problems"][0]
+
+
+def test_verify_with_nothing_to_verify_fails(tmp_path, capsys):
+    (tmp_path / "model.ckpt-1.pt").write_bytes(b"x")
+    (tmp_path / "checkpoint").write_text("model.ckpt-1.pt")
+    status, out, _ = dp_ckpt(capsys, "verify", tmp_path)
+    assert status == 1
+    assert "nothing to verify" in out and "1 file(s) without a commit record" in out
+
+
+# -- prune --------------------------------------------------------------------------
+
+
+def on_disk(directory):
+    return sorted(int(p.name[11:-3]) for p in directory.glob("model.ckpt-*.h5"))
+
+
+def test_prune_dry_run_removes_nothing(store, capsys):
+    status, data = as_json(
+        capsys, "prune", store, "--dry-run", "--max-ckpt-keep", "1", "--keep-best", "0"
+    )
+    assert status == 0 and data["dry_run"]
+    (family,) = data["families"]
+    assert family["removed"] == ["model.ckpt-5.h5"]  # 4 and 8: every 4 steps
+    assert family["policy"] == {"max_ckpt_keep": 1, "keep_every_n_steps": 4}
+    assert on_disk(store) == [4, 5, 8, 9]
+
+
+def test_prune_removes_what_the_policy_does_not_keep(store, capsys):
+    status, out, _ = dp_ckpt(
+        capsys, "prune", store, "--max-ckpt-keep", "none", "--keep-every-n-steps", "0"
+    )
+    assert status == 0
+    assert "policy: best 1 by loss (lowest)" in out
+    assert "removed 2 checkpoint(s)" in out
+    assert on_disk(store) == [5, 9]
+    # payload and record both gone; nothing but the kept records left
+    records = sorted(p.name for p in store.glob(".model.ckpt-*.commit.json"))
+    assert records == [".model.ckpt-5.h5.commit.json", ".model.ckpt-9.h5.commit.json"]
+    assert not (store / "quarantine").exists()
+    # the recorded policy (the writer's) is as it was
+    assert (
+        json.loads((store / MANIFEST_NAME).read_text())["families"][0]["policy"][
+            "max_ckpt_keep"
+        ]
+        == 2
+    )
+
+
+def test_prune_uses_the_recorded_policy(tmp_path, capsys):
+    d = tmp_path / "models"
+    fill(d, {"max_ckpt_keep": 0})
+    manifest = json.loads((d / MANIFEST_NAME).read_text())
+    manifest["families"][0]["policy"] = {"max_ckpt_keep": 3}
+    (d / MANIFEST_NAME).write_text(json.dumps(manifest))
+    assert dp_ckpt(capsys, "prune", d)[0] == 0
+    assert on_disk(d) == [7, 8, 9]
+
+
+def test_prune_is_refused_while_a_run_holds_the_store(store, capsys):
+    lock = StoreLock(store)
+    lock.acquire()
+    try:
+        status, out, err = dp_ckpt(capsys, "prune", store, "--max-ckpt-keep", "1")
+    finally:
+        lock.release()
+    assert status == 1 and out == ""
+    assert "is in use by another run" in err and err.count("\n") == 1
+    assert on_disk(store) == [4, 5, 8, 9]
+    assert dp_ckpt(capsys, "prune", store, "--dry-run", "--max-ckpt-keep", "1")[0] == 0
+
+
+def test_prune_without_a_known_policy_asks_for_one(store, capsys):
+    (store / MANIFEST_NAME).unlink()
+    status, _, err = dp_ckpt(capsys, "prune", store)
+    assert status == 2 and "give one, such as --max-ckpt-keep 5" in err
+    assert on_disk(store) == [4, 5, 8, 9]
+
+
+# -- mistakes -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "message"),
+    [
+        ((), 2, "the following arguments are required: COMMAND"),
+        (("frobnicate",), 2, "invalid choice: 'frobnicate'"),
+        (("ls",), 2, "the following arguments are required: directory"),
+        (("ls", "{missing}"), 2, "no such directory"),
+        (("ls", "{file}"), 2, "is not a directory"),
+        (
+            ("ls", "{store}", "--family", "nope"),
+            2,
+            "has no family 'nope' (families: model.ckpt)",
+        ),
+        (("verify", "{missing}"), 2, "no such file or directory"),
+        (("prune", "{store}", "--max-ckpt-keep", "many"), 2, "expected an integer"),
+        (
+            (
+                "prune",
+                "{store}",
+                "--keep-best",
+                "2",
+                "--best-metric",
+                "x",
+                "--best-mode",
+                "up",
+            ),
+            2,
+            "invalid choice",
+        ),
+        (
+            (
+                "prune",
+                "{store}",
+                "--max-ckpt-keep",
+                "none",
+                "--keep-best",
+                "0",
+                "--keep-every-n-steps",
+                "0",
+            ),
+            2,
+            "would keep nothing",
+        ),
+        (("show", "{store}", "best:{missing}"), 1, "no family kept by a metric"),
+    ],
+)
+def test_mistakes_are_one_line_never_a_traceback(store, capsys, args, status, message):
+    names = {
+        "store": store,
+        "missing": store / "missing",
+        "file": store / "model.ckpt-9.h5",
+    }
+    got, out, err = dp_ckpt(capsys, *(a.format(**names) for a in args))
+    assert got == status
+    assert err.startswith("dp-ckpt: error: ") and err.count("\n") == 1, err
+    assert message in err
+    assert "Traceback" not in out + err
+
+
+def test_one_line_joins_a_list_of_places():
+    text = "no checkpoint found; looked at:\n  - pointer a\n  - alias b\nskipped c"
+    assert (
+        one_line(text)
+        == "no checkpoint found; looked at: pointer a; alias b; skipped c"
+    )
+
+
+def test_the_module_runs_as_a_program(store, tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = [sys.executable, "-m", "dp_ckpt_plugin"]
+    done = subprocess.run([*run, "--version"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0 and done.stdout.startswith("dp-ckpt ")
+    done = subprocess.run(
+        [*run, "ls", str(store)], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0 and "model.ckpt-9.h5" in done.stdout
+    done = subprocess.run(
+        [*run, "verify", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "Traceback" not in done.stderr
+
+
+def test_importing_the_commands_imports_nothing_heavy():
+    code = (
+        "import sys, dp_ckpt_plugin.commands, dp_ckpt_plugin.commands.ls\n"
+        "print([m for m in ('torch', 'deepmd', 'h5py', 'rich') if m in sys.modules])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+# -- the documented JSON ------------------------------------------------------------
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "command.md"
+#: Keys whose values are open mappings (metric names, policy keys).
+OPEN = {"metrics", "policy"}
+
+
+def documented_json(command):
+    """The JSON example of ``dp-ckpt <command>`` in docs/command.md."""
+    text = DOCS.read_text("utf-8")
+    section = text.split(f"## `dp-ckpt {command}`", 1)[1].split("\n## ", 1)[0]
+    return json.loads(re.search(r"```json\n(.*?)```", section, re.DOTALL)[1])
+
+
+def shape_differences(documented, real, where="$"):
+    """Where the keys of two JSON values differ (lists: their first items)."""
+    if isinstance(documented, dict) and isinstance(real, dict):
+        found = []
+        if set(documented) != set(real):
+            found.append(f"{where}: {sorted(documented)} != {sorted(real)}")
+        for key in set(documented) & set(real) - OPEN:
+            found += shape_differences(documented[key], real[key], f"{where}.{key}")
+        return found
+    if isinstance(documented, list) and isinstance(real, list) and documented and real:
+        return shape_differences(documented[0], real[0], f"{where}[0]")
+    return []
+
+
+def test_the_json_of_every_command_is_the_documented_one(tmp_path, capsys):
+    d = tmp_path / "models"
+    policy = {"max_ckpt_keep": 3, "keep_best": 1, "best_metric": "loss"}
+    paths = fill(d, policy, {1: 0.5, 2: 0.4, 3: 0.3})
+    (d / "model.ckpt-9.h5").write_bytes(b"no record")
+    assert quarantine(paths[1]) is not None
+    archived = d / "archive" / "20260101T000000Z"
+    archived.mkdir(parents=True)
+    (archived / "model.ckpt-7.h5").write_bytes(b"x")
+    runs = {
+        "ls": ["ls", d],
+        "show": ["show", d, "best"],
+        "verify": ["verify", d, "--digest"],
+        "prune": ["prune", d, "--max-ckpt-keep", "1", "--keep-best", "0"],
+    }
+    for command, args in runs.items():
+        _, real = as_json(capsys, *args)
+        assert shape_differences(documented_json(command), real) == [], command
