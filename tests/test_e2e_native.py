@@ -153,7 +153,7 @@ def test_finetune_takes_a_directory(base, trained):
     assert_no_traceback(result)
     assert (
         "--finetune models: models/model.ckpt-10.pt (step 10), through the pointer "
-        "models/checkpoint; size and sha256 match its commit record; this run starts "
+        "models/checkpoint; size and digest match its commit record; this run starts "
         "its own step count"
     ) in out
     assert "FileNotFoundError" not in out and "IsADirectoryError" not in out
