@@ -368,8 +368,12 @@ def test_plain_save_dir_is_adopted(base, plain):
 
 @pytest.mark.skipif(not TORCHRUN.exists(), reason=f"no torchrun at {TORCHRUN}")
 def test_two_cpu_ranks(base, data):
+    """Two gloo ranks, background saves: one writer, every save committed."""
     workdir = make_workdir(
-        base, "two_ranks", data, config(numb_steps=10, save_ckpt="run.ckpt")
+        base,
+        "two_ranks",
+        data,
+        config(numb_steps=10, save_ckpt="run.ckpt", dp_ckpt={"async_save": True}),
     )
     logs = workdir / "torchrun_logs"
     result = run(
@@ -382,6 +386,7 @@ def test_two_cpu_ranks(base, data):
     for step in (5, 10):
         assert_committed(models / f"run.ckpt-{step}.pt", step=step, family="run.ckpt")
     assert saved_steps(by_rank[0]) == [("run.ckpt-5.pt", 5), ("run.ckpt-10.pt", 10)]
+    assert "in the background (training paused" in by_rank[0]
     assert saved_steps(by_rank[1]) == []
     assert "Rank: 1/2" in by_rank[1]
     assert read_pointer(models / "checkpoint") == "run.ckpt-10.pt"
