@@ -27,6 +27,10 @@ DEFAULT_ALGORITHM = "blake3"
 #: Every algorithm a record may name, by the length of its hex digest.
 ALGORITHMS = {"blake3": 64, "sha256": 64}
 _CHUNK = 1 << 20
+#: Attributes of the file that neither move its position nor change its bytes.
+_NEUTRAL = frozenset(
+    {"flush", "fileno", "closed", "mode", "name", "writable", "readable", "seekable"}
+)
 #: Writes smaller than this are copied before hashing (the writer may reuse
 #: its buffer); larger ones are the payload's own memory, kept alive until
 #: hashed.
@@ -69,8 +73,10 @@ class HashingWriter:
         self.algorithm = algorithm
         self._hash = hasher(algorithm)
         self._end = handle.tell()
+        self._position = self._end
         self._sequential = self._end == 0
         self._queue: queue.Queue = queue.Queue(maxsize=64)
+        self._small = bytearray()
         self._thread = threading.Thread(target=self._consume, daemon=True)
         self._thread.start()
         self._error: BaseException | None = None
@@ -86,33 +92,57 @@ class HashingWriter:
                 self._error = exc
 
     def write(self, data) -> int:
-        """Write ``data`` and queue it for hashing (if it extends the file)."""
-        position = self._handle.tell()
+        """Write ``data`` and hash it (if it extends the file).
+
+        Small writes (a pickle's records, zip headers) are gathered into one
+        buffer and handed to the hashing thread a megabyte at a time; large
+        ones (tensor data) are handed over as they are, in order.
+        """
+        position = self._position
         written = self._handle.write(data)
-        if self._sequential and position == self._end:
-            view = memoryview(data).cast("B")
-            self._queue.put(bytes(view) if view.nbytes < _COPY_BELOW else view)
-            self._end += written
-        else:
+        self._position = position + written
+        if not (self._sequential and position == self._end):
             self._sequential = False
             self._end = max(self._end, position + written)
+            return written
+        self._end += written
+        view = memoryview(data).cast("B")
+        if view.nbytes < _COPY_BELOW:
+            self._small += view
+            if len(self._small) >= _COPY_BELOW:
+                self._flush_small()
+        else:
+            self._flush_small()
+            self._queue.put(view)
         return written
+
+    def _flush_small(self) -> None:
+        if self._small:
+            self._queue.put(bytes(self._small))
+            self._small.clear()
 
     def seek(self, offset: int, whence: int = 0) -> int:
         """Seek the real file; a later write that does not extend it voids the digest."""
-        return self._handle.seek(offset, whence)
+        self._position = self._handle.seek(offset, whence)
+        return self._position
+
+    def tell(self) -> int:
+        """The position, without asking the file."""
+        return self._position
 
     def digest(self) -> str | None:
         """Finish hashing; return ``"<algorithm>:<hex>"``, or ``None`` if voided."""
+        self._flush_small()
         self._queue.put(None)
         self._thread.join()
         if self._error is not None or not self._sequential:
             return None
-        if self._handle.tell() != self._end:
-            self._handle.seek(0, 2)
-            if self._handle.tell() != self._end:
-                return None
+        if self._handle.seek(0, 2) != self._end:
+            return None
         return f"{self.algorithm}:{self._hash.hexdigest()}"
 
     def __getattr__(self, name: str) -> Any:
+        if name not in _NEUTRAL:
+            # reading, truncating, ...: the position is no longer known here
+            self._sequential = False
         return getattr(self._handle, name)

@@ -75,6 +75,18 @@ class _ErrorRecorder:
         self._handle = handle
         self.error: OSError | None = None
 
+    def write(self, data) -> int:
+        """Write to the file, remembering an OS error (the hot path: no wrapper)."""
+        try:
+            return self._handle.write(data)
+        except OSError as exc:
+            self._note(exc)
+            raise
+
+    def _note(self, exc: OSError) -> None:
+        if self.error is None and exc.errno is not None:
+            self.error = exc
+
     def __getattr__(self, name: str):
         attr = getattr(self._handle, name)
         if not callable(attr):
@@ -84,8 +96,7 @@ class _ErrorRecorder:
             try:
                 return attr(*args, **kwargs)
             except OSError as exc:
-                if self.error is None and exc.errno is not None:
-                    self.error = exc
+                self._note(exc)
                 raise
 
         return call

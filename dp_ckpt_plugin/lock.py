@@ -1,13 +1,21 @@
 """The single-writer lock of a checkpoint directory.
 
-The lock is an OS file lock (``filelock``), so the kernel releases it when its
-holder dies, even by SIGKILL: a lock left behind never blocks. Beside it, a
-small JSON file names the holder (host, pid, command, start time) so that the
-refusal can say who holds the directory.
+The lock is an OS file lock (``flock`` on POSIX, ``filelock`` elsewhere), so
+the kernel releases it when its holder dies, even by SIGKILL: a lock left
+behind never blocks. Beside it, a small JSON file names the holder (host, pid,
+command, start time) so that the refusal can say who holds the directory.
+
+Releasing removes both files, so a run that ends (or fails to start) leaves
+none behind. The lock file is removed while it is still locked, and a writer
+that locks a file checks afterwards that the file is still the one at the
+lock's path (same device and inode): a file removed by a releasing holder
+between another writer's ``open`` and its ``flock`` is never taken for the
+lock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -15,11 +23,17 @@ import sys
 import time
 from pathlib import Path
 
-from filelock import FileLock, Timeout
-
 from .errors import StoreLockedError
 from .fsio import write_text_atomic
 from .layout import HOLDER_NAME, LOCK_NAME
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None
+
+#: Times a lock whose file vanished under it is tried again before giving up.
+_ATTEMPTS = 5
 
 
 class StoreLock:
@@ -33,26 +47,34 @@ class StoreLock:
 
     def __init__(self, directory: Path) -> None:
         self.directory = Path(directory)
-        self._lock = FileLock(
-            str(self.directory / LOCK_NAME), timeout=0, thread_local=False
-        )
+        self.path = self.directory / LOCK_NAME
+        self._fd: int | None = None
+        self._fallback = None
+        if fcntl is None:  # pragma: no cover - not POSIX
+            from filelock import FileLock
+
+            self._fallback = FileLock(str(self.path), timeout=0, thread_local=False)
 
     @property
     def held(self) -> bool:
         """Whether this object holds the lock."""
-        return self._lock.is_locked
+        if self._fallback is not None:  # pragma: no cover - not POSIX
+            return self._fallback.is_locked
+        return self._fd is not None
 
     def acquire(self) -> None:
         """Take the lock or raise :class:`StoreLockedError` naming the holder."""
-        if self._lock.is_locked:
+        if self.held:
             return
-        try:
-            self._lock.acquire(timeout=0)
-        except Timeout:
-            raise StoreLockedError(
-                f"checkpoint directory {self.directory} is in use by another run "
-                f"({self.describe_holder()}); wait for it to finish or choose another save_dir"
-            ) from None
+        if self._fallback is not None:  # pragma: no cover - not POSIX
+            from filelock import Timeout
+
+            try:
+                self._fallback.acquire(timeout=0)
+            except Timeout:
+                raise self._refusal() from None
+        else:
+            self._fd = self._lock_file()
         holder = {
             "host": socket.gethostname(),
             "pid": os.getpid(),
@@ -61,6 +83,29 @@ class StoreLock:
         }
         write_text_atomic(
             self.directory / HOLDER_NAME, json.dumps(holder) + "\n", durable=False
+        )
+
+    def _lock_file(self) -> int:
+        """Open and ``flock`` the lock file; return its descriptor."""
+        for _ in range(_ATTEMPTS):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise self._refusal() from None
+            except BaseException:
+                os.close(fd)
+                raise
+            if _names(self.path, fd):
+                return fd
+            os.close(fd)  # a releasing holder removed this file meanwhile
+        raise self._refusal()
+
+    def _refusal(self) -> StoreLockedError:
+        return StoreLockedError(
+            f"checkpoint directory {self.directory} is in use by another run "
+            f"({self.describe_holder()}); wait for it to finish or choose another save_dir"
         )
 
     def describe_holder(self) -> str:
@@ -72,9 +117,21 @@ class StoreLock:
             return "holder unknown"
 
     def release(self) -> None:
-        """Give the lock up (idempotent)."""
-        if self._lock.is_locked:
-            self._lock.release(force=True)
+        """Give the lock up and remove its files (idempotent)."""
+        if not self.held:
+            return
+        with contextlib.suppress(OSError):
+            (self.directory / HOLDER_NAME).unlink()
+        if self._fallback is not None:  # pragma: no cover - not POSIX
+            self._fallback.release(force=True)
+            return
+        fd, self._fd = self._fd, None
+        try:
+            if _names(self.path, fd):
+                with contextlib.suppress(OSError):
+                    self.path.unlink()  # while still locked: see the module doc
+        finally:
+            os.close(fd)  # closing releases the flock
 
     def __enter__(self) -> StoreLock:
         self.acquire()
@@ -82,3 +139,11 @@ class StoreLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _names(path: Path, fd: int) -> bool:
+    """Whether ``path`` is the file open as ``fd`` (same device and inode)."""
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(fd))
+    except OSError:
+        return False

@@ -283,8 +283,8 @@ class _Search:
                 self.warnings.append(f"skipped {path}: it has no commit record")
                 return None
             self.warnings.append(
-                f"{path} has no commit record (written without dp_ckpt_plugin?); "
-                "it could not be verified"
+                f"{path} has no commit record, so it could not be verified "
+                "(records are written for checkpoints saved to a save_dir)"
             )
             return self.found(path, None, "unverified", how)
         try:

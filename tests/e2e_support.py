@@ -51,10 +51,19 @@ TIMINGS: list[tuple[str, float]] = []
 RESUMING = re.compile(r"Resuming from (\S+?)\.?$", re.MULTILINE)
 """deepmd-kit's log line naming the checkpoint a run restarts from."""
 
-_TEMP = re.compile(r"\.tmp")
-_ALLOWED_DOT_FILES = re.compile(
-    r"^\.(dp_ckpt\.lock|dp_ckpt\.holder\.json|dp_ckpt\.store\.json|.+\.commit\.json)$"
+SAVED = re.compile(r"saved step (?P<step>\d+): (?P<path>\S+?),? ")
+"""The plugin's one log line per save: step and the periodic family's file."""
+
+SAVE_LINE = re.compile(
+    r"saved step \d+: \S+( \+ \S+)*, [0-9.]+ [kMG]?B in [0-9.]+ s"
+    r"( in the background \(training paused [0-9.?]+ s\))?, [0-9.]+ MB/s"
 )
+"""The whole save line: files, size, seconds, MB/s."""
+
+_TEMP = re.compile(r"\.tmp")
+_ALLOWED_DOT_FILES = re.compile(r"^\.(dp_ckpt\.store\.json|.+\.commit\.json)$")
+"""Dot files a store keeps after a run: its manifest and commit records (no
+lock, no holder)."""
 
 
 @dataclass
@@ -226,7 +235,7 @@ def example_config(
     Parameters
     ----------
     dp_ckpt : mapping, optional
-        A ``dp_ckpt`` section to add.
+        Options to set in ``training._dp_ckpt``.
     **training : Any
         Keys of ``training`` to set; a value of ``None`` removes the key.
 
@@ -243,7 +252,10 @@ def example_config(
         else:
             config["training"][key] = value
     if dp_ckpt is not None:
-        config["dp_ckpt"] = dict(dp_ckpt)
+        config["training"]["_dp_ckpt"] = {
+            **config["training"].get("_dp_ckpt", {}),
+            **dp_ckpt,
+        }
     return config
 
 
@@ -373,8 +385,9 @@ def stray_files(root: Path) -> list[Path]:
     """Files under ``root`` that look temporary, or are unexpected dot files.
 
     Temporary files of the plugin are ``.<name>.tmp-<pid>-<random>``; deepmd-kit
-    uses ``<name>.tmp``. The dot files a store may hold are its lock, the
-    holder description, its manifest and commit records.
+    uses ``<name>.tmp``. The only dot files a store keeps after a run are its
+    manifest and commit records: the lock and its holder note are removed when
+    a run ends (or fails to start).
     """
     stray = []
     for path in root.rglob("*"):
@@ -534,3 +547,63 @@ def unmatched_variables(frozen: Path, checkpoint: Path) -> list[str]:
 
 ENERGY_RMSE = re.compile(r"Energy RMSE\s*:\s*(\S+) eV")
 """``dp test``'s energy RMSE line."""
+
+
+def saved_steps(text: str) -> list[tuple[str, int]]:
+    """``(file name, step)`` of each save line of a log, in order."""
+    return [(Path(m["path"]).name, int(m["step"])) for m in SAVED.finditer(text)]
+
+
+def lock_files(directory: Path) -> list[str]:
+    """The lock and holder files under ``directory`` (none after a run ends)."""
+    names = (".dp_ckpt.lock", ".dp_ckpt.holder.json")
+    return sorted(str(p) for p in directory.rglob("*") if p.name in names)
+
+
+def dp_as_version(version: str, *args: str | os.PathLike) -> list[str]:
+    """Run deepmd-kit's ``dp`` main as if deepmd-kit were ``version``.
+
+    The console script ``dp`` is ``deepmd.main.main``; here the same main runs
+    after ``deepmd.__version__`` is set, before ``deepmd.backend`` loads the
+    plugin's entry point, so the version guard sees ``version``.
+    """
+    code = (
+        "import sys, deepmd\n"
+        f"deepmd.__version__ = {version!r}\n"
+        "from deepmd.main import main\n"
+        "sys.argv[0] = 'dp'\n"
+        "sys.exit(main())\n"
+    )
+    return [sys.executable, "-c", code, "--pt-expt", *map(str, args)]
+
+
+def start(
+    args: Sequence[str | os.PathLike], cwd: Path, log: Path, **extra_env: str
+) -> subprocess.Popen:
+    """Start a command in the background, its output going to ``log``."""
+    handle = open(log, "w")  # noqa: SIM115 - closed by the child's exit
+    return subprocess.Popen(
+        [str(a) for a in args],
+        cwd=cwd,
+        env=dp_env(**extra_env),
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def wait_for(log: Path, pattern: str, proc: subprocess.Popen, timeout: float = 240):
+    """Wait until ``log`` matches ``pattern``; fail if the process ends first."""
+    regex = re.compile(pattern)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = log.read_text("utf-8", "replace") if log.exists() else ""
+        found = regex.search(text)
+        if found:
+            return found
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"exited {proc.returncode} before logging {pattern!r}:\n{text[-3000:]}"
+            )
+        time.sleep(0.05)
+    raise AssertionError(f"no {pattern!r} in {log} after {timeout} s")

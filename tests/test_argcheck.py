@@ -1,10 +1,15 @@
-"""The ``dp_ckpt`` section and ``training.save_dir``: schema, defaults, errors."""
+"""``training._dp_ckpt`` and ``training.save_dir``: schema, defaults, errors.
+
+Also the deprecated top-level ``dp_ckpt`` section (still read, with a note)
+and the places where options would be silently ignored (refused).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,24 +18,28 @@ import pytest
 from dargs.dargs import ArgumentError
 
 from dp_ckpt_plugin.deepmd.argcheck import (
+    OLD_SECTION,
     SECTION,
+    SECTION_PATH,
     PluginOptions,
     check_save_dir,
-    dp_ckpt_args,
     gen_doc,
+    plugin_args,
     plugin_options,
     save_dir_args,
+    strip_old_section,
 )
 from dp_ckpt_plugin.errors import ConfigError
 
 DEFAULTS = {
-    "verify": "sha256",
+    "verify": "digest",
     "lock": True,
     "fsync": True,
     "quarantine": True,
     "check_free_space": True,
     "compat_links": True,
     "async_save": False,
+    "stop_signals": ("SIGTERM", "SIGUSR1"),
     "retention": {},
 }
 OTHER_VALUES = {
@@ -41,13 +50,19 @@ OTHER_VALUES = {
     "check_free_space": False,
     "compat_links": False,
     "async_save": True,
+    "stop_signals": ("SIGINT",),
 }
+
+
+def with_section(section, **training) -> dict:
+    """A whole input holding ``section`` as ``training._dp_ckpt``."""
+    return {"training": {**training, SECTION: section}}
 
 
 def options_error(section) -> str:
     """Return the message of the ConfigError ``section`` raises."""
     with pytest.raises(ConfigError) as info:
-        plugin_options({SECTION: section})
+        plugin_options(with_section(section))
     return str(info.value)
 
 
@@ -69,8 +84,8 @@ def test_import_pulls_in_neither_torch_nor_deepmd():
 
 
 def test_schema_and_dataclass_agree():
-    schema = dp_ckpt_args()
-    assert schema.name == SECTION
+    schema = plugin_args()
+    assert schema.name == SECTION == "_dp_ckpt"
     assert schema.optional
     fields = {
         f.name: f.default
@@ -78,23 +93,28 @@ def test_schema_and_dataclass_agree():
         else f.default_factory()
         for f in dataclasses.fields(PluginOptions)
     }
-    assert {a.name: a.default for a in schema.sub_fields.values()} == fields
+    defaults = {a.name: a.default for a in schema.sub_fields.values()}
+    defaults["stop_signals"] = tuple(defaults["stop_signals"])
+    assert defaults == fields
     assert fields == DEFAULTS
 
 
 def test_every_option_is_documented():
-    for arg in dp_ckpt_args().sub_fields.values():
+    for arg in plugin_args().sub_fields.values():
         assert len(arg.doc) > 80, arg.name
     text = gen_doc()
     for name in DEFAULTS:
-        assert f"dp_ckpt/{name}" in text
+        assert f"_dp_ckpt/{name}" in text
     assert "save_dir" in text
 
 
 # -- defaults -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("config", [{}, {SECTION: {}}, {SECTION: {"_comment": "x"}}])
+@pytest.mark.parametrize(
+    "config",
+    [{}, {"training": {}}, with_section({}), with_section({"_comment": "x"})],
+)
 def test_defaults(config):
     assert plugin_options(config) == PluginOptions(**DEFAULTS)
 
@@ -106,7 +126,9 @@ def test_each_default(name):
 
 @pytest.mark.parametrize("name", sorted(OTHER_VALUES))
 def test_each_option_can_be_set(name):
-    options = plugin_options({SECTION: {name: OTHER_VALUES[name]}})
+    value = OTHER_VALUES[name]
+    value = list(value) if isinstance(value, tuple) else value
+    options = plugin_options(with_section({name: value}))
     assert getattr(options, name) == OTHER_VALUES[name]
     for other in set(DEFAULTS) - {name}:
         assert getattr(options, other) == DEFAULTS[other]
@@ -117,28 +139,75 @@ def test_options_are_frozen():
         plugin_options({}).lock = False
 
 
-# -- the section is removed ------------------------------------------------------
+# -- where the options are -----------------------------------------------------------
 
 
-def test_section_is_removed_and_the_rest_kept():
-    training = {"save_dir": "models"}
-    config = {"model": {}, "training": training, SECTION: {"verify": "size"}}
-    plugin_options(config)
-    assert config == {"model": {}, "training": {"save_dir": "models"}}
-    assert config["training"] is training
-
-
-def test_invalid_section_is_left_in_place():
-    config = {"training": {}, SECTION: {"verify": "md5"}}
-    with pytest.raises(ConfigError):
-        plugin_options(config)
-    assert config == {"training": {}, SECTION: {"verify": "md5"}}
+def test_the_section_stays_in_the_input():
+    """DeePMD-kit drops ``_`` keys itself: the input is left as the user wrote it."""
+    config = with_section({"verify": "size"}, save_dir="models")
+    assert plugin_options(config).verify == "size"
+    assert config == {"training": {"save_dir": "models", SECTION: {"verify": "size"}}}
 
 
 def test_section_given_is_not_mutated():
     section = {"verify": "size", "_comment": "kept"}
-    plugin_options({SECTION: section})
+    plugin_options(with_section(section))
     assert section == {"verify": "size", "_comment": "kept"}
+
+
+def test_old_top_level_section_still_works_with_a_note(caplog):
+    training = {"save_dir": "models"}
+    config = {"model": {}, "training": training, OLD_SECTION: {"verify": "size"}}
+    with caplog.at_level("WARNING", logger="dp_ckpt_plugin"):
+        assert plugin_options(config).verify == "size"
+    assert config == {"model": {}, "training": {"save_dir": "models"}}
+    assert config["training"] is training
+    (note,) = [r.getMessage() for r in caplog.records]
+    assert "deprecated" in note
+    assert "training._dp_ckpt" in note
+    assert "only while dp_ckpt_plugin is on" in note
+
+
+def test_old_section_errors_name_its_own_path_and_leave_the_input():
+    config = {"training": {}, OLD_SECTION: {"verfy": "size"}}
+    with pytest.raises(ConfigError, match=r"`dp_ckpt/verfy`.*Did you mean: verify"):
+        plugin_options(config)
+    assert config == {"training": {}, OLD_SECTION: {"verfy": "size"}}
+
+
+def test_strip_old_section():
+    config = {"training": {}, OLD_SECTION: {}}
+    assert strip_old_section(config) == {"training": {}}
+
+
+def test_options_given_twice_are_refused():
+    config = with_section({"verify": "size"})
+    config[OLD_SECTION] = {"verify": "sha256"}
+    with pytest.raises(ConfigError, match="given twice"):
+        plugin_options(config)
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (
+            {"training": {"dp_ckpt": {}}},
+            "`training/dp_ckpt`: DeePMD-kit does not accept",
+        ),
+        ({"_dp_ckpt": {}, "training": {}}, "go in the training section"),
+        ({"training": {"_dp_ckp": {"verify": "size"}}}, "Did you mean: _dp_ckpt?"),
+        ({"training": {"_dpckpt": {}}}, "`training/_dpckpt`: unknown section"),
+    ],
+)
+def test_misplaced_or_misspelt_section_is_refused(config, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        plugin_options(config)
+
+
+def test_comments_in_training_are_left_alone():
+    assert plugin_options({"training": {"_comment": "dp_ckpt", "_note": {}}}) == (
+        PluginOptions()
+    )
 
 
 # -- bad values -----------------------------------------------------------------
@@ -160,7 +229,7 @@ def test_section_given_is_not_mutated():
 )
 def test_wrong_type(name, value):
     message = options_error({name: value})
-    assert f"`dp_ckpt/{name}`" in message
+    assert f"`{SECTION_PATH}/{name}`" in message
     assert "wrong value type" in message
     assert repr(value) in message
 
@@ -168,8 +237,8 @@ def test_wrong_type(name, value):
 @pytest.mark.parametrize("value", ["md5", "SHA256", "", "none"])
 def test_bad_verify_choice(value):
     message = options_error({"verify": value})
-    assert "`dp_ckpt/verify`" in message
-    assert "'size', 'sha256'" in message
+    assert f"`{SECTION_PATH}/verify`" in message
+    assert "'size', 'digest', 'sha256'" in message
     assert repr(value) in message
 
 
@@ -187,21 +256,21 @@ def test_bad_verify_choice(value):
 def test_unknown_key_suggests_the_closest(typo, meant):
     message = options_error({typo: True})
     assert message == (
-        f"invalid input at `dp_ckpt/{typo}`: undefined key `{typo}` "
+        f"invalid input at `{SECTION_PATH}/{typo}`: undefined key `{typo}` "
         f"is not allowed in strict mode. Did you mean: {meant}?"
     )
 
 
 def test_unknown_key_without_a_close_match_lists_known_keys():
     message = options_error({"colour": "blue"})
-    assert "`dp_ckpt/colour`" in message
+    assert f"`{SECTION_PATH}/colour`" in message
     assert "Known keys: verify, lock, fsync" in message
 
 
 @pytest.mark.parametrize("section", [None, [], "size", 1, True])
 def test_section_of_wrong_type(section):
     message = options_error(section)
-    assert "`dp_ckpt` must be a JSON object" in message
+    assert f"`{SECTION_PATH}` must be a JSON object" in message
 
 
 def test_whole_input_of_wrong_type():
@@ -209,9 +278,28 @@ def test_whole_input_of_wrong_type():
         plugin_options([SECTION])
 
 
+@pytest.mark.parametrize(
+    ("given", "names"),
+    [
+        (["SIGTERM"], ("SIGTERM",)),
+        (["term", "usr1", "SIGTERM"], ("SIGTERM", "SIGUSR1")),
+        (["SIGINT", "SIGHUP"], ("SIGINT", "SIGHUP")),
+        ([], ()),
+    ],
+)
+def test_stop_signals_are_named_canonically(given, names):
+    assert plugin_options(with_section({"stop_signals": given})).stop_signals == names
+
+
+@pytest.mark.parametrize("value", [["SIGKILL"], ["SIGSTOP"], ["NOPE"], [15], "SIGTERM"])
+def test_stop_signals_refused(value):
+    message = options_error({"stop_signals": value})
+    assert f"`{SECTION_PATH}/stop_signals`" in message
+
+
 def test_errors_are_one_paragraph_without_chained_traceback():
     with pytest.raises(ConfigError) as info:
-        plugin_options({SECTION: {"verify": 3}})
+        plugin_options(with_section({"verify": 3}))
     assert "\n" not in str(info.value)
     assert info.value.__cause__ is None
     assert info.value.__suppress_context__
@@ -362,6 +450,15 @@ def test_save_dir_schema_accepts(value):
 def test_save_dir_schema_refuses(value):
     with pytest.raises(ArgumentError):
         save_dir_args().check_value(value, strict=True)
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/run", "gs://b/r", "file:///tmp/x"])
+def test_save_dir_url_is_refused_naming_it(url, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        check_save_dir(url)
+    assert f"{url!r}, a URL" in str(info.value)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_save_dir_with_nul_character():

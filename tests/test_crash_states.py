@@ -53,6 +53,13 @@ Invariants, checked by new managers (``verify="sha256"``) in every state
 
 The test fails listing every violation (scenario, model, crash point, what
 was lost, what is wrong) and prints how many distinct states each model gave.
+
+The explorer's own tests take out, one at a time, each ordering the store
+relies on (directory fsyncs; the record before the payload's name; a new
+directory made durable in its parent; a payload's unlink made durable before
+its record's; the double record of a re-save; archived payloads made durable
+before their records), patching a broken copy of the real function in for one
+recorded save, and require the models that should catch it to report it.
 """
 
 from __future__ import annotations
@@ -74,11 +81,12 @@ from pathlib import Path
 import pytest
 from helpers import assert_same, family, make_payload, open_manager, plugin_manager
 
-from dp_ckpt_plugin import fsio
+from dp_ckpt_plugin import archive as archiving
+from dp_ckpt_plugin import commit, fsio, store
 from dp_ckpt_plugin.catalogue import committed, read_record_or_none, uncommitted
 from dp_ckpt_plugin.errors import RestartNotFoundError
 from dp_ckpt_plugin.layout import is_temp, record_target
-from dp_ckpt_plugin.records import verify
+from dp_ckpt_plugin.records import make_record, record_path, verify, write_record
 
 pytestmark = pytest.mark.skipif(
     not os.path.isdir("/proc/self/fd"),
@@ -696,8 +704,8 @@ def record(scenario: Scenario, root: Path, pm, *, alter=None) -> Log:
     pm : pluggy.PluginManager
         The plugin manager of the managers.
     alter : callable, optional
-        Called with the monkeypatch of the recording, to break the store on
-        purpose (the explorer's own test).
+        Called with the monkeypatch of the recording and the recorder, to
+        break the store on purpose (the explorer's own tests).
 
     Returns
     -------
@@ -721,7 +729,7 @@ def record(scenario: Scenario, root: Path, pm, *, alter=None) -> Log:
         with pytest.MonkeyPatch.context() as mp:
             recorder.install(mp)
             if alter is not None:
-                alter(mp)
+                alter(mp, recorder)
             manager.save(scenario.save[0], payload(*scenario.save))
             manager.wait()  # the background save, if any, is done
         return recorder.finish()
@@ -941,7 +949,7 @@ def test_explorer_catches_a_save_without_directory_fsyncs(tmp_path):
     pm = plugin_manager()
     scenario = next(s for s in SCENARIOS if s.name == "prune")
 
-    def no_directory_fsync(mp):
+    def no_directory_fsync(mp, recorder):
         mp.setattr(fsio, "fsync_dir", lambda directory: None)
 
     log = record(scenario, tmp_path / "recorded", pm, alter=no_directory_fsync)
@@ -954,6 +962,243 @@ def test_explorer_catches_a_save_without_directory_fsyncs(tmp_path):
     )
     (ordered,) = [s for s in ordered_states(log) if s.returned]
     assert explorer.check(ordered) == []
+
+
+# -- the explorer catches each ordering the store relies on -------------------
+#
+# Each breakage below is the real function of the store minus one ordering,
+# patched in for the duration of one recorded save. The unbroken functions
+# give no violation (test_crash_states); each broken one must give some,
+# under each model named.
+
+
+def _write_new_named_first(path, serialize, *, step, family, format, durable):
+    """:func:`commit.write_new` giving the payload its name before its record.
+
+    Nothing is made durable between the two: a crash can keep the payload's
+    name and lose the record.
+    """
+    tmp, digest = commit.write_hashed(path, serialize, durable=durable)
+    record = make_record(
+        tmp, step=step, family=family, format=format, name=path.name, digest=digest
+    )
+    fsio.move_into_place(tmp, path, durable=False)
+    write_record(path, record, durable=durable)
+    return record
+
+
+def _make_dirs_without_parent_fsync(directory, *, durable=True):
+    """:func:`fsio.make_dirs` not fsyncing the parent of a new directory."""
+    missing = []
+    for candidate in (directory, *directory.parents):
+        if os.path.isdir(candidate):
+            break
+        missing.append(candidate)
+    for new in reversed(missing):
+        new.mkdir(exist_ok=True)
+
+
+def _remove_with_one_fsync(paths, *, durable):
+    """:func:`commit.remove` fsyncing the directory once, after both unlinks."""
+    for path in paths:
+        fsio.remove_file(path)
+    for path in paths:
+        fsio.remove_file(record_path(path))
+    if paths and durable:
+        fsio.fsync_dir(paths[0].parent)
+
+
+def _rewrite_record_first(path, serialize, *, old, step, family, format, durable):
+    """:func:`commit.rewrite` writing the final record before moving the payload.
+
+    No record accepting both payloads: between the two, the record describes
+    a payload not yet in place.
+    """
+    tmp, digest = commit.write_hashed(path, serialize, durable=durable)
+    new = make_record(
+        tmp, step=step, family=family, format=format, name=path.name, digest=digest
+    )
+    write_record(path, new, durable=durable)
+    fsio.move_into_place(tmp, path, durable=durable)
+    return new
+
+
+def _archive_in_one_batch(directory, checkpoints, links=(), *, durable=True):
+    """:func:`archive.archive` moving payloads, records and links, then fsyncing once."""
+    checkpoints = list(checkpoints)
+    links = [p for p in links if os.path.lexists(p)]
+    if not checkpoints:
+        return None
+    dest = archiving.new_archive_folder(directory, durable=durable)
+    payloads = [c.path for c in checkpoints]
+    records = [record_path(c.path) for c in checkpoints]
+    for source in [*payloads, *records, *links]:
+        archiving._move(source, dest)
+    if durable:
+        fsio.fsync_dir(dest)
+        fsio.fsync_dir(directory)
+    return dest
+
+
+@dataclass(frozen=True)
+class Breakage:
+    """An ordering taken out of the store, and the models that must catch it.
+
+    Attributes
+    ----------
+    name : str
+        For messages; also the seed of the sampling.
+    scenario : str
+        The name of the scenario recorded with it.
+    module : module
+        Where the broken function replaces the real one.
+    function : str
+        The name of the real function there.
+    broken : callable
+        The real function minus the ordering.
+    models : tuple of str
+        The models under which the explorer must report violations.
+    expect : str
+        Part of the problem each of these models must report at least once.
+    """
+
+    name: str
+    scenario: str
+    module: object
+    function: str
+    broken: Callable
+    models: tuple[str, ...]
+    expect: str
+
+    def install(
+        self, mp: pytest.MonkeyPatch, recorder: Recorder, spans: list[range]
+    ) -> None:
+        """Patch the broken function in; each call adds to ``spans`` its operations."""
+        broken = self.broken
+
+        @functools.wraps(broken)
+        def run(*args, **kwargs):
+            start = len(recorder.log.ops)
+            try:
+                return broken(*args, **kwargs)
+            finally:
+                spans.append(range(start, len(recorder.log.ops)))
+
+        mp.setattr(self.module, self.function, run)
+
+
+BREAKAGES = [
+    Breakage(
+        "payload-named-before-record",
+        "first-save",
+        store,
+        "write_new",
+        _write_new_named_first,
+        ("posix", "ordered"),
+        "left without a valid record",
+    ),
+    Breakage(
+        "make-dirs-without-parent-fsync",
+        "first-save",
+        fsio,
+        "make_dirs",
+        _make_dirs_without_parent_fsync,
+        ("posix",),
+        "latest finds nothing although the save returned",
+    ),
+    Breakage(
+        "prune-with-one-fsync",
+        "prune",
+        store,
+        "remove",
+        _remove_with_one_fsync,
+        ("posix",),
+        "left without a valid record",
+    ),
+    Breakage(
+        "resave-final-record-first",
+        "resave",
+        store,
+        "rewrite",
+        _rewrite_record_first,
+        ("posix", "ordered"),
+        "latest went back to step 1 from 2",
+    ),
+    Breakage(
+        "archive-in-one-batch",
+        "archive",
+        archiving,
+        "archive",
+        _archive_in_one_batch,
+        ("posix",),
+        "left without a valid record",
+    ),
+]
+
+#: The most distinct states a breakage test checks per model.
+BREAKAGE_SAMPLE = 24
+
+
+def sample(states: list[CrashState], limit: int, seed: str) -> list[CrashState]:
+    """At most ``limit`` of ``states``: those once the save returned, then a sample.
+
+    The sample is drawn with a fixed seed and kept in the order of ``states``.
+    """
+    if len(states) <= limit:
+        return states
+    returned = [i for i, s in enumerate(states) if s.returned]
+    others = [i for i, s in enumerate(states) if not s.returned]
+    rng = random.Random(seed)
+    drawn = rng.sample(others, max(0, limit - len(returned)))
+    return [states[i] for i in sorted(returned[:limit] + drawn)]
+
+
+@pytest.mark.parametrize("breakage", BREAKAGES, ids=lambda b: b.name)
+def test_explorer_catches_a_broken_ordering(breakage, tmp_path, capsys):
+    """With one ordering of the store taken out, the explorer reports violations.
+
+    The states checked are those of a crash while the broken function runs
+    (after one of its operations) or once the save returned: the states of a
+    crash before it are the unbroken code's, which ``test_crash_states``
+    checks. Of more than :data:`BREAKAGE_SAMPLE` distinct states, every one
+    after the save returned and a seeded sample of the others are checked.
+    """
+    pm = plugin_manager()
+    scenario = next(s for s in SCENARIOS if s.name == breakage.scenario)
+    spans: list[range] = []
+    log = record(
+        scenario,
+        tmp_path / "recorded",
+        pm,
+        alter=lambda mp, recorder: breakage.install(mp, recorder, spans),
+    )
+    window = {point for span in spans for point in span}
+    assert window, f"{breakage.function} was not called or did nothing"
+    explorer = Explorer(scenario, log, tmp_path / "state", pm)
+    generators = {
+        "posix": lambda: posix_states(log, breakage.name),
+        "ordered": lambda: ordered_states(log),
+    }
+    counts, missing = [], []
+    for model in breakage.models:
+        states = distinct(
+            s for s in generators[model]() if s.point in window or s.returned
+        )
+        chosen = sample(states, BREAKAGE_SAMPLE, f"{breakage.name}:{model}")
+        _, found = explorer.explore(model, chosen)
+        counts.append(
+            f"{model} {len(chosen)} of {len(states)} checked, {len(found)} violations"
+        )
+        if not any(breakage.expect in v for v in found):
+            missing.append(model)
+    summary = (
+        f"broken {breakage.name}: {breakage.scenario} ({len(log.ops)} ops, "
+        f"{breakage.function} issued ops {min(window)}-{max(window)}) "
+        f"{', '.join(counts)}"
+    )
+    with capsys.disabled():
+        print(f"\n{summary}")
+    assert not missing, f"{summary}; no {breakage.expect!r} under {missing}"
 
 
 # -- the models themselves ----------------------------------------------------

@@ -65,7 +65,7 @@ def built(tmp_path_factory):
 def test_options_page_lists_every_option(built):
     text = page_text(built / "options.html")
     for field in dataclasses.fields(PluginOptions):
-        assert f"dp_ckpt/{field.name}" in text, field.name
+        assert f"_dp_ckpt/{field.name}" in text, field.name
     assert "save_dir" in text
 
 
@@ -104,7 +104,7 @@ def test_hooks_doc_names_builtins_entry_points_and_switch():
 
 def test_documented_error_message_is_the_real_one():
     with pytest.raises(ConfigError) as info:
-        plugin_options({"dp_ckpt": {"verfy": "size"}})
+        plugin_options({"training": {"_dp_ckpt": {"verfy": "size"}}})
     assert str(info.value) in (DOCS / "options.rst").read_text("utf-8")
 
 

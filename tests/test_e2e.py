@@ -17,7 +17,9 @@ that continues a run works on a copy of its directory. Runs:
     a fifth of the module's time; these two cover ``-c D`` and the working
     directory, the default name and a custom one.)
 ``plain``
-    ``DP_CKPT_DISABLE=1``: deepmd-kit's own code, for the layout and payloads.
+    ``DP_CKPT_DISABLE=1``: deepmd-kit's own code, for the layout and payloads;
+    the input carries ``training._dp_ckpt``, which deepmd-kit alone accepts.
+    A copy continued by the plugin with ``--restart models`` adopts it.
 ``two_ranks``
     ``torchrun`` with two CPU ranks and ``save_ckpt: run.ckpt``, then a copy
     continued with ``--restart latest`` on two ranks.
@@ -38,6 +40,7 @@ import pytest
 from e2e_support import (
     DP,
     ENERGY_RMSE,
+    SAVE_LINE,
     TIMINGS,
     TORCHRUN,
     Result,
@@ -47,6 +50,7 @@ from e2e_support import (
     dp,
     dp_env,
     example_config,
+    lock_files,
     make_data,
     make_workdir,
     payload_step,
@@ -56,6 +60,7 @@ from e2e_support import (
     records_in,
     resumed_from,
     run,
+    saved_steps,
     steps,
     stray_files,
     torchrun,
@@ -86,8 +91,13 @@ TRAINING = {
 FAST = 30.0
 """Seconds within which a refused run must have ended."""
 
-COMMITTED = re.compile(r"committed (\S+) \(step (\d+)\)")
-"""The plugin's log line for each committed checkpoint."""
+STARTUP = re.compile(r"dp_ckpt_plugin \S+ \(dp --pt-expt\): save_dir models, ")
+"""The plugin's one start-up line."""
+
+RESTART_LINE = re.compile(
+    r"--restart (\S+): (\S+) \(step (\d+)\), ([^;]+); (.+)$", re.M
+)
+"""The plugin's line naming the checkpoint a restart resolved to, how and why."""
 
 BATCH = re.compile(r"Batch\s+(\d+):")
 """deepmd-kit's log line for each displayed training step."""
@@ -241,12 +251,13 @@ def plain_from_plugin(base, main_run) -> Run:
 
 @pytest.fixture(scope="module")
 def plugin_from_plain(base, plain_run) -> Run:
-    """A copy of the plain run continued to step 25 through the plugin."""
+    """A copy of the plain run continued to step 25 through the plugin.
+
+    ``--restart models``: the plugin adopts the directory plain deepmd-kit wrote.
+    """
     workdir = copy_tree(plain_run.workdir, base / "plugin_from_plain")
     write_config(workdir / "input.json", training_config(numb_steps=25))
-    result = run(
-        dp("train", "input.json", "--restart", "models/model.ckpt-20.pt"), workdir
-    )
+    result = run(dp("train", "input.json", "--restart", "models"), workdir)
     return Run(workdir, result.check())
 
 
@@ -256,6 +267,13 @@ def bad_workdir(base, data) -> Path:
     workdir = make_workdir(base, "bad", data, training_config())
     write_config(
         workdir / "unknown_key.json", training_config(dp_ckpt={"verfy": "size"})
+    )
+    old = training_config()
+    old["training"].pop("_dp_ckpt")
+    old["dp_ckpt"] = {"verfy": "size"}
+    write_config(workdir / "old_section.json", old)
+    write_config(
+        workdir / "url_save_dir.json", training_config(save_dir="s3://bucket/run")
     )
     write_config(
         workdir / "file_save_dir.json", training_config(save_dir="not_a_directory")
@@ -316,11 +334,10 @@ def test_layout_with_save_dir(main_run):
     # Rule 1, with the window of 2 applied to each family.
     assert steps(models, "model.ckpt") == [15, 20]
     assert steps(models, "model_ema.ckpt") == [15, 20]
-    committed = [
-        (Path(p).name, int(s)) for p, s in COMMITTED.findall(main_run.result.output)
-    ]
-    assert ("model.ckpt-5.pt", 5) in committed, "every save goes through the store"
-    assert ("model_ema.ckpt-20.pt", 20) in committed
+    saved = saved_steps(main_run.result.output)
+    assert saved == [(f"model.ckpt-{s}.pt", s) for s in (5, 10, 15, 20)], (
+        "every save goes through the store, one line each"
+    )
 
     # Rule 6: one record per file left, matching its bytes; none for pruned ones.
     for family in ("model.ckpt", "model_ema.ckpt"):
@@ -345,9 +362,33 @@ def test_layout_with_save_dir(main_run):
         assert (cwd / alias).is_symlink()
         assert (cwd / alias).resolve() == (models / target).resolve()
 
-    # Rule 5: no temporary file is left anywhere.
+    # Rule 5: no temporary file is left anywhere, nor the lock.
     assert stray_files(cwd) == []
+    assert lock_files(cwd) == []
     assert payload_step(models / "model.ckpt-20.pt") == 20
+
+
+def test_logs_say_what_a_user_can_act_on(main_run):
+    """Issue 9, item 5: one start-up line, one line per save, the real place at the end."""
+    out = main_run.result.output
+    assert len(STARTUP.findall(out)) == 1, out[:3000]
+    (startup,) = [line for line in out.splitlines() if STARTUP.search(line)]
+    for part in ("keep the newest 2", "verify digest", "SIGTERM, SIGUSR1"):
+        assert part in startup
+    save_lines = [line for line in out.splitlines() if "saved step" in line]
+    assert len(save_lines) == 4
+    for line in save_lines:
+        assert SAVE_LINE.search(line), line
+        assert "models/model.ckpt-" in line and "model_ema.ckpt-" in line
+    # the lines they replace: the store's per-family one, deepmd-kit's two
+    assert "committed " not in out
+    assert "Saved model to" not in out
+    assert "Trained model has been saved to" not in out
+    assert (
+        "training ended; the latest checkpoint is models/model.ckpt-20.pt (step 20), "
+        "named by models/checkpoint"
+    ) in out
+    assert "/../" not in out
 
 
 # -- rule 16: restart latest --------------------------------------------------------
@@ -374,6 +415,15 @@ def test_restart_latest_continues_the_step_count(restarted_run):
         read_pointer(restarted_run.workdir / "checkpoint") == "models/model.ckpt-30.pt"
     )
     assert stray_files(restarted_run.workdir) == []
+    # issue 9, item 5: which checkpoint, how it was found, how it was checked
+    (line,) = RESTART_LINE.findall(out)
+    assert line == (
+        "latest",
+        "models/model.ckpt-20.pt",
+        "20",
+        "through the pointer models/checkpoint",
+        "size and digest match its commit record",
+    )
 
 
 # -- rules 2 and 17: a relocated store ----------------------------------------------
@@ -392,6 +442,10 @@ def test_moved_store_restarts_from_its_new_place(relocated):
     assert payload_step(new_run.models / "run.ckpt-25.pt") == 25
     assert_committed(new_run.models / "run.ckpt-25.pt", step=25, family="run.ckpt")
     assert tree_state(moved) == before, "the run wrote into the store it resumed from"
+    # the handle was ../elsewhere/deep/moved_store: shown normalized, absolute
+    (line,) = RESTART_LINE.findall(out)
+    assert line[1] == str((moved / "model.ckpt-20.pt").resolve())
+    assert "/../" not in out
 
 
 # -- rule 22: freezing -------------------------------------------------------------
@@ -435,7 +489,15 @@ BAD_CASES = {
     ),
     "unknown_dp_ckpt_key": (
         ["unknown_key.json"],
-        ["dp_ckpt/verfy", "Did you mean", "verify"],
+        ["training/_dp_ckpt/verfy", "Did you mean", "verify"],
+    ),
+    "old_section_unknown_key": (
+        ["old_section.json"],
+        ["`dp_ckpt/verfy`", "Did you mean", "verify"],
+    ),
+    "save_dir_is_a_url": (
+        ["url_save_dir.json"],
+        ["training.save_dir", "'s3://bucket/run', a URL"],
     ),
     "save_dir_is_a_file": (
         ["file_save_dir.json"],
@@ -456,8 +518,10 @@ def test_mistake_fails_fast_without_traceback(bad_workdir, case):
         assert text.format(cwd=bad_workdir) in result.output, result.describe()
     assert "Summary of DataSystem" not in result.output, "data was built first"
     assert result.seconds < FAST
-    models = bad_workdir / "models"
-    assert not models.exists() or steps(models, "model.ckpt") == []
+    # a run that failed to start leaves nothing: no lock, no save_dir it made
+    assert not (bad_workdir / "models").exists(), result.describe()
+    assert not (bad_workdir / "s3:").exists()
+    assert lock_files(bad_workdir) == []
 
 
 # -- rule 10: one writer -------------------------------------------------------------
@@ -473,6 +537,11 @@ def test_second_writer_is_refused(base, data):
     lock.acquire()
     try:
         result = run(dp("train", "input.json"), workdir, timeout=120)
+        # the refused run removed nothing of the holder's
+        assert lock_files(workdir) == [
+            str(workdir / "models" / n)
+            for n in (".dp_ckpt.holder.json", ".dp_ckpt.lock")
+        ]
     finally:
         lock.release()
     print(f"[e2e] second writer refused after {result.seconds:.2f} s")
@@ -488,8 +557,14 @@ def test_second_writer_is_refused(base, data):
 
 
 def test_disabled_plugin_leaves_deepmd_layout(plain_run):
-    """With ``DP_CKPT_DISABLE=1`` deepmd-kit writes its own layout, untouched."""
+    """With ``DP_CKPT_DISABLE=1`` deepmd-kit writes its own layout, untouched.
+
+    The input is the plugin's, ``training._dp_ckpt`` included (issue 9, item 1):
+    deepmd-kit alone runs it unchanged.
+    """
     models, cwd, out = plain_run.models, plain_run.workdir, plain_run.result.output
+    assert "_dp_ckpt" in (cwd / "input.json").read_text()
+    assert "ArgumentKeyError" not in out
     assert steps(models, "model.ckpt") == [15, 20]
     assert steps(models, "model_ema.ckpt") == [15, 20]
     assert records_in(models) == []
@@ -499,7 +574,8 @@ def test_disabled_plugin_leaves_deepmd_layout(plain_run):
     assert stray_files(cwd) == []
     assert read_pointer(cwd / "checkpoint") == "models/model.ckpt-20.pt"
     assert os.readlink(cwd / "model.ckpt.pt") == "models/model.ckpt-20.pt"
-    assert not COMMITTED.search(out), "the plugin logged a commit"
+    assert saved_steps(out) == [], "the plugin logged a save"
+    assert "dp_ckpt_plugin" not in out
 
 
 # -- interoperability with plain deepmd-kit --------------------------------------------
@@ -520,22 +596,35 @@ def test_plugin_checkpoint_restarts_under_plain_deepmd(plain_from_plugin):
     )
 
 
-def test_plain_checkpoint_restarts_under_the_plugin(plugin_from_plain):
-    """A file without a commit record is accepted when named, with a note."""
+def test_plain_save_dir_is_adopted_and_retained(plugin_from_plain):
+    """Issue 9, item 3: ``--restart models`` adopts what plain deepmd-kit wrote.
+
+    Each numbered file loads with torch and gets a commit record (with a
+    note); the restart resumes from the newest, and from then on retention
+    applies to the adopted files too (window 2).
+    """
     models, out = plugin_from_plain.models, plugin_from_plain.result.output
     assert_no_traceback(plugin_from_plain.result)
-    assert "could not be verified" in out
-    assert re.search(r"model\.ckpt-20\.pt has no commit record", out)
+    assert (
+        "adopted 4 checkpoint(s) that plain deepmd-kit wrote in models (steps 15, 20)"
+    ) in out
+    (line,) = RESTART_LINE.findall(out)
+    assert line[:3] == ("models", "models/model.ckpt-20.pt", "20")
+    assert "adopted from plain deepmd-kit" in line[4]
     assert resumed_from(out, plugin_from_plain.workdir) == [
         (models / "model.ckpt-20.pt").resolve()
     ]
     assert min(batches(out)) > 20
     assert payload_step(models / "model.ckpt-25.pt") == 25
     assert_committed(models / "model.ckpt-25.pt", step=25, family="model.ckpt")
-    # Rule 15: files written without the plugin are not the plugin's to prune.
-    assert steps(models, "model.ckpt") == [15, 20, 25]
-    assert records_in(models) == ["model.ckpt-25.pt", "model_ema.ckpt-25.pt"]
+    assert_committed(models / "model.ckpt-20.pt", step=20, family="model.ckpt")
+    assert steps(models, "model.ckpt") == [20, 25]
+    assert steps(models, "model_ema.ckpt") == [20, 25]
+    assert records_in(models) == sorted(
+        f"{f}-{s}.pt" for f in ("model.ckpt", "model_ema.ckpt") for s in (20, 25)
+    )
     assert read_pointer(models / "checkpoint") == "model.ckpt-25.pt"
+    assert lock_files(plugin_from_plain.workdir) == []
 
 
 def test_payload_structure_matches_plain_deepmd(main_run, plain_run):
@@ -568,8 +657,8 @@ def test_two_ranks_only_the_chief_writes(two_ranks):
         for step in (5, 10):
             assert_committed(models / f"{family}-{step}.pt", step=step, family=family)
     assert len(records_in(models)) == 4
-    assert len(COMMITTED.findall(logs[0])) == 4
-    assert COMMITTED.findall(logs[1]) == [], "rank 1 committed a checkpoint"
+    assert saved_steps(logs[0]) == [("run.ckpt-5.pt", 5), ("run.ckpt-10.pt", 10)]
+    assert saved_steps(logs[1]) == [], "rank 1 committed a checkpoint"
     assert read_pointer(models / "checkpoint") == "run.ckpt-10.pt"
     assert read_pointer(cwd / "checkpoint") == "models/run.ckpt-10.pt"
     assert (cwd / "run.ckpt.pt").resolve() == (models / "run.ckpt-10.pt").resolve()
@@ -588,7 +677,7 @@ def test_two_ranks_restart_latest_resume_the_same_checkpoint(two_ranks_restarted
     assert steps(models, "run.ckpt") == [15, 20]
     assert payload_step(models / "run.ckpt-20.pt") == 20
     assert_committed(models / "run.ckpt-20.pt", step=20, family="run.ckpt")
-    assert COMMITTED.findall(logs[1]) == []
+    assert saved_steps(logs[1]) == []
     assert stray_files(run_.workdir) == []
 
 
@@ -616,7 +705,7 @@ def test_best_validation_files_and_bias_resave(base, data):
     # the final step is saved twice (after the bias change); both commits go
     # through the store and the record describes the second payload
     final = workdir / "models" / "model.ckpt-20.pt"
-    assert text.count(f"committed {final}") == 2
+    assert saved_steps(text).count(("model.ckpt-20.pt", 20)) == 2
     assert_committed(final, step=20, family="model.ckpt")
     assert steps(workdir / "models", "model.ckpt") == [15, 20]
     assert stray_files(workdir) == []

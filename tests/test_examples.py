@@ -1,4 +1,9 @@
-"""Every example input passes our schema and, without our section, DeePMD-kit's."""
+"""Every example input passes our schema and, unchanged, DeePMD-kit's.
+
+The plugin's options live in ``training._dp_ckpt``, which DeePMD-kit's strict
+check lets through (keys beginning with ``_`` are comments to it): an input
+that runs with the plugin runs unchanged without it.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,12 @@ from pathlib import Path
 import pytest
 from dargs.dargs import ArgumentKeyError
 
-from dp_ckpt_plugin.deepmd.argcheck import SECTION, check_save_dir, plugin_options
+from dp_ckpt_plugin.deepmd.argcheck import (
+    OLD_SECTION,
+    SECTION,
+    check_save_dir,
+    plugin_options,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 INPUTS = sorted(EXAMPLES.rglob("*.json"))
@@ -20,6 +30,8 @@ FULL_SECTION = {
     "quarantine": True,
     "check_free_space": True,
     "compat_links": False,
+    "async_save": False,
+    "stop_signals": ["SIGTERM", "SIGUSR1", "SIGINT"],
 }
 
 
@@ -49,33 +61,37 @@ def test_there_are_examples():
 def test_example_passes_our_schema(path, tmp_path, monkeypatch):
     config = load(path)
     plugin_options(config)
-    assert SECTION not in config
+    assert OLD_SECTION not in config
     monkeypatch.chdir(tmp_path)
     check_save_dir(config.get("training", {}).get("save_dir"))
     assert list(tmp_path.iterdir()) == [], "checking save_dir created something"
 
 
 @pytest.mark.parametrize("path", INPUTS, ids=example_id)
-def test_example_passes_deepmd_strict_check(path):
+def test_example_passes_deepmd_strict_check_unchanged(path):
     config = load(path)
-    plugin_options(config)
+    plugin_options(copy.deepcopy(config))
     deepmd_normalize(config)
 
 
 @pytest.mark.parametrize("path", INPUTS, ids=example_id)
 def test_example_with_every_option_passes_both(path):
     config = load(path)
-    config[SECTION] = dict(FULL_SECTION)
+    config["training"][SECTION] = dict(FULL_SECTION)
     options = plugin_options(config)
     assert options.verify == "size"
     assert not options.compat_links
-    normalized = deepmd_normalize(config)
-    assert SECTION not in normalized
+    assert options.stop_signals == ("SIGTERM", "SIGUSR1", "SIGINT")
+    normalized = deepmd_normalize(config)  # the section left in place
+    assert SECTION not in normalized["training"]
 
 
-def test_deepmd_rejects_the_section_it_does_not_know():
-    """Why the section must be removed before DeePMD-kit checks the input."""
+def test_deepmd_rejects_the_old_top_level_section():
+    """Why ``dp_ckpt`` moved: DeePMD-kit alone refuses it at the top level."""
     config = load(EXAMPLES / "input.json")
-    config[SECTION] = dict(FULL_SECTION)
-    with pytest.raises(ArgumentKeyError, match=SECTION):
+    config["training"].pop(SECTION, None)
+    config[OLD_SECTION] = dict(FULL_SECTION)
+    with pytest.raises(ArgumentKeyError, match=OLD_SECTION):
         deepmd_normalize(copy.deepcopy(config))
+    plugin_options(config)  # the plugin reads and removes it
+    deepmd_normalize(config)

@@ -69,3 +69,44 @@ def test_dp_ckpt_disable_keeps_deepmds_backend():
     pytest.importorskip("deepmd")
     keys, _ = run_probe(PROBE, DP_CKPT_DISABLE="1").splitlines()
     assert keys == "deepmd.backend.pt_expt deepmd.backend.pt_expt"
+
+
+def test_another_deepmd_version_keeps_deepmds_backends_and_says_so_once():
+    """The version guard (issue 9, item 2): one line, nothing registered."""
+    pytest.importorskip("deepmd")
+    import os
+
+    code = "import deepmd\ndeepmd.__version__ = '3.1.3'\n" + PROBE
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "DP_CKPT_DISABLE": ""},
+    )
+    keys, loaded = done.stdout.strip().splitlines()
+    assert keys == "deepmd.backend.pt_expt deepmd.backend.pt_expt"
+    assert "torch" not in loaded
+    notes = [line for line in done.stderr.splitlines() if "dp_ckpt_plugin" in line]
+    assert len(notes) == 1, done.stderr
+    assert "supports deepmd-kit 3.2.x, found 3.1.3: the plugin is off" in notes[0]
+
+
+@pytest.mark.parametrize(
+    ("version", "supported"),
+    [
+        ("3.2.0", True),
+        ("3.2.1", True),
+        ("3.2.0rc1", True),
+        ("3.2.1.dev4+g1234abc", True),
+        ("3.1.3", False),
+        ("3.3.0", False),
+        ("4.2.0", False),
+        ("unknown", False),
+        ("", False),
+    ],
+)
+def test_supported_versions(version, supported):
+    from dp_ckpt_plugin.deepmd.takeover import is_supported
+
+    assert is_supported(version) is supported

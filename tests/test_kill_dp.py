@@ -72,7 +72,7 @@ THREADS = {
     "DP_INTRA_OP_PARALLELISM_THREADS": "1",
     "DP_INTER_OP_PARALLELISM_THREADS": "1",
 }
-COMMITTED = re.compile(r"committed (\S+) \(step (\d+)\)")
+COMMITTED = re.compile(r"saved step (?P<step>\d+): (?P<path>\S+?),? ")
 RESUMING = re.compile(r"^(\[default(\d+)\]:)?.*Resuming from (.+)\.$", re.MULTILINE)
 RESTART = ["--restart", "latest", "--skip-neighbor-stat"]
 
@@ -188,7 +188,7 @@ class Launched:
 
     def committed_steps(self) -> list[int]:
         """Return the steps it logged as committed, in order."""
-        return [int(m.group(2)) for m in COMMITTED.finditer(self.text())]
+        return [int(m["step"]) for m in COMMITTED.finditer(self.text())]
 
     def wait_for_commit(self) -> None:
         """Wait until it logs its first commit; fail if it ends or times out."""

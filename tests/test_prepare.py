@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import subprocess
 import sys
 
@@ -23,8 +25,13 @@ from dp_ckpt_plugin.deepmd.prepare import prepare_run
 
 
 def write_input(tmp_path, **training):
-    training = {"save_dir": "models", "numb_steps": 10, **training}
-    config = {"training": training, "dp_ckpt": {"verify": "sha256"}}
+    training = {
+        "save_dir": "models",
+        "numb_steps": 10,
+        "_dp_ckpt": {"verify": "sha256", "stop_signals": []},
+        **training,
+    }
+    config = {"training": training}
     path = tmp_path / "input.json"
     path.write_text(json.dumps(config))
     return str(path)
@@ -118,3 +125,132 @@ def test_preflight_imports_no_torch(tmp_path):
         check=True,
     )
     assert out.stdout.strip() == "False", out.stderr
+
+
+# -- a failed start leaves nothing -------------------------------------------------
+
+
+def test_a_failed_start_removes_the_lock_and_the_directory_it_made(tmp_path, run_in):
+    cfg = write_input(tmp_path)
+    with pytest.raises(RestartNotFoundError):
+        run_in(cfg, restart="nowhere")
+    assert not (tmp_path / "models").exists()
+
+
+def test_a_failed_start_in_an_existing_directory_leaves_only_what_was_there(
+    tmp_path, run_in
+):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "notes.txt").write_text("mine")
+    with pytest.raises(RestartNotFoundError):
+        run_in(write_input(tmp_path), restart="nowhere")
+    assert os.listdir(tmp_path / "models") == ["notes.txt"]
+
+
+def test_a_clean_close_leaves_no_lock_files(tmp_path, run_in):
+    prepared = run_in(write_input(tmp_path))
+    prepared.close()  # idempotent after the fixture's close
+    assert os.listdir(tmp_path / "models") == []
+
+
+# -- handles -------------------------------------------------------------------------
+
+
+@needs_torch
+def test_finetune_latest_resolves_and_starts_its_own_count(tmp_path, run_in, caplog):
+    fill_store(tmp_path / "models", [5, 10], "torch")
+    with caplog.at_level(logging.INFO, logger="dp_ckpt_plugin"):
+        prepared = run_in(write_input(tmp_path), finetune="latest")
+    assert prepared.finetune == str(tmp_path / "models" / "model.ckpt-10.pt")
+    assert prepared.restart is None
+    text = caplog.text
+    assert "--finetune latest: models/model.ckpt-10.pt (step 10)" in text
+    assert "this run starts its own step count" in text
+
+
+@needs_torch
+def test_restart_handle_is_normalized(tmp_path, run_in):
+    fill_store(tmp_path / "models", [5], "torch")
+    (tmp_path / "run").mkdir()
+    prepared = run_in(write_input(tmp_path), restart="run/../models")
+    assert prepared.restart == str(tmp_path / "models" / "model.ckpt-5.pt")
+
+
+def test_startup_line_says_version_save_dir_retention_and_verify(
+    tmp_path, run_in, caplog
+):
+    with caplog.at_level(logging.INFO, logger="dp_ckpt_plugin"):
+        run_in(write_input(tmp_path, max_ckpt_keep=3))
+    (line,) = [
+        r.getMessage() for r in caplog.records if "dp_ckpt_plugin 0" in r.getMessage()
+    ]
+    assert "(dp --pt-expt): save_dir models, keep the newest 3, verify sha256" in line
+
+
+# -- adopting what plain deepmd-kit wrote ---------------------------------------------
+
+
+def plain_files(directory, steps, prefix="model.ckpt"):
+    """Numbered files as plain deepmd-kit writes them: no records, no pointer."""
+    import torch
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for step in steps:
+        torch.save(
+            {"model": {"w": torch.full((2,), float(step))}},
+            directory / f"{prefix}-{step}.pt",
+        )
+
+
+@needs_torch
+def test_plain_save_dir_is_adopted(tmp_path, run_in, caplog):
+    from dp_ckpt_plugin.records import read_record
+
+    models = tmp_path / "models"
+    plain_files(models, [5, 10])
+    plain_files(models, [10], prefix="model_ema.ckpt")
+    (models / "model.ckpt-7.pt").write_bytes(b"not a checkpoint")
+    with caplog.at_level(logging.INFO, logger="dp_ckpt_plugin"):
+        prepared = run_in(write_input(tmp_path), restart="models")
+    assert prepared.restart == str(models / "model.ckpt-10.pt")
+    for name in ("model.ckpt-5.pt", "model.ckpt-10.pt", "model_ema.ckpt-10.pt"):
+        assert read_record(models / name) is not None, name
+    assert read_record(models / "model.ckpt-7.pt") is None
+    assert (models / "checkpoint").read_text().strip() == "model.ckpt-10.pt"
+    assert os.readlink(models / "model_ema.ckpt.pt") == "model_ema.ckpt-10.pt"
+    text = caplog.text
+    assert (
+        "adopted 3 checkpoint(s) that plain deepmd-kit wrote in models (steps 5, 10)"
+        in text
+    )
+    assert "model.ckpt-7.pt has no commit record and does not load with torch" in text
+    assert "adopted from plain deepmd-kit" in text
+
+
+@needs_torch
+def test_adoption_leaves_a_malformed_record_alone(tmp_path, run_in):
+    models = tmp_path / "models"
+    plain_files(models, [5])
+    bad = models / ".model.ckpt-5.pt.commit.json"
+    bad.write_text("{not json")
+    run_in(write_input(tmp_path))
+    assert bad.read_text() == "{not json"
+
+
+@needs_torch
+def test_plain_steps_after_a_plugin_run_move_the_store_pointer(tmp_path, run_in):
+    """deepmd-kit alone continued a plugin run: ``latest`` follows it after adoption."""
+    fill_store(tmp_path / "models", [5], "torch")
+    plain_files(tmp_path / "models", [10])
+    prepared = run_in(write_input(tmp_path), restart="latest")
+    assert prepared.restart == str(tmp_path / "models" / "model.ckpt-10.pt")
+
+
+@needs_torch
+def test_a_directory_of_another_save_ckpt_is_read_with_its_own_family(tmp_path, run_in):
+    """``--restart <moved store>`` under a new ``save_ckpt`` (rule 17)."""
+    fill_store(tmp_path / "moved", [20], "torch")
+    cfg = write_input(tmp_path, save_ckpt="run.ckpt")
+    assert run_in(cfg, restart="moved").restart == str(
+        tmp_path / "moved" / "model.ckpt-20.pt"
+    )

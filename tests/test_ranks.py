@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from helpers import free_port, needs_torch
+
+HOLDER = ".dp_ckpt.holder.json"
 
 pytestmark = needs_torch
 
@@ -45,6 +48,10 @@ def worker(rank: int, world: int, port: int, directory: str, out: str) -> None:
         "w": restored.state["w"].tolist(),
         "touched": touched,
         "pid": os.getpid(),
+        # the lock's holder note while the store is open (closing removes it)
+        "holder": json.loads((Path(directory) / HOLDER).read_text())
+        if rank == 0
+        else None,
     }
     with open(f"{out}.{rank}", "w") as fh:
         json.dump(result, fh)
@@ -67,8 +74,8 @@ def test_two_ranks_only_chief_writes_and_both_resolve_the_same(tmp_path):
     assert r0["latest"] == r1["latest"] == str(directory / "model.ckpt-3.pt")
     assert r0["w"] == r1["w"] == [3.0, 3.0, 3.0]
     assert r1["touched"] == []
-    holder = json.loads((directory / ".dp_ckpt.holder.json").read_text())
-    assert holder["pid"] == r0["pid"]
+    assert r0["holder"]["pid"] == r0["pid"]
+    assert not (directory / HOLDER).exists(), "closing leaves the holder note"
     assert sorted(p.name for p in directory.glob("model.ckpt-*.pt")) == [
         "model.ckpt-2.pt",
         "model.ckpt-3.pt",

@@ -471,7 +471,9 @@ def test_the_host_section_is_checked_strictly():
     from dp_ckpt_plugin.deepmd.argcheck import plugin_options
     from dp_ckpt_plugin.errors import ConfigError
 
-    options = plugin_options({"dp_ckpt": {"retention": {"keep_best": 2}}})
+    options = plugin_options(
+        {"training": {"_dp_ckpt": {"retention": {"keep_best": 2}}}}
+    )
     assert options.retention == {
         "keep_every_n_steps": None,
         "keep_best": 2,
@@ -479,13 +481,16 @@ def test_the_host_section_is_checked_strictly():
         "best_mode": "min",
     }
     for bad, where in [
-        ({"keep_bst": 2}, "dp_ckpt/retention/keep_bst"),
-        ({"keep_best": -1}, "dp_ckpt/retention/keep_best"),
-        ({"keep_every_n_steps": "often"}, "dp_ckpt/retention/keep_every_n_steps"),
-        ({"best_mode": "up"}, "dp_ckpt/retention/best_mode"),
+        ({"keep_bst": 2}, "training/_dp_ckpt/retention/keep_bst"),
+        ({"keep_best": -1}, "training/_dp_ckpt/retention/keep_best"),
+        (
+            {"keep_every_n_steps": "often"},
+            "training/_dp_ckpt/retention/keep_every_n_steps",
+        ),
+        ({"best_mode": "up"}, "training/_dp_ckpt/retention/best_mode"),
     ]:
         with pytest.raises(ConfigError, match=f"invalid input at `{where}`"):
-            plugin_options({"dp_ckpt": {"retention": bad}})
+            plugin_options({"training": {"_dp_ckpt": {"retention": bad}}})
 
 
 def test_the_host_builds_window_milestones_and_best():

@@ -1,18 +1,26 @@
 """Argument schemas of dp_ckpt_plugin, with their documentation.
 
 DeePMD-kit 3.2.0 checks its training input with dargs in strict mode and
-rejects keys it does not know. The plugin's own options therefore live in a
-top-level ``dp_ckpt`` section that :func:`plugin_options` validates and removes
-before DeePMD-kit sees the input::
+rejects keys it does not know, except those beginning with ``_``, which its
+``normalize`` drops as comments. The plugin's options therefore live in
+``training._dp_ckpt``, beside DeePMD-kit's own checkpoint keys, where every
+``dp`` command accepts them: with the plugin on, with ``DP_CKPT_DISABLE=1``
+and with the backends the plugin does not change::
 
     {
       "model": {...},
-      "training": {"save_dir": "models", ...},
-      "dp_ckpt": {"verify": "size", "fsync": false}
+      "training": {
+        "save_dir": "models",
+        "_dp_ckpt": {"verify": "size", "fsync": false}
+      }
     }
 
+The top-level ``dp_ckpt`` section of earlier versions still works while the
+plugin is on (with a deprecation note): :func:`plugin_options` reads and
+removes it before DeePMD-kit's check, but DeePMD-kit alone rejects it.
+
 ``training.save_dir`` stays where DeePMD-kit defines it; :func:`check_save_dir`
-checks that it names a directory that exists or can be created.
+checks that it names a local directory that exists or can be created.
 
 The schemas are functions returning dargs :class:`~dargs.Argument` objects;
 the documentation renders them with dargs' Sphinx directive. Importing this
@@ -21,8 +29,11 @@ module imports neither torch nor deepmd-kit.
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
 import re
+import signal
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,33 +46,47 @@ from dargs.dargs import ArgumentError, ArgumentKeyError
 from ..errors import ConfigError
 from .retention_args import retention_args
 
-#: Name of the top-level input section holding the plugin's options.
-SECTION = "dp_ckpt"
+log = logging.getLogger("dp_ckpt_plugin")
+
+#: Key of the plugin's options inside the ``training`` section.
+SECTION = "_dp_ckpt"
+#: Where the options are, as error messages spell key paths.
+SECTION_PATH = f"training/{SECTION}"
+#: The top-level section of dp_ckpt_plugin 0.2 (deprecated, plugin on only).
+OLD_SECTION = "dp_ckpt"
 #: Ways a checkpoint can be checked before it is used.
-VERIFY_CHOICES = ("size", "sha256")
+VERIFY_CHOICES = ("size", "digest", "sha256")
+#: Signals that stop training with a checkpoint, unless the input says others.
+DEFAULT_STOP_SIGNALS = ("SIGTERM", "SIGUSR1")
 
 _KEY_IN_MESSAGE = re.compile(r"key `([^`]+)`")
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 #: Marks "no value" where ``None`` is a valid value.
 _MISSING = object()
 
 # -- documentation of each option ---------------------------------------------
 
 DOC_SECTION = (
-    "Options of dp_ckpt_plugin. This section sits at the top level of the "
-    "training input, beside ``model`` and ``training``. The plugin reads it and "
-    "removes it before DeePMD-kit checks the rest of the input, so DeePMD-kit "
-    "never sees it. Every option is optional; leave the section out to get the "
-    "defaults."
+    "Options of dp_ckpt_plugin, in the ``training`` section beside DeePMD-kit's "
+    "own checkpoint keys (``save_dir``, ``save_ckpt``, ``max_ckpt_keep``). "
+    "DeePMD-kit treats keys beginning with ``_`` as comments, so the same input "
+    "runs unchanged with ``DP_CKPT_DISABLE=1`` and with backends the plugin "
+    "does not change. Every option is optional; leave the section out to get "
+    "the defaults. The top-level ``dp_ckpt`` section of dp_ckpt_plugin 0.2 "
+    "still works while the plugin is on, with a deprecation note; DeePMD-kit "
+    "alone rejects it, so move it here."
 )
 DOC_VERIFY = (
     "How a checkpoint is checked before ``--restart``, ``--init-model`` or "
     "``dp freeze`` uses it. Its size is always compared with the size written "
-    "in its commit record, which catches a write cut short. ``sha256`` also "
-    "re-reads the whole file and compares its hash with the record, which "
+    "in its commit record, which catches a write cut short. ``digest`` also "
+    "re-reads the whole file and compares its digest (BLAKE3, or the sha256 "
+    "of records written by dp-ckpt-plugin 0.1) with the record, which "
     "catches corruption that keeps the size (bad disk, partial copy). "
     "``size`` skips the hash, which saves one read of the file. The default is "
-    "``sha256``: ``--restart latest`` hashes the checkpoint by default because the "
-    "file is about to be read in full anyway. A checkpoint that fails the "
+    "``digest``: ``--restart latest`` hashes the checkpoint by default because "
+    "the file is about to be read in full anyway. ``sha256``, the name of "
+    "``digest`` before 0.2, is still accepted. A checkpoint that fails the "
     "check is treated as corrupt (see ``quarantine``)."
 )
 DOC_LOCK = (
@@ -109,6 +134,18 @@ DOC_ASYNC_SAVE = (
     "silently; training waits for the last save before it exits. Off by "
     "default."
 )
+DOC_STOP_SIGNALS = (
+    "Signals that stop training cleanly, as clusters end jobs (Slurm sends "
+    "``SIGTERM``, or ``SIGUSR1`` ahead of the wall time when asked with "
+    "``--signal``). On such a signal the current training step finishes, a "
+    "checkpoint of that step is committed through the store (the run waits "
+    "for a background save), and ``dp`` exits with status 128 + the signal "
+    "number (143 for ``SIGTERM``, 138 for ``SIGUSR1``); ``--restart latest`` "
+    "continues from that step. Under ``torchrun`` every rank stops after the "
+    "same step. A second signal while stopping is ignored, so it cannot cut "
+    "the save short. Names with or without ``SIG``, any case; ``[]`` leaves "
+    "every signal's default action in place."
+)
 DOC_SAVE_DIR = (
     "Directory for checkpoints, in the ``training`` section of the input "
     "(DeePMD-kit's own key). Numbered checkpoints go to "
@@ -136,7 +173,7 @@ def verify_args() -> Argument:
         "verify",
         str,
         optional=True,
-        default="sha256",
+        default="digest",
         doc=DOC_VERIFY
         + " Possible values: "
         + ", ".join(f"``{c}``" for c in VERIFY_CHOICES)
@@ -148,8 +185,22 @@ def verify_args() -> Argument:
     )
 
 
-def dp_ckpt_args() -> Argument:
-    """Return the schema of the top-level ``dp_ckpt`` section.
+def stop_signals_args() -> Argument:
+    """Return the schema of ``training/_dp_ckpt/stop_signals``."""
+    return Argument(
+        "stop_signals",
+        list,
+        optional=True,
+        default=list(DEFAULT_STOP_SIGNALS),
+        doc=DOC_STOP_SIGNALS,
+        extra_check=lambda value: all(_signal_or_none(v) for v in value),
+        extra_check_errmsg="Each entry must name a signal that can be caught, "
+        "such as 'SIGTERM', 'SIGUSR1' or 'SIGINT'.",
+    )
+
+
+def plugin_args() -> Argument:
+    """Return the schema of the ``training/_dp_ckpt`` section.
 
     Returns
     -------
@@ -169,6 +220,7 @@ def dp_ckpt_args() -> Argument:
             Argument(
                 "async_save", bool, optional=True, default=False, doc=DOC_ASYNC_SAVE
             ),
+            stop_signals_args(),
             retention_args(),
         ],
         optional=True,
@@ -207,10 +259,10 @@ def gen_doc(**kwargs: Any) -> str:
     Returns
     -------
     str
-        The ``dp_ckpt`` section, then ``training.save_dir``.
+        The ``_dp_ckpt`` section, then ``training.save_dir``.
     """
     return "\n\n".join(
-        arg.gen_doc(**kwargs) for arg in (dp_ckpt_args(), save_dir_args())
+        arg.gen_doc(**kwargs) for arg in (plugin_args(), save_dir_args())
     )
 
 
@@ -219,12 +271,12 @@ def gen_doc(**kwargs: Any) -> str:
 
 @dataclass(frozen=True)
 class PluginOptions:
-    """The ``dp_ckpt`` section, validated and with defaults filled in.
+    """The ``training._dp_ckpt`` section, validated and with defaults filled in.
 
     Attributes
     ----------
     verify : str
-        ``"size"`` or ``"sha256"``.
+        ``"size"`` or ``"digest"`` (``"sha256"``, its old name, means the same).
     lock : bool
         Refuse a second writer on the same ``save_dir``.
     fsync : bool
@@ -237,29 +289,36 @@ class PluginOptions:
         Keep DeePMD-kit's working-directory pointer and alias up to date.
     async_save : bool
         Write checkpoints in a background thread.
+    stop_signals : tuple of str
+        Canonical names (``"SIGTERM"``) of the signals that stop training
+        with a checkpoint.
     retention : dict
         Retention beyond deepmd-kit's window (:mod:`.retention_args`).
     """
 
-    verify: str = "sha256"
+    verify: str = "digest"
     lock: bool = True
     fsync: bool = True
     quarantine: bool = True
     check_free_space: bool = True
     compat_links: bool = True
     async_save: bool = False
+    stop_signals: tuple[str, ...] = DEFAULT_STOP_SIGNALS
     retention: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
 
 def plugin_options(config: dict) -> PluginOptions:
-    """Remove the ``dp_ckpt`` section from an input and validate it.
+    """Read and validate the plugin's options from a whole training input.
+
+    The options are ``training._dp_ckpt``. The top-level ``dp_ckpt`` section
+    of dp_ckpt_plugin 0.2 is still read, with a deprecation note, and removed
+    from ``config`` once valid, so that DeePMD-kit's strict check accepts the
+    rest (``training._dp_ckpt`` needs no removal: DeePMD-kit drops it).
 
     Parameters
     ----------
     config : dict
-        The whole training input. Its ``dp_ckpt`` key, if any, is removed once
-        it is valid, so that DeePMD-kit's strict check accepts the rest; on an
-        error the input is left as it was.
+        The whole training input. On an error it is left as it was.
 
     Returns
     -------
@@ -269,33 +328,99 @@ def plugin_options(config: dict) -> PluginOptions:
     Raises
     ------
     ConfigError
-        If the section is not a dict, has an unknown key or a bad value; the
-        message names the key path, such as ``dp_ckpt/verify``.
+        If the options are misplaced, given twice, not a dict, or have an
+        unknown key or a bad value; the message names the key path, such as
+        ``training/_dp_ckpt/verify``, and the closest known key for a typo.
     """
     if not isinstance(config, dict):
         raise ConfigError(
             f"the training input must be a JSON object, got {type(config).__name__}"
         )
-    section = config.get(SECTION, {})
+    training = config.get("training")
+    training = training if isinstance(training, dict) else {}
+    check_placement(config, training)
+    if OLD_SECTION in config:
+        if SECTION in training:
+            raise ConfigError(
+                f"the plugin's options are given twice, in `{SECTION_PATH}` and in "
+                f"the deprecated top-level `{OLD_SECTION}`; keep `{SECTION_PATH}` only"
+            )
+        options = _read_section(config[OLD_SECTION], OLD_SECTION)
+        config.pop(OLD_SECTION)
+        log.warning(
+            "the top-level `%s` section is deprecated and works only while "
+            "dp_ckpt_plugin is on; move it into the training section as `%s` "
+            "(DeePMD-kit accepts it there, also with DP_CKPT_DISABLE=1 and other "
+            "backends)",
+            OLD_SECTION,
+            SECTION_PATH.replace("/", "."),
+        )
+        return options
+    return _read_section(training.get(SECTION, {}), SECTION_PATH)
+
+
+def strip_old_section(config: dict) -> dict:
+    """Remove the deprecated top-level ``dp_ckpt`` section (validated earlier)."""
+    if isinstance(config, dict):
+        config.pop(OLD_SECTION, None)
+    return config
+
+
+def check_placement(config: dict, training: dict) -> None:
+    """Refuse the plugin's options where nobody would read them.
+
+    ``training.dp_ckpt`` (DeePMD-kit rejects it), a top-level ``_dp_ckpt``
+    (DeePMD-kit and the plugin would both ignore it) and a ``training`` key
+    one typo away from ``_dp_ckpt`` holding options.
+    """
+    if OLD_SECTION in training:
+        raise ConfigError(
+            f"invalid input at `training/{OLD_SECTION}`: DeePMD-kit does not accept "
+            f"this key; the plugin's options go in `{SECTION_PATH}` (with the "
+            "leading underscore)"
+        )
+    if SECTION in config:
+        raise ConfigError(
+            f"invalid input at `{SECTION}`: the plugin's options go in the "
+            f"training section, as `{SECTION_PATH}`"
+        )
+    for key, value in training.items():
+        if (
+            key != SECTION
+            and isinstance(key, str)
+            and key.startswith("_")
+            and isinstance(value, dict)
+            and difflib.get_close_matches(key, [SECTION], n=1, cutoff=0.75)
+        ):
+            raise ConfigError(
+                f"invalid input at `training/{key}`: unknown section. "
+                f"Did you mean: {SECTION}?"
+            )
+
+
+def _read_section(section: Any, root: str) -> PluginOptions:
     if not isinstance(section, dict):
         raise ConfigError(
-            f"`{SECTION}` must be a JSON object of options, "
+            f"`{root}` must be a JSON object of options, "
             f"got {type(section).__name__} {section!r}"
         )
-    options = PluginOptions(**normalize_section(section))
-    config.pop(SECTION, None)
-    return options
+    values = normalize_section(section, root=root)
+    names = (_signal_or_none(name).name for name in values["stop_signals"])
+    values["stop_signals"] = tuple(dict.fromkeys(names))
+    return PluginOptions(**values)
 
 
-def normalize_section(section: dict) -> dict:
-    """Check the ``dp_ckpt`` section strictly and fill in defaults.
+def normalize_section(section: dict, *, root: str = SECTION_PATH) -> dict:
+    """Check the plugin's section strictly and fill in defaults.
 
     Keys starting with ``_`` (comments) are dropped, as DeePMD-kit does.
 
     Parameters
     ----------
     section : dict
-        The value of the ``dp_ckpt`` key.
+        The value of ``training._dp_ckpt``.
+    root : str, optional
+        The section's key path, for messages.
 
     Returns
     -------
@@ -307,14 +432,27 @@ def normalize_section(section: dict) -> dict:
     ConfigError
         On an unknown key or a bad value.
     """
-    schema = dp_ckpt_args()
+    schema = plugin_args()
     try:
         values = schema.normalize_value(dict(section), trim_pattern="_*")
         schema.check_value(values, strict=True)
     except ArgumentError as exc:
         known = [arg.name for arg in schema.sub_fields.values()]
-        raise config_error(exc, root=SECTION, value=section, known=known) from None
+        raise config_error(exc, root=root, value=section, known=known) from None
     return values
+
+
+def _signal_or_none(name: Any) -> signal.Signals | None:
+    """The catchable signal ``name`` names (``"TERM"``, ``"sigterm"``...), or ``None``."""
+    if not isinstance(name, str) or not name.strip():
+        return None
+    text = name.strip().upper()
+    if not text.startswith("SIG"):
+        text = "SIG" + text
+    found = getattr(signal.Signals, text, None) if text.isidentifier() else None
+    if found is None or found.name in ("SIGKILL", "SIGSTOP"):
+        return None
+    return found
 
 
 def config_error(
@@ -340,7 +478,8 @@ def config_error(
     Returns
     -------
     ConfigError
-        Its message starts with the full key path, such as ``dp_ckpt/verify``.
+        Its message starts with the full key path, such as
+        ``training/_dp_ckpt/verify``.
     """
     message = " ".join((exc.message or str(exc)).split())
     keys = [k for k in exc.path.split("/") if k]
@@ -387,7 +526,7 @@ def check_save_dir(value: Any, key: str = "training.save_dir") -> Path | None:
     Raises
     ------
     ConfigError
-        If the value is not a string or ``None``, is empty, names something
+        If the value is not a string or ``None``, is empty, is a URL, names something
         that is not a directory, or names a directory that cannot be created
         or written to.
     """
@@ -402,6 +541,12 @@ def check_save_dir(value: Any, key: str = "training.save_dir") -> Path | None:
         raise ConfigError(f"`{key}` must not be empty; give a directory path or null")
     if "\0" in value:
         raise ConfigError(f"`{key}` contains a NUL character: {value!r}")
+    if _URL.match(value.strip()):
+        raise ConfigError(
+            f"`{key}` is {value!r}, a URL; checkpoints are written to a local "
+            "(or mounted) directory: give its path, and copy the directory to "
+            "object storage after training if needed"
+        )
     path = Path(value)
     _check_directory_usable(Path(os.path.abspath(path)), key)
     return path

@@ -1,31 +1,47 @@
-"""``dp --pt-expt`` with dp_ckpt_plugin: train and freeze here, the rest as is.
+"""``dp --pt-expt`` with dp_ckpt_plugin: train, freeze and change-bias here.
+
+Every other command goes to deepmd-kit's own backend entry point unchanged.
+The host folder (``pt_expt/``) supplies what differs between deepmd-kit
+backends: the training entry point (``train.py``) and the freezer
+(``freeze.py``); everything here is shared.
 
 A mistake of the user's (a bad ``save_dir``, an unknown option, a restart
 handle that names nothing, a directory another run holds) ends with one
-message and exit status 1, never a traceback.
+message and exit status 1, never a traceback. A stop signal ends training
+with a checkpoint and exit status 128 + the signal number
+(:mod:`.preempt`).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
+import os
 import sys
 from pathlib import Path
 
 from ..errors import CheckpointError
+from .logs import demote_replaced_lines, describe_checked, describe_how, shown
+from .preempt import Stopped
 
 log = logging.getLogger("dp_ckpt_plugin")
 
+#: deepmd-kit's command-line module of each host.
+DEEPMD_MAIN = {"pt_expt": "deepmd.pt_expt.entrypoints.main"}
+#: Commands the plugin handles; deepmd-kit's backend runs the others.
+COMMANDS = ("train", "freeze", "change-bias")
 
-def main(args: list[str] | argparse.Namespace | None = None) -> None:
-    """Run a ``dp --pt-expt`` command (deepmd-kit's pt_expt ``main`` signature)."""
+
+def main(
+    args: list[str] | argparse.Namespace | None = None, *, host: str = "pt_expt"
+) -> None:
+    """Run a ``dp`` command of ``host`` (deepmd-kit's backend ``main`` signature)."""
     from deepmd.main import parse_args
 
     flags = args if isinstance(args, argparse.Namespace) else parse_args(args=args)
-    if flags.command not in ("train", "freeze"):
-        from deepmd.pt_expt.entrypoints import main as pt_expt_main
-
-        pt_expt_main.main(flags)
+    if flags.command not in COMMANDS:
+        importlib.import_module(DEEPMD_MAIN[host]).main(flags)
         return
     from deepmd.loggers.loggers import set_log_handles
 
@@ -33,27 +49,35 @@ def main(args: list[str] | argparse.Namespace | None = None) -> None:
         flags.log_level, Path(flags.log_path) if flags.log_path else None, mpi_log=None
     )
     share_deepmd_handlers(log)
+    demote_replaced_lines(deepmd=False)
     try:
         if flags.command == "train":
-            run_train(flags)
+            run_train(flags, host)
+        elif flags.command == "freeze":
+            host_module(host, "freeze").run_freeze(flags, plugin_manager(host))
         else:
-            from .pt_expt.freeze import run_freeze
-
-            run_freeze(flags, plugin_manager())
+            run_change_bias(flags, host)
     except CheckpointError as exc:
         log.error("%s", exc)
         sys.exit(1)
+    except Stopped as stop:
+        log.warning("%s", stopped_line(stop))
+        sys.exit(stop.status)
 
 
-def run_train(flags: argparse.Namespace) -> None:
-    """``dp --pt-expt train`` through :class:`.pt_expt.train.CheckpointTrainEntrypoint`.
+def host_module(host: str, name: str):
+    """Import ``dp_ckpt_plugin.deepmd.<host>.<name>``."""
+    return importlib.import_module(f"dp_ckpt_plugin.deepmd.{host}.{name}")
+
+
+def run_train(flags: argparse.Namespace, host: str) -> None:
+    """``dp train`` through the host's ``train.train(flags, prepared)``.
 
     A single process validates the input, takes the lock and resolves the
     restart before torch and deepmd-kit's training code are imported, so a
-    mistake is reported within a second.
+    mistake is reported within a second. Whatever happens, the store is
+    closed (its lock and holder file removed) before the command ends.
     """
-    import os
-
     prepared = None
     if os.environ.get("LOCAL_RANK") is None:
         from ..ranks import SingleProcess
@@ -63,36 +87,75 @@ def run_train(flags: argparse.Namespace) -> None:
             flags.INPUT,
             restart=flags.restart,
             init_model=flags.init_model,
-            pm=plugin_manager(),
-            ranks=SingleProcess(),
-        )
-    from deepmd.dpmodel.train.entrypoint import TrainEntrypointOptions
-
-    from .pt_expt.train import CheckpointTrainEntrypoint
-
-    CheckpointTrainEntrypoint(prepared).run(
-        TrainEntrypointOptions(
-            input_file=flags.INPUT,
-            output=flags.output,
-            init_model=flags.init_model,
-            restart=flags.restart,
             finetune=flags.finetune,
-            model_branch=flags.model_branch,
-            use_pretrain_script=flags.use_pretrain_script,
-            skip_neighbor_stat=flags.skip_neighbor_stat,
+            pm=plugin_manager(host),
+            ranks=SingleProcess(),
+            host=host,
         )
+    try:
+        host_module(host, "train").train(flags, prepared)
+    finally:
+        if prepared is not None:
+            prepared.close()
+
+
+def run_change_bias(flags: argparse.Namespace, host: str) -> None:
+    """``dp change-bias`` whose model may be ``latest``, a directory or a prefix.
+
+    An existing file is used as given. A handle is resolved as ``freeze -c``
+    resolves (verified against its commit record), and its result goes to
+    ``<checkpoint name>_updated.pt`` in the working directory unless ``-o``
+    says otherwise: nothing is written into a checkpoint directory.
+    """
+    from .settings import resolve_for_reading
+
+    spec = flags.INPUT
+    if not Path(spec).is_file():
+        found = resolve_for_reading(plugin_manager(host), spec)
+        log.info(
+            "change-bias %s: %s, %s; %s",
+            spec,
+            shown(found.path),
+            describe_how(found.how),
+            describe_checked(found.checked),
+        )
+        flags.INPUT = str(found.path)
+        if flags.output is None:
+            flags.output = f"{found.path.stem}_updated{found.path.suffix}"
+    importlib.import_module(DEEPMD_MAIN[host]).change_bias(
+        input_file=flags.INPUT,
+        mode=flags.mode,
+        bias_value=flags.bias_value,
+        datafile=flags.datafile,
+        system=flags.system,
+        numb_batch=flags.numb_batch,
+        model_branch=flags.model_branch,
+        output=flags.output,
     )
 
 
-#: The host's own built-in plugins: name to module.
-HOST_PLUGINS = {"freeze": "dp_ckpt_plugin.deepmd.pt_expt.freeze"}
+def stopped_line(stop: Stopped) -> str:
+    """What ``dp`` says when a stop signal ended training."""
+    status = f"exit status {stop.status}"
+    if stop.step is None:
+        return f"{stop.name}: stopped before training any step; no new checkpoint ({status})"
+    where = f" {shown(stop.path)} is committed;" if stop.path is not None else ""
+    return (
+        f"{stop.name}: stopped after step {stop.step};{where} continue with "
+        f"--restart latest ({status})"
+    )
 
 
-def plugin_manager():
+def host_plugins(host: str) -> dict[str, str]:
+    """The built-in plugins a host brings: its freezer."""
+    return {"freeze": f"dp_ckpt_plugin.deepmd.{host}.freeze"}
+
+
+def plugin_manager(host: str = "pt_expt"):
     """The plugin manager of a ``dp`` command: the core's plugins and the host's."""
     from ..plugins import get_plugin_manager
 
-    return get_plugin_manager(host_plugins=HOST_PLUGINS)
+    return get_plugin_manager(host_plugins=host_plugins(host))
 
 
 def share_deepmd_handlers(logger: logging.Logger) -> None:

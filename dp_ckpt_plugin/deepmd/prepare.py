@@ -1,17 +1,25 @@
 """Everything a training run checks before deepmd-kit builds anything.
 
 :func:`prepare_run` reads the input once, validates ``training.save_dir`` and
-the ``dp_ckpt`` section, opens the store (taking its lock on the chief) and
-resolves ``--restart``/``--init-model`` through ``on_resolve_restart``. It
-imports neither torch nor deepmd-kit's training code, so a single-process run
-reports a bad configuration or restart handle within a second; under
-``torchrun`` it runs after the process group is up, and rank 0's resolution is
-broadcast to every rank.
+the plugin's options (``training._dp_ckpt``), opens the store (taking its
+lock on the chief), adopts the numbered checkpoints plain deepmd-kit left in
+it (:mod:`.adopt`) and resolves ``--restart``/``--init-model``/``--finetune``
+through ``on_resolve_restart``. It imports neither torch nor deepmd-kit's
+training code (torch only to adopt files, when there are any), so a
+single-process run reports a bad configuration or restart handle within a
+second; under ``torchrun`` it runs after the process group is up, and rank
+0's resolution is broadcast to every rank.
+
+A preflight that fails closes the store: the lock and its holder file are
+removed, and a ``save_dir`` this run created (still empty) is removed too.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+import logging
+import os
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +27,20 @@ import pluggy
 
 from ..errors import ConfigError
 from ..ranks import Ranks
-from ..resolution import resolve_restart
+from ..resolution import ResolveContext, resolve_restart
 from ..store import CheckpointStore
-from .settings import RunSettings, read_settings
+from .adopt import adopt
+from .logs import SaveReport, restart_line, startup_line
+from .naming import primary_family_in
+from .preempt import StopSignals
+from .settings import RunSettings, normalized_spec, read_settings
+
+log = logging.getLogger("dp_ckpt_plugin")
+
+#: Name under which the save report observes commits.
+REPORT_PLUGIN = "dp_ckpt.deepmd.save_report"
+#: The command-line options that name a checkpoint, in the order resolved.
+HANDLES = ("init_model", "restart", "finetune")
 
 
 @dataclass
@@ -34,10 +53,14 @@ class PreparedRun:
         The checkpoint part of the input.
     store : CheckpointStore or None
         The store of ``save_dir`` (open and locked on the chief), if set.
-    restart, init_model : str or None
+    restart, init_model, finetune : str or None
         The resolved checkpoint paths to hand to deepmd-kit.
     resumed_from : Path or None
         The checkpoint the run starts from.
+    report : SaveReport or None
+        The observer writing one line per save (with a store).
+    stop : StopSignals or None
+        The stop signals, installed (``None`` when none are configured).
     """
 
     settings: RunSettings
@@ -45,6 +68,19 @@ class PreparedRun:
     restart: str | None
     init_model: str | None
     resumed_from: Path | None
+    finetune: str | None = None
+    report: SaveReport | None = None
+    stop: StopSignals | None = None
+    adopted: list[Path] = field(default_factory=list)
+
+    def close(self) -> None:
+        """Restore the signal handlers and close the store (idempotent)."""
+        try:
+            if self.stop is not None:
+                self.stop.restore()
+        finally:
+            if self.store is not None:
+                self.store.close()
 
 
 def prepare_run(
@@ -54,36 +90,106 @@ def prepare_run(
     init_model: str | None,
     pm: pluggy.PluginManager,
     ranks: Ranks,
+    finetune: str | None = None,
+    host: str = "pt_expt",
 ) -> PreparedRun:
-    """Validate, lock and resolve; see the module docstring.
+    """Validate, lock, adopt and resolve; see the module docstring.
 
     Raises
     ------
     CheckpointError
         A configuration error, a held lock or a restart that resolves to nothing.
+    Stopped
+        A stop signal came meanwhile.
     """
     settings = read_settings(load_input(input_file))
-    store = None
-    if settings.save_dir is not None:
-        store = build_store(settings, pm, ranks)
-        store.open()  # the chief takes the lock now, not after the build
     chief = ranks.rank == 0
-    ctx = settings.resolve_context(chief=chief) if chief else None
-    resolved: dict[str, str | None] = {"restart": None, "init_model": None}
-    resumed_from = None
-    for key, spec in (("init_model", init_model), ("restart", restart)):
-        if spec is not None:
-            found = resolve_restart(pm, spec, ctx, ranks)
+    if chief:
+        log.info("%s", startup_line(settings, host, settings.cwd))
+    stop = StopSignals(settings.options.stop_signals).install()
+    store = None
+    created = False
+    try:
+        adopted: list[Path] = []
+        if settings.save_dir is not None:
+            store = build_store(settings, pm, ranks)
+            created = chief and not os.path.lexists(store.directory)
+            store.open()  # the chief takes the lock now, not after the build
+            if chief:
+                adopted = [c.path for c in adopt(store, cwd=settings.cwd)]
+        ctx = settings.resolve_context(chief=chief) if chief else None
+        specs = {"init_model": init_model, "restart": restart, "finetune": finetune}
+        resolved: dict[str, str | None] = dict.fromkeys(HANDLES)
+        resumed_from = None
+        for key in HANDLES:
+            spec = specs[key]
+            if spec is None:
+                continue
+            spec_path = normalized_spec(spec, settings.cwd)
+            found = resolve_restart(pm, spec_path, _context_for(spec_path, ctx), ranks)
             resolved[key] = str(found.path)
             resumed_from = found.path
+            continues = key == "restart"
+            archives = False
             if store is not None:
                 # a restart continues the run's step count; an initialization
-                # starts its own, so the checkpoints in save_dir are an
-                # earlier run's, archived before the first save
-                store.protect_resumed(found.path, continues=key == "restart")
-    return PreparedRun(
-        settings, store, resolved["restart"], resolved["init_model"], resumed_from
-    )
+                # or a fine-tuning starts its own, so the checkpoints in
+                # save_dir are an earlier run's, archived before the first save
+                store.protect_resumed(found.path, continues=continues)
+                archives = not continues and _inside(found.path, store.directory)
+            if chief:
+                log.info(
+                    "%s",
+                    restart_line(
+                        key.replace("_", "-"),
+                        spec,
+                        found,
+                        settings.cwd,
+                        adopted=adopted,
+                        archives=archives,
+                    ),
+                )
+        report = None
+        if store is not None:
+            report = SaveReport(settings.cwd)
+            if pm.get_plugin(REPORT_PLUGIN) is not None:  # a second run, same manager
+                pm.unregister(name=REPORT_PLUGIN)
+            pm.register(report, name=REPORT_PLUGIN)
+        return PreparedRun(
+            settings,
+            store,
+            resolved["restart"],
+            resolved["init_model"],
+            resumed_from,
+            finetune=resolved["finetune"],
+            report=report,
+            stop=stop,
+            adopted=adopted,
+        )
+    except BaseException:
+        stop.restore()
+        if store is not None:
+            store.close()
+            if created:
+                with contextlib.suppress(OSError):
+                    os.rmdir(store.directory)  # only if still empty
+        raise
+
+
+def _context_for(spec: str, ctx: ResolveContext | None) -> ResolveContext | None:
+    """The context for ``spec``: a directory is read with its own family.
+
+    A store moved elsewhere, or written under another ``save_ckpt``, names
+    its checkpoints by the prefix its commit records say, not this run's.
+    """
+    if ctx is None or spec == "latest" or not Path(spec).is_dir():
+        return ctx
+    family = primary_family_in(Path(spec), ctx.family.suffix, ctx.family)
+    return ctx if family == ctx.family else replace(ctx, family=family)
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    return Path(os.path.abspath(path)).parent == Path(os.path.abspath(directory))
 
 
 def load_input(input_file: str) -> dict[str, Any]:

@@ -1,13 +1,14 @@
-"""What a ``dp --pt-expt`` run needs to know before deepmd-kit builds anything.
+"""What a ``dp`` training run needs to know before deepmd-kit builds anything.
 
 The training input is read once, early (a JSON or YAML file, as deepmd-kit reads
-it), to validate ``training.save_dir`` and the ``dp_ckpt`` section and to learn
+it), to validate ``training.save_dir`` and ``training._dp_ckpt`` and to learn
 the checkpoint prefix, so that a bad configuration or restart handle fails in
 seconds rather than after the data and model are built.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ class RunSettings:
     save_ckpt : Path
         ``training.save_ckpt`` (the prefix, possibly with a directory).
     options : PluginOptions
-        The validated ``dp_ckpt`` section.
+        The validated ``training._dp_ckpt`` section.
     training : dict
         The raw ``training`` section (retention keys are read from it).
     cwd : Path
@@ -59,7 +60,7 @@ class RunSettings:
     @property
     def prefix_dir(self) -> Path:
         """The directory of the ``save_ckpt`` prefix, where deepmd-kit puts its alias."""
-        return self.cwd / self.save_ckpt.parent
+        return Path(os.path.normpath(self.cwd / self.save_ckpt.parent))
 
     def family_configs(self) -> list[FamilyConfig]:
         """The periodic and EMA families of the store, with deepmd-kit's files as mirrors.
@@ -129,8 +130,8 @@ def restart_context(
 def read_settings(config: dict[str, Any], *, cwd: Path | None = None) -> RunSettings:
     """Validate and take out the plugin's part of a loaded training input.
 
-    The ``dp_ckpt`` section is removed from ``config`` (deepmd-kit's strict
-    check would reject it).
+    The deprecated top-level ``dp_ckpt`` section, if any, is removed from
+    ``config`` (deepmd-kit's strict check would reject it).
 
     Raises
     ------
@@ -156,9 +157,42 @@ def read_settings(config: dict[str, Any], *, cwd: Path | None = None) -> RunSett
             f"training.save_ckpt must name a file prefix such as 'model.ckpt', got {save_ckpt!r}"
         )
     return RunSettings(
-        save_dir=save_dir,
+        save_dir=Path(os.path.normpath(save_dir)) if save_dir is not None else None,
         save_ckpt=Path(save_ckpt),
         options=options,
         training=training,
         cwd=cwd or Path.cwd(),
     )
+
+
+def normalized_spec(spec: str, cwd: Path | None = None) -> str:
+    """A restart handle as an absolute path, ``..`` folded (``latest`` as is).
+
+    ``run/../t1/models`` names ``<cwd>/t1/models``: messages and the path
+    handed to deepmd-kit never carry the detour.
+    """
+    if spec == "latest" or not spec.strip():
+        return spec
+    return os.path.normpath(os.path.join(cwd or Path.cwd(), spec))
+
+
+def resolve_for_reading(pm, spec: str, *, cwd: Path | None = None):
+    """Resolve the model handle of a reading command (freeze, change-bias).
+
+    ``latest`` and the working directory read deepmd-kit's ``checkpoint``
+    pointer there; a directory its own pointer, alias or newest committed
+    checkpoint, for any ``save_ckpt`` name (read from its commit records); a
+    prefix its alias. Candidates are hashed; nothing is moved aside, since
+    another run may be writing the directory.
+    """
+    from ..resolution import resolve_restart
+    from .naming import primary_family_in
+
+    cwd = cwd or Path.cwd()
+    spec = normalized_spec(str(spec), cwd)
+    family = Family("model.ckpt", SUFFIX)
+    directory = Path(spec)
+    if spec != "latest" and directory.is_dir():
+        family = primary_family_in(directory, SUFFIX, family)
+    context = restart_context(family, cwd=cwd, digest=True, quarantine=False)
+    return resolve_restart(pm, spec, context)

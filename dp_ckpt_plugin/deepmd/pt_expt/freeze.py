@@ -10,13 +10,10 @@ This module is also the built-in ``freeze`` plugin of the host: its
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 from ...hookspecs import hookimpl
-from ...layout import Family
-from ...resolution import resolve_restart
-from ..naming import primary_family_in
-from ..settings import SUFFIX, restart_context
+from ..logs import describe_checked, describe_how, shown
+from ..settings import resolve_for_reading
 
 log = logging.getLogger("dp_ckpt_plugin")
 
@@ -42,14 +39,13 @@ def on_freeze(checkpoint, output, options):
 
 def run_freeze(flags, pm) -> str:
     """Resolve ``flags.checkpoint_folder`` and freeze it; return the output."""
-    spec = Path(flags.checkpoint_folder)
-    family = Family("model.ckpt", SUFFIX)
-    if spec.is_dir():
-        family = primary_family_in(spec, SUFFIX, family)
-    # a reader: leave the files of a possibly running job alone (no quarantine)
-    context = restart_context(family, cwd=Path.cwd(), digest=True, quarantine=False)
-    found = resolve_restart(pm, flags.checkpoint_folder, context)
-    log.info("freezing %s (%s; checked: %s)", found.path, found.how, found.checked)
+    found = resolve_for_reading(pm, flags.checkpoint_folder)
+    log.info(
+        "freezing %s, %s; %s",
+        shown(found.path),
+        describe_how(found.how),
+        describe_checked(found.checked),
+    )
     options = {
         "host": HOST,
         "head": flags.head,

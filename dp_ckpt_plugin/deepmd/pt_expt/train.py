@@ -7,11 +7,12 @@ overridden; the rest is inherited:
     Runs before deepmd-kit reads anything. Under ``torchrun`` it starts the
     process group (gloo without a GPU). Unless :func:`dp_ckpt_plugin.deepmd.prepare.prepare_run` ran
     already (a single process does it before importing torch), it validates the
-    input, opens and locks the store and resolves ``--restart``/``--init-model``.
-    The resolved paths are handed on as they are: ``latest`` is never turned
-    into ``latest.pt``.
+    input, opens and locks the store and resolves ``--restart``,
+    ``--init-model`` and ``--finetune``. The resolved paths are handed on as
+    they are: ``latest`` is never turned into ``latest.pt``.
 ``load_config``
-    Removes the ``dp_ckpt`` section before deepmd-kit's strict check.
+    Removes the deprecated top-level ``dp_ckpt`` section before deepmd-kit's
+    strict check (``training._dp_ckpt`` needs nothing: deepmd-kit drops it).
 ``setup_run`` / ``teardown_run``
     Keep the process group made above; close the store at the end.
 ``run_training``
@@ -29,10 +30,41 @@ from deepmd.pt_expt.entrypoints.main import PTExptTrainEntrypoint
 from deepmd.pt_expt.train import training
 
 from ...ranks import current_ranks
-from ..argcheck import plugin_options
+from ..argcheck import strip_old_section
+from ..checkpointing import HostRun
 from ..cli import plugin_manager
 from ..prepare import PreparedRun, prepare_run
 from .trainer import make_trainer_class
+
+#: This host's name, as :mod:`dp_ckpt_plugin.deepmd.takeover` registers it.
+HOST = "pt_expt"
+
+
+def train(flags, prepared: PreparedRun | None) -> None:
+    """``dp --pt-expt train``: deepmd-kit's pipeline with the steps below.
+
+    ``prepared`` is the preflight of a single process (``None`` under
+    ``torchrun``, where it runs once the process group is up).
+    """
+    from deepmd.dpmodel.train.entrypoint import TrainEntrypointOptions
+
+    entrypoint = CheckpointTrainEntrypoint(prepared)
+    try:
+        entrypoint.run(
+            TrainEntrypointOptions(
+                input_file=flags.INPUT,
+                output=flags.output,
+                init_model=flags.init_model,
+                restart=flags.restart,
+                finetune=flags.finetune,
+                model_branch=flags.model_branch,
+                use_pretrain_script=flags.use_pretrain_script,
+                skip_neighbor_stat=flags.skip_neighbor_stat,
+            )
+        )
+    finally:
+        if entrypoint.prepared is not None:
+            entrypoint.prepared.close()
 
 
 class CheckpointTrainEntrypoint(PTExptTrainEntrypoint):
@@ -56,42 +88,39 @@ class CheckpointTrainEntrypoint(PTExptTrainEntrypoint):
                 options.input_file,
                 restart=options.restart,
                 init_model=options.init_model,
-                pm=plugin_manager(),
+                finetune=options.finetune,
+                pm=plugin_manager(HOST),
                 ranks=current_ranks(),
+                host=HOST,
             )
         return replace(
-            options, restart=self.prepared.restart, init_model=self.prepared.init_model
+            options,
+            restart=self.prepared.restart,
+            init_model=self.prepared.init_model,
+            finetune=self.prepared.finetune,
         )
 
     def load_config(self, input_file: str) -> dict[str, Any]:
-        config = super().load_config(input_file)
-        plugin_options(config)  # validated already; removed before the strict check
-        return config
+        # validated already by the preflight
+        return strip_old_section(super().load_config(input_file))
 
     def setup_run(self, options, config) -> None:
         super().setup_run(options, config)
         self._owns_process_group = self._owns_process_group or self._made_group
 
     def run_training(self, config, options, neighbor_stat) -> None:
-        store = self.prepared.store
-        trainer_class = make_trainer_class(
-            store,
-            config["training"],
-            resumed_from=self.prepared.resumed_from,
-            background=self.prepared.settings.options.async_save,
-            retention=self.prepared.settings.options.retention,
-        )
-        with swapped(training, "Trainer", trainer_class):
+        run = HostRun.from_prepared(self.prepared, config["training"])
+        with swapped(training, "Trainer", make_trainer_class(run)):
             super().run_training(config, options, neighbor_stat)
-        if store is not None:
-            store.wait()  # the last background save, before anything ends
+        if run.store is not None:
+            run.store.wait()  # the last background save, before anything ends
 
     def teardown_run(self, options, config) -> None:
         try:
             super().teardown_run(options, config)
         finally:
-            if self.prepared is not None and self.prepared.store is not None:
-                self.prepared.store.close()
+            if self.prepared is not None:
+                self.prepared.close()
 
 
 def start_process_group() -> bool:

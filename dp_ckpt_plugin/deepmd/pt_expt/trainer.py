@@ -1,14 +1,23 @@
 """A deepmd-kit pt_expt ``Trainer`` whose checkpoints go through the store.
 
-Two methods of deepmd-kit's trainer are overridden:
+What differs from the ``dp --pt`` host is only where deepmd-kit's pt_expt
+trainer can be entered:
 
-- ``save_checkpoint`` assembles the same payload deepmd-kit writes (model,
-  optimizer, EMA state, with ``train_infos.step`` set) for the periodic and the
-  EMA family and hands each to the store by family and step, which commits,
-  publishes and prunes it. deepmd-kit's own checkpoint stores are left unused;
+- ``save_checkpoint(step)`` assembles the same payload deepmd-kit writes
+  (model, optimizer, EMA state, with ``train_infos.step`` set) for the
+  periodic and the EMA family and hands both to the store
+  (:meth:`~dp_ckpt_plugin.deepmd.checkpointing.HostRun.save`), which commits,
+  publishes and prunes them. deepmd-kit's own checkpoint stores are left unused;
 - ``_write_checkpoint`` (reached only for best-validation files now) writes
   the same payload atomically at the exact path given, which keeps its own
-  name and place.
+  name and place;
+- ``train_step`` first asks whether a stop signal came
+  (:meth:`~dp_ckpt_plugin.deepmd.checkpointing.HostRun.check_stop`);
+- ``run`` marks the start of the loop and says at the end where the latest
+  checkpoint is;
+- :class:`~.metrics.MetricsMixin` records the displayed learning-curve values
+  with each periodic checkpoint, and writes best-validation checkpoints into
+  ``save_dir`` as the ``best.ckpt`` family.
 
 Without ``save_dir``, deepmd-kit's layout, publication and pruning are kept and
 only the write itself is made atomic.
@@ -16,70 +25,31 @@ only the write itself is made atomic.
 
 from __future__ import annotations
 
-import logging
-import re
 from pathlib import Path
 from typing import Any
 
 from deepmd.pt_expt.train import training
 from deepmd.pt_expt.train.ema import EMA_CHECKPOINT_KEY
 
-from ... import fsio
-from ...errors import CheckpointError
-from ...store import CheckpointStore
-from ..naming import ema_prefix
+from ..checkpointing import HostRun, write_torch_atomic
 from .metrics import MetricsMixin
 
-log = logging.getLogger("dp_ckpt_plugin.deepmd")
 
-
-def make_trainer_class(
-    store: CheckpointStore | None,
-    training_params: dict[str, Any],
-    *,
-    resumed_from: Path | None = None,
-    background: bool = False,
-    retention: dict[str, Any] | None = None,
-) -> type:
-    """Return a subclass of deepmd-kit's pt_expt ``Trainer`` bound to ``store``.
-
-    Parameters
-    ----------
-    store : CheckpointStore or None
-        The store of ``save_dir``; ``None`` keeps deepmd-kit's layout.
-    training_params : dict
-        The normalized ``training`` section (retention keys).
-    resumed_from : Path, optional
-        The checkpoint the run starts from (its protection is set up by
-        :func:`dp_ckpt_plugin.deepmd.prepare.prepare_run`), named when it does
-        not fit the model.
-    background : bool, optional
-        Whether periodic saves run in the store's background writer.
-    retention : dict, optional
-        The ``dp_ckpt/retention`` options (:mod:`..retention_args`).
-    """
+def make_trainer_class(host_run: HostRun) -> type:
+    """Return a subclass of deepmd-kit's pt_expt ``Trainer`` bound to ``host_run``."""
 
     class CheckpointingTrainer(MetricsMixin, training.Trainer):
         """deepmd-kit's pt_expt trainer writing through dp_ckpt_plugin."""
 
-        dp_store = store
+        dp_run = host_run
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            try:
-                super().__init__(*args, **kwargs)
-            except RuntimeError as exc:
-                mismatch = describe_mismatch(str(exc))
-                if resumed_from is None or mismatch is None:
-                    raise
-                raise CheckpointError(
-                    f"checkpoint {resumed_from} does not fit the model of this "
-                    f"input: {mismatch}. Nothing was changed; restart from a "
-                    "checkpoint of this model, or use --finetune"
-                ) from None
-            config = args[0] if args else kwargs.get("config", {})
-            self.dp_setup_retention(
-                training_params, retention, (config or {}).get("validating")
+            host_run.build(
+                lambda: super(CheckpointingTrainer, self).__init__(*args, **kwargs)
             )
+            host_run.started(self.num_steps)
+            config = args[0] if args else kwargs.get("config", {})
+            self.dp_setup_best((config or {}).get("validating"))
 
         # -- the payload --------------------------------------------------
         def _checkpoint_payload(
@@ -131,73 +101,52 @@ def make_trainer_class(
                 write_torch_atomic(
                     Path(ckpt_path),
                     state,
-                    durable=self.dp_store.durable if self.dp_store else True,
+                    durable=host_run.store.durable if host_run.store else True,
                 )
 
         # -- the periodic save ------------------------------------------------
         def save_checkpoint(self, step: int) -> None:
-            if self.dp_store is None:
+            if host_run.store is None:
+                host_run.last_saved = step
                 super().save_checkpoint(step)
                 return
             self.nonfinite_grad_guard.raise_if_nonfinite(self.wrapper.named_parameters)
-            primary = self.dp_store.primary.prefix
+            primary, ema = host_run.family_names(self.model_ema is not None)
             states = {
                 primary: self._checkpoint_payload(
                     step, include_optimizer=True, include_ema_state=True
                 )
             }
-            if self.model_ema is not None:
+            if ema is not None:
                 with self.model_ema.apply_shadow(self.model):
-                    states[ema_prefix(primary)] = self._checkpoint_payload(
+                    states[ema] = self._checkpoint_payload(
                         step, include_optimizer=False, include_ema_state=False
                     )
             # the periodic and EMA payloads go together: one save in flight
-            paths = self.dp_store.save_all(
+            host_run.save(
                 step,
                 states,
-                background=background,
+                chief=self.rank == 0,
                 metrics={primary: self.dp_metrics(step)},
             )
-            if self.rank == 0:
-                log.info("Saved model to %s", paths[primary])
+
+        # -- the loop ---------------------------------------------------------
+        def train_step(self, task, step: int):
+            host_run.check_stop(
+                step,
+                start_step=self.start_step,
+                save=self._stop_save,
+                chief=self.rank == 0,
+            )
+            return super().train_step(task, step)
+
+        def _stop_save(self, step: int) -> None:
+            if self._participates_in_checkpoint():
+                self.save_checkpoint(step)
+
+        def run(self) -> None:
+            host_run.loop_started()
+            super().run()
+            host_run.finish(chief=self.rank == 0)
 
     return CheckpointingTrainer
-
-
-_MISMATCH = (
-    (
-        re.compile(
-            r"size mismatch for ([^:]+): copying a param with shape (.+?) from "
-            r"checkpoint, the shape in current model is (.+?)\.?$"
-        ),
-        "parameter {0} has shape {1} in the checkpoint but {2} in the model",
-    ),
-    (
-        re.compile(r'Missing key\(s\) in state_dict: "([^"]+)"'),
-        "parameter {0} of the model is not in the checkpoint",
-    ),
-    (
-        re.compile(r'Unexpected key\(s\) in state_dict: "([^"]+)"'),
-        "the checkpoint holds parameter {0}, which the model does not have",
-    ),
-)
-
-
-def describe_mismatch(text: str) -> str | None:
-    """Name the first parameter a ``load_state_dict`` error says differs."""
-    for line in text.splitlines():
-        for pattern, message in _MISMATCH:
-            found = pattern.search(line.strip())
-            if found:
-                return message.format(*found.groups())
-    return None
-
-
-def write_torch_atomic(path: Path, state: Any, *, durable: bool = True) -> None:
-    """``torch.save`` to ``path`` through a temporary name, fsynced, then ``os.replace``."""
-    import torch
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fsio.write_file_atomic(
-        path, lambda handle: torch.save(state, handle), durable=durable
-    )

@@ -1,0 +1,117 @@
+"""Adopting a ``save_dir`` that plain deepmd-kit wrote.
+
+deepmd-kit 3.2 alone writes numbered checkpoints into ``save_dir`` without
+commit records (and its ``checkpoint`` pointer into the working directory).
+When a run of the plugin opens such a directory as its writer, each numbered
+file of the run's families that has no record is checked by loading it with
+``torch.load(weights_only=True)`` (memory-mapped, so the tensors are not
+read) and, if it loads, given a commit record: from then on ``latest`` and
+``--restart <save_dir>`` find it, retention counts it, and a run that starts
+its own step count archives it. A file that does not load is left alone with
+a warning; a file whose record exists but is malformed is never touched (the
+record is evidence).
+
+When plain deepmd-kit continued a run of the plugin, its newer files are
+adopted and the store's own pointer and alias are moved to the newest of
+them, so that ``latest`` names what deepmd-kit's working-directory pointer
+names.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from ..catalogue import committed, uncommitted
+from ..checkpoint import Checkpoint
+from ..pointers import read_link_or_none, read_text_or_none
+from ..publish import Mirror, publish
+from ..records import make_record, record_path, write_record
+from ..store import CheckpointStore
+from .logs import shown
+
+log = logging.getLogger("dp_ckpt_plugin")
+
+
+def loads_with_torch(path: Path) -> None:
+    """Raise unless ``path`` loads with ``torch.load(weights_only=True)`` as a dict."""
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:  # not the zip format: no memory map
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict):
+        raise ValueError(f"it holds a {type(state).__name__}, not a state dict")
+
+
+def adopt(
+    store: CheckpointStore, *, cwd: Path | None = None, check=loads_with_torch
+) -> list[Checkpoint]:
+    """Give commit records to the numbered files of ``store`` that have none.
+
+    Called on the chief with the store open (its lock held). Returns the
+    checkpoints adopted, oldest first.
+    """
+    adopted: list[Checkpoint] = []
+    for cfg in store.families.values():
+        family = cfg.family
+        found = []
+        for path in sorted(uncommitted(store.directory, family), key=_step(family)):
+            if record_path(path).exists():
+                continue  # a malformed record: evidence, never overwritten
+            try:
+                check(path)
+            except Exception as exc:
+                log.warning(
+                    "%s has no commit record and does not load with torch (%s: %s); "
+                    "left as it is",
+                    shown(path, cwd),
+                    type(exc).__name__,
+                    exc,
+                )
+                continue
+            step = family.step_of(path.name)
+            record = make_record(
+                path, step=step, family=family.prefix, format=store.format.name
+            )
+            write_record(path, record, durable=store.durable)
+            found.append(Checkpoint(path, step, family.prefix, record))
+        if found:
+            _publish_if_newer(store, cfg, found[-1])
+            adopted += found
+    if adopted:
+        store.catalogue.invalidate()
+        steps = sorted({c.step for c in adopted})
+        log.info(
+            "adopted %d checkpoint(s) that plain deepmd-kit wrote in %s (steps %s): "
+            "each loads with torch and now has a commit record, so it counts for "
+            "--restart latest and for retention",
+            len(adopted),
+            shown(store.directory, cwd),
+            ", ".join(map(str, steps)),
+        )
+    return adopted
+
+
+def _publish_if_newer(store: CheckpointStore, cfg, newest: Checkpoint) -> None:
+    """Move the store's pointer and alias to ``newest`` if they name an older step."""
+    family = cfg.family
+    named = read_text_or_none(store.directory / family.pointer)
+    named = (named or "").strip() or read_link_or_none(store.directory / family.alias)
+    named_step = family.step_of(Path(named).name) if named else None
+    if named_step is not None and named_step >= newest.step:
+        return
+    if named_step is None and any(
+        c.step > newest.step for c in committed(store.directory, family)
+    ):
+        return
+    targets = [
+        Mirror(store.directory / family.pointer, "pointer"),
+        Mirror(store.directory / family.alias, "alias"),
+    ]
+    publish(newest.path, targets, durable=store.durable)
+
+
+def _step(family):
+    return lambda path: family.step_of(path.name) or 0

@@ -1,0 +1,234 @@
+"""The trainer side every deepmd-kit host shares.
+
+A host's trainer subclass (``pt_expt/trainer.py``, ``pt/trainer.py``) only
+assembles deepmd-kit's payload and calls into a :class:`HostRun` at three
+points of deepmd-kit's loop:
+
+- :meth:`HostRun.save`: hand the payloads of one step (periodic and EMA) to
+  the store, with the one-line report of the save;
+- :meth:`HostRun.check_stop`: at the start of each training step, stop with
+  a checkpoint if a stop signal came (:mod:`.preempt`);
+- :meth:`HostRun.finish`: wait for the last background save and say where
+  the latest checkpoint is.
+
+Also here: the retention policies set once the run length is known, the
+translation of deepmd-kit's ``load_state_dict`` error into one sentence, and
+the atomic write of files that stay outside the store (best-validation
+checkpoints, a run without ``save_dir``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import fsio
+from ..errors import CheckpointError
+from ..store import CheckpointStore
+from .logs import SaveReport, demote_replaced_lines, finished_line
+from .naming import ema_prefix
+from .preempt import Stopped, StopSignals
+from .retention_args import periodic_policy
+
+log = logging.getLogger("dp_ckpt_plugin")
+
+
+@dataclass
+class HostRun:
+    """What a trainer of a host needs from the preflight.
+
+    Attributes
+    ----------
+    store : CheckpointStore or None
+        The store of ``save_dir``; ``None`` keeps deepmd-kit's layout.
+    training : Mapping
+        The normalized ``training`` section (retention keys).
+    resumed_from : Path or None
+        The checkpoint the run starts from, named when it does not fit.
+    background : bool
+        Whether saves run in the store's background writer.
+    report : SaveReport or None
+        The observer that writes one line per save.
+    stop : StopSignals or None
+        The stop signals of the run.
+    cwd : Path or None
+        The working directory (for paths in messages).
+    retention : Mapping or None
+        The ``retention`` options (:mod:`.retention_args`).
+    """
+
+    store: CheckpointStore | None
+    training: Mapping[str, Any] = field(default_factory=dict)
+    resumed_from: Path | None = None
+    background: bool = False
+    report: SaveReport | None = None
+    stop: StopSignals | None = None
+    cwd: Path | None = None
+    retention: Mapping[str, Any] | None = None
+    #: The step of the last checkpoint this run saved.
+    last_saved: int | None = None
+
+    @classmethod
+    def from_prepared(cls, prepared, training: Mapping[str, Any]) -> HostRun:
+        """The run :func:`~dp_ckpt_plugin.deepmd.prepare.prepare_run` prepared."""
+        if prepared is None:
+            return cls(None, training)
+        return cls(
+            prepared.store,
+            training,
+            resumed_from=prepared.resumed_from,
+            background=prepared.settings.options.async_save,
+            report=prepared.report,
+            stop=prepared.stop,
+            cwd=prepared.settings.cwd,
+            retention=prepared.settings.options.retention,
+        )
+
+    # -- set-up ----------------------------------------------------------------------
+    def started(self, num_steps: int) -> None:
+        """The trainer is built: set the retention windows, tidy the log lines."""
+        demote_replaced_lines(deepmd=self.store is not None)
+        if self.store is None:
+            return
+        primary = self.store.primary.prefix
+        for prefix, cfg in self.store.families.items():
+            cfg.policy = periodic_policy(
+                self.training,
+                self.retention,
+                num_steps=num_steps,
+                ema=prefix != primary,
+            )
+
+    def build(self, make: Callable[[], None]) -> None:
+        """Run deepmd-kit's trainer constructor; a checkpoint that does not fit is one sentence."""
+        try:
+            make()
+        except RuntimeError as exc:
+            mismatch = describe_mismatch(str(exc))
+            if self.resumed_from is None or mismatch is None:
+                raise
+            raise CheckpointError(
+                f"checkpoint {self.resumed_from} does not fit the model of this "
+                f"input: {mismatch}. Nothing was changed; restart from a "
+                "checkpoint of this model, or use --finetune"
+            ) from None
+
+    def loop_started(self) -> None:
+        """The training loop starts: a stop signal now waits for a step boundary."""
+        if self.stop is not None:
+            self.stop.in_loop = True
+
+    # -- saving ----------------------------------------------------------------------
+    def family_names(self, with_ema: bool) -> tuple[str, str | None]:
+        """The periodic family's prefix and the EMA one's (``None`` without EMA)."""
+        primary = self.store.primary.prefix
+        return primary, ema_prefix(primary) if with_ema else None
+
+    def save(
+        self,
+        step: int,
+        states: dict[str, Any],
+        *,
+        chief: bool,
+        metrics: Mapping[str, Mapping[str, float] | None] | None = None,
+    ) -> dict[str, Path]:
+        """Hand the payloads of ``step`` (one per family) to the store.
+
+        ``metrics`` maps a family to what its commit record records (the
+        learning-curve values displayed at ``step``).
+        """
+        self.last_saved = step
+        if chief and self.report is not None:
+            self.report.begin(step, states, background=self.background)
+        paths = self.store.save_all(
+            step, states, background=self.background, metrics=metrics
+        )
+        if chief and self.report is not None:
+            self.report.handed_over(step)
+        return paths
+
+    def check_stop(
+        self,
+        step: int,
+        *,
+        start_step: int,
+        save: Callable[[int], None],
+        chief: bool = True,
+    ) -> None:
+        """At the start of training step ``step``: stop here if a signal came.
+
+        ``step`` steps are done. Every rank calls this at every step; when the
+        ranks agree on a signal, ``save(step)`` commits the checkpoint of the
+        steps done (unless it was just saved, or none was trained since the
+        start), the last background save is waited for, and
+        :class:`~.preempt.Stopped` is raised.
+        """
+        if self.stop is None:
+            return
+        signum = self.stop.agreed()
+        if not signum:
+            return
+        self.stop.finish()
+        if step <= start_step:
+            raise Stopped(signum)
+        if step != self.last_saved:
+            self.stop.announce(signum, step)
+            save(step)
+        path = None
+        if self.store is not None and chief:
+            self.store.wait()
+            path = self.store.path_for(step)
+        raise Stopped(signum, step, path)
+
+    def finish(self, *, chief: bool) -> None:
+        """After training: the last background save is done; say where it is."""
+        if self.stop is not None:
+            self.stop.finish()
+        if self.store is None:
+            return
+        self.store.wait()
+        if chief:
+            log.info("%s", finished_line(self.report, self.store, self.cwd))
+
+
+_MISMATCH = (
+    (
+        re.compile(
+            r"size mismatch for ([^:]+): copying a param with shape (.+?) from "
+            r"checkpoint, the shape in current model is (.+?)\.?$"
+        ),
+        "parameter {0} has shape {1} in the checkpoint but {2} in the model",
+    ),
+    (
+        re.compile(r'Missing key\(s\) in state_dict: "([^"]+)"'),
+        "parameter {0} of the model is not in the checkpoint",
+    ),
+    (
+        re.compile(r'Unexpected key\(s\) in state_dict: "([^"]+)"'),
+        "the checkpoint holds parameter {0}, which the model does not have",
+    ),
+)
+
+
+def describe_mismatch(text: str) -> str | None:
+    """Name the first parameter a ``load_state_dict`` error says differs."""
+    for line in text.splitlines():
+        for pattern, message in _MISMATCH:
+            found = pattern.search(line.strip())
+            if found:
+                return message.format(*found.groups())
+    return None
+
+
+def write_torch_atomic(path: Path, state: Any, *, durable: bool = True) -> None:
+    """``torch.save`` to ``path`` through a temporary name, fsynced, then ``os.replace``."""
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fsio.write_file_atomic(
+        path, lambda handle: torch.save(state, handle), durable=durable
+    )

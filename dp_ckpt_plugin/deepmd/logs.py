@@ -1,0 +1,292 @@
+"""What a ``dp`` command says about checkpoints: few lines, each one actionable.
+
+- one start-up line: plugin version, ``save_dir``, retention, verify mode;
+- one line per ``--restart`` / ``--init-model`` / ``--finetune``: the
+  checkpoint chosen, how it was found and how it was checked;
+- one line per save (every family of one step together): step, size,
+  seconds and MB/s, from :class:`SaveReport`, an ``on_commit`` observer;
+- one closing line naming where the latest checkpoint really is.
+
+The lines they replace are demoted to ``DEBUG`` by :class:`Demote`: the
+store's own line per committed family and deepmd-kit's ``Saved model to`` /
+``Trained model has been saved to: model.ckpt`` (misleading with
+``save_dir``). Paths are shown normalized, relative to the working directory
+when they lie below it (:func:`shown`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..hookspecs import hookimpl
+
+log = logging.getLogger("dp_ckpt_plugin")
+
+#: Records to show at DEBUG only: logger name to message starts.
+REPLACED = {
+    "dp_ckpt_plugin": ("committed %s (step %d)",),
+    "deepmd.pt_expt.train.training": (
+        "Saved model to ",
+        "Trained model has been saved to: ",
+    ),
+    "deepmd.pt.train.training": (
+        "Saved model to ",
+        "Trained model has been saved to: ",
+    ),
+}
+
+#: deepmd-kit's command-line flag of each host.
+FLAGS = {"pt_expt": "--pt-expt", "pt": "--pt"}
+
+
+def shown(path: str | os.PathLike, cwd: Path | None = None) -> str:
+    """A path for a message: normalized, relative to ``cwd`` when below it."""
+    cwd = Path(cwd or Path.cwd())
+    absolute = os.path.normpath(os.path.join(cwd, os.fspath(path)))
+    try:
+        relative = os.path.relpath(absolute, cwd)
+    except ValueError:  # another drive
+        return absolute
+    return absolute if relative.startswith(os.pardir) else relative
+
+
+# -- start-up ---------------------------------------------------------------------
+
+
+def describe_retention(training: Mapping[str, Any]) -> str:
+    """deepmd-kit's retention keys in words (``keep the newest 5``)."""
+    ratio = training.get("ckpt_keep_ratio")
+    if ratio is not None:
+        return f"keep the newest {float(ratio):.0%} of the run's checkpoints"
+    count = int(training.get("max_ckpt_keep", 5))
+    text = "keep all" if count < 1 else f"keep the newest {count}"
+    ema = training.get("ema_ckpt_keep")
+    if training.get("enable_ema") and ema is not None and int(ema) != count:
+        text += f" (EMA: {'all' if int(ema) < 1 else int(ema)})"
+    return text
+
+
+def startup_line(settings, host: str, cwd: Path | None = None) -> str:
+    """The one line a training run starts with."""
+    from .. import __version__
+
+    options = settings.options
+    head = f"dp_ckpt_plugin {__version__} ({'dp ' + FLAGS.get(host, host)})"
+    stop = (
+        f"stop with a checkpoint on {', '.join(options.stop_signals)}"
+        if options.stop_signals
+        else "no stop signals"
+    )
+    if settings.save_dir is None:
+        return (
+            f"{head}: no save_dir, deepmd-kit's own layout beside "
+            f"{shown(settings.save_ckpt, cwd)} with atomic writes (set "
+            f"training.save_dir for commit records, verified restarts and "
+            f"retention by the plugin); {stop}"
+        )
+    return (
+        f"{head}: save_dir {shown(settings.save_dir, cwd)}, "
+        f"{describe_retention(settings.training)}, verify {options.verify}, "
+        f"lock {'on' if options.lock else 'off'}, "
+        f"async_save {'on' if options.async_save else 'off'}, {stop}"
+    )
+
+
+# -- restarts ---------------------------------------------------------------------
+
+_CHECKED = {
+    "digest": "size and digest match its commit record",
+    "size": "size matches its commit record (digest not checked: verify is size)",
+    "unverified": "unverified: it has no commit record",
+}
+_HOW = ("pointer ", "alias ", "file ")
+_NEWEST = "newest committed checkpoint in "
+
+
+def describe_how(how: str, cwd: Path | None = None) -> str:
+    """Which rule found a checkpoint, with its path shown short."""
+    if how.startswith("file "):
+        return "named explicitly"
+    for start in _HOW:
+        if how.startswith(start):
+            return f"through the {start}{shown(how[len(start) :], cwd)}"
+    if how.startswith(_NEWEST):
+        return f"as the {_NEWEST}{shown(how[len(_NEWEST) :], cwd)}"
+    return how
+
+
+def describe_checked(checked: str) -> str:
+    """How a checkpoint was checked, in words."""
+    return _CHECKED.get(checked, checked)
+
+
+def restart_line(
+    option: str,
+    spec: str,
+    found,
+    cwd: Path | None = None,
+    *,
+    adopted: Iterable[Path] = (),
+    archives: bool = False,
+) -> str:
+    """The line saying which checkpoint ``--<option> <spec>`` resolved to, and why."""
+    step = f" (step {found.step})" if found.step is not None else ""
+    text = (
+        f"--{option} {spec}: {shown(found.path, cwd)}{step}, "
+        f"{describe_how(found.how, cwd)}; {describe_checked(found.checked)}"
+    )
+    if found.path in set(adopted):
+        text += " (adopted from plain deepmd-kit: it loads with torch and now has one)"
+    if any("falling back" in w or "moved aside" in w for w in found.warnings):
+        text += "; newer candidates were unusable (see the warnings above)"
+    if archives:
+        text += (
+            "; this run starts its own step count, so the checkpoints in save_dir "
+            "are an earlier run's and go to save_dir/archive/ at the first save"
+        )
+    return text
+
+
+# -- saves ------------------------------------------------------------------------
+
+
+def human_size(size: float) -> str:
+    """Bytes in decimal units: ``80.3 kB``, ``1.2 GB``."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    raise AssertionError("unreachable")
+
+
+@dataclass
+class _Save:
+    start: float
+    families: set[str]
+    background: bool
+    paused: float | None = None
+    done: list = field(default_factory=list)
+
+
+class SaveReport:
+    """``on_commit`` observer writing one line per save of all its families.
+
+    The trainer calls :meth:`begin` before handing the payloads to the store;
+    the line is written when the last family of that step is committed, so
+    it works the same for background saves.
+    """
+
+    def __init__(self, cwd: Path | None = None) -> None:
+        self.cwd = cwd
+        self._saves: dict[int, _Save] = {}
+        self._mutex = threading.Lock()
+        #: The checkpoint of the last save reported: (step, path of the first family).
+        self.last: tuple[int, Path] | None = None
+
+    def begin(self, step: int, families: Iterable[str], *, background: bool) -> None:
+        """Note that a save of ``step`` for ``families`` starts now."""
+        with self._mutex:
+            self._saves[step] = _Save(time.monotonic(), set(families), background)
+
+    def handed_over(self, step: int) -> None:
+        """Note that the training loop goes on (a background save was queued)."""
+        with self._mutex:
+            save = self._saves.get(step)
+            if save is not None and save.background:
+                save.paused = time.monotonic() - save.start
+
+    @hookimpl
+    def on_commit(self, checkpoint) -> None:
+        """Write the save's line once every family of its step is committed."""
+        with self._mutex:
+            save = self._saves.get(checkpoint.step)
+            if save is None:
+                return
+            save.done.append(checkpoint)
+            if not save.families <= {c.family for c in save.done}:
+                return
+            del self._saves[checkpoint.step]
+        seconds = max(time.monotonic() - save.start, 1e-6)
+        size = sum(c.record.size for c in save.done if c.record is not None)
+        first, *rest = save.done
+        names = " + ".join([shown(first.path, self.cwd), *(c.path.name for c in rest)])
+        how = ""
+        if save.background:
+            paused = f"{save.paused:.3f}" if save.paused is not None else "?"
+            how = f" in the background (training paused {paused} s)"
+        log.info(
+            "saved step %d: %s, %s in %.3f s%s, %.1f MB/s",
+            checkpoint.step,
+            names,
+            human_size(size),
+            seconds,
+            how,
+            size / seconds / 1e6,
+        )
+        self.last = (checkpoint.step, first.path)
+
+
+def finished_line(report: SaveReport | None, store, cwd: Path | None = None) -> str:
+    """Where the latest checkpoint is, for the end of a run with ``save_dir``."""
+    pointer = shown(store.directory / store.primary.pointer, cwd)
+    if report is not None and report.last is not None:
+        step, path = report.last
+        return (
+            f"training ended; the latest checkpoint is {shown(path, cwd)} (step {step}), "
+            f"named by {pointer}: continue with --restart latest or freeze with "
+            f"freeze -c {shown(store.directory, cwd)}"
+        )
+    return f"training ended without a new checkpoint; {pointer} is unchanged"
+
+
+# -- replaced lines -------------------------------------------------------------------
+
+
+class Demote(logging.Filter):
+    """Show a record whose message starts with one of ``starts`` at ``DEBUG`` only."""
+
+    def __init__(self, starts: Iterable[str]) -> None:
+        super().__init__()
+        self.starts = tuple(starts)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith(self.starts):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
+class ShortPaths(logging.Filter):
+    """Show the paths a record carries as :func:`shown` does (the store's lines)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(
+            isinstance(a, Path) for a in record.args
+        ):
+            record.args = tuple(
+                shown(a) if isinstance(a, Path) else a for a in record.args
+            )
+        return True
+
+
+def demote_replaced_lines(*, deepmd: bool = True) -> None:
+    """Attach :class:`Demote` to the loggers of :data:`REPLACED` (once).
+
+    ``deepmd=False`` keeps deepmd-kit's own lines (a run without ``save_dir``,
+    where they are the only ones and say the truth).
+    """
+    for name, starts in REPLACED.items():
+        if name.startswith("deepmd") and not deepmd:
+            continue
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, Demote) for f in logger.filters):
+            logger.addFilter(Demote(starts))
+    plugin = logging.getLogger("dp_ckpt_plugin")
+    if not any(isinstance(f, ShortPaths) for f in plugin.filters):
+        plugin.addFilter(ShortPaths())

@@ -1,0 +1,159 @@
+"""The lines a ``dp`` command writes about checkpoints (issue 9, item 5)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from dp_ckpt_plugin.checkpoint import Checkpoint
+from dp_ckpt_plugin.deepmd.argcheck import PluginOptions
+from dp_ckpt_plugin.deepmd.logs import (
+    Demote,
+    SaveReport,
+    ShortPaths,
+    describe_how,
+    describe_retention,
+    human_size,
+    restart_line,
+    shown,
+    startup_line,
+)
+from dp_ckpt_plugin.deepmd.settings import RunSettings
+from dp_ckpt_plugin.records import CommitRecord
+from dp_ckpt_plugin.resolution import Resolved
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("models", "models"),
+        ("run/../t1/models", "t1/models"),
+        ("/work/run/./models//a.pt", "models/a.pt"),
+        ("/elsewhere/x/../models", "/elsewhere/models"),
+        ("..", "/work"),
+        (".", "."),
+    ],
+)
+def test_shown_is_normalized_and_short(path, expected):
+    assert shown(path, Path("/work/run")) == expected
+
+
+@pytest.mark.parametrize(
+    ("training", "expected"),
+    [
+        ({}, "keep the newest 5"),
+        ({"max_ckpt_keep": 0}, "keep all"),
+        (
+            {"max_ckpt_keep": 2, "enable_ema": True, "ema_ckpt_keep": 1},
+            "keep the newest 2 (EMA: 1)",
+        ),
+        ({"max_ckpt_keep": 2, "ema_ckpt_keep": 1}, "keep the newest 2"),
+        ({"ckpt_keep_ratio": 0.5}, "keep the newest 50% of the run's checkpoints"),
+    ],
+)
+def test_retention_in_words(training, expected):
+    assert describe_retention(training) == expected
+
+
+def test_startup_line_without_save_dir_says_what_is_and_is_not_done():
+    settings = RunSettings(None, Path("model.ckpt"), PluginOptions(stop_signals=()))
+    line = startup_line(settings, "pt", Path("/w"))
+    assert "(dp --pt): no save_dir, deepmd-kit's own layout beside model.ckpt" in line
+    assert "no stop signals" in line
+
+
+@pytest.mark.parametrize(
+    ("size", "text"), [(12, "12 B"), (80_275, "80.3 kB"), (3.2e9, "3.2 GB")]
+)
+def test_human_size(size, text):
+    assert human_size(size) == text
+
+
+def resolved(path, how, checked="digest", warnings=()):
+    return Resolved(
+        Checkpoint(Path(path), 20, "model.ckpt", None), checked, how, list(warnings)
+    )
+
+
+@pytest.mark.parametrize(
+    ("how", "words"),
+    [
+        ("pointer /w/models/checkpoint", "through the pointer models/checkpoint"),
+        ("alias /w/model.ckpt.pt", "through the alias model.ckpt.pt"),
+        ("file /w/m.pt", "named explicitly"),
+        (
+            "newest committed checkpoint in /w/models",
+            "as the newest committed checkpoint in models",
+        ),
+    ],
+)
+def test_how_a_checkpoint_was_found(how, words):
+    assert describe_how(how, Path("/w")) == words
+
+
+def test_restart_line_says_what_how_and_why():
+    found = resolved(
+        "/w/models/model.ckpt-20.pt",
+        "newest committed checkpoint in /w/models",
+        warnings=["falling back from /w/models/model.ckpt-25.pt to ..."],
+    )
+    line = restart_line("restart", "latest", found, Path("/w"))
+    assert line == (
+        "--restart latest: models/model.ckpt-20.pt (step 20), as the newest committed "
+        "checkpoint in models; size and digest match its commit record; newer "
+        "candidates were unusable (see the warnings above)"
+    )
+    init = restart_line("init-model", "models", found, Path("/w"), archives=True)
+    assert "go to save_dir/archive/ at the first save" in init
+
+
+def committed(path, step, family, size):
+    record = CommitRecord(Path(path).name, step, family, "torch", size, "0" * 64)
+    return Checkpoint(Path(path), step, family, record)
+
+
+def test_one_line_per_save_of_every_family(caplog):
+    report = SaveReport(Path("/w"))
+    report.begin(20, ["model.ckpt", "model_ema.ckpt"], background=False)
+    with caplog.at_level(logging.INFO, logger="dp_ckpt_plugin"):
+        report.on_commit(
+            committed("/w/models/model.ckpt-20.pt", 20, "model.ckpt", 800_000)
+        )
+        assert caplog.records == [], "a line before every family is committed"
+        report.on_commit(
+            committed("/w/models/model_ema.ckpt-20.pt", 20, "model_ema.ckpt", 200_000)
+        )
+        report.on_commit(
+            committed("/w/models/other-3.pt", 3, "other", 1)
+        )  # not a save of ours
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(
+        "saved step 20: models/model.ckpt-20.pt + model_ema.ckpt-20.pt, 1.0 MB in "
+    )
+    assert line.endswith(" MB/s")
+    assert report.last == (20, Path("/w/models/model.ckpt-20.pt"))
+
+
+def test_background_save_line_says_how_long_training_paused(caplog):
+    report = SaveReport(Path("/w"))
+    report.begin(5, ["model.ckpt"], background=True)
+    report.handed_over(5)
+    with caplog.at_level(logging.INFO, logger="dp_ckpt_plugin"):
+        report.on_commit(committed("/w/models/model.ckpt-5.pt", 5, "model.ckpt", 10))
+    assert " in the background (training paused 0.0" in caplog.records[0].getMessage()
+
+
+def test_replaced_lines_go_to_debug_and_paths_get_short(caplog, monkeypatch):
+    monkeypatch.chdir("/")
+    logger = logging.getLogger("test_host_logs.demoted")
+    logger.addFilter(Demote(["Saved model to "]))
+    logger.addFilter(ShortPaths())
+    with caplog.at_level(logging.DEBUG, logger="test_host_logs.demoted"):
+        logger.info("Saved model to models/x.pt")
+        logger.info("removed %s (retention)", Path("/tmp/../w/models/model.ckpt-5.pt"))
+    demoted, kept = caplog.records
+    assert demoted.levelno == logging.DEBUG
+    assert kept.levelno == logging.INFO
+    assert kept.getMessage() == "removed w/models/model.ckpt-5.pt (retention)"
