@@ -528,3 +528,16 @@ def test_the_host_names_metrics_as_lcurve_does():
         "rmse_trn_metal": 3.0,
         "rmse_val_water": 2.0,
     }
+
+
+def test_plugin_specifications_reach_the_resolvers_as_given(tmp_path):
+    from dp_ckpt_plugin.deepmd.settings import normalized_spec
+
+    (tmp_path / "models").mkdir()
+    for spec in ("best", "best:models", "best:../elsewhere/models", "step:200"):
+        assert normalized_spec(spec, tmp_path) == spec
+    assert normalized_spec("models", tmp_path) == str(tmp_path / "models")
+    assert normalized_spec("run/../models", tmp_path) == str(tmp_path / "models")
+    assert normalized_spec("model.ckpt", tmp_path) == str(tmp_path / "model.ckpt")
+    (tmp_path / "best").mkdir()  # a directory of that name is a directory
+    assert normalized_spec("best", tmp_path) == str(tmp_path / "best")
