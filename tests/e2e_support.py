@@ -62,8 +62,7 @@ SAVE_LINE = re.compile(
 
 _TEMP = re.compile(r"\.tmp")
 _ALLOWED_DOT_FILES = re.compile(r"^\.(dp_ckpt\.store\.json|.+\.commit\.json)$")
-"""Dot files a store keeps after a run: its manifest and commit records (no
-lock, no holder)."""
+"""Dot files a store keeps after a run: commit records (no lock, no holder)."""
 
 
 @dataclass
@@ -385,9 +384,9 @@ def stray_files(root: Path) -> list[Path]:
     """Files under ``root`` that look temporary, or are unexpected dot files.
 
     Temporary files of the plugin are ``.<name>.tmp-<pid>-<random>``; deepmd-kit
-    uses ``<name>.tmp``. The only dot files a store keeps after a run are its
-    manifest and commit records: the lock and its holder note are removed when
-    a run ends (or fails to start).
+    uses ``<name>.tmp``. The only dot files a store keeps after a run are
+    commit records and its manifest: the lock and its holder note are removed
+    when a run ends (or fails to start).
     """
     stray = []
     for path in root.rglob("*"):

@@ -972,7 +972,9 @@ def test_explorer_catches_a_save_without_directory_fsyncs(tmp_path):
 # under each model named.
 
 
-def _write_new_named_first(path, serialize, *, step, family, format, durable):
+def _write_new_named_first(
+    path, serialize, *, step, family, format, durable, metrics=None
+):
     """:func:`commit.write_new` giving the payload its name before its record.
 
     Nothing is made durable between the two: a crash can keep the payload's
@@ -980,7 +982,13 @@ def _write_new_named_first(path, serialize, *, step, family, format, durable):
     """
     tmp, digest = commit.write_hashed(path, serialize, durable=durable)
     record = make_record(
-        tmp, step=step, family=family, format=format, name=path.name, digest=digest
+        tmp,
+        step=step,
+        family=family,
+        format=format,
+        name=path.name,
+        digest=digest,
+        metrics=metrics,
     )
     fsio.move_into_place(tmp, path, durable=False)
     write_record(path, record, durable=durable)
@@ -1008,7 +1016,9 @@ def _remove_with_one_fsync(paths, *, durable):
         fsio.fsync_dir(paths[0].parent)
 
 
-def _rewrite_record_first(path, serialize, *, old, step, family, format, durable):
+def _rewrite_record_first(
+    path, serialize, *, old, step, family, format, durable, metrics=None
+):
     """:func:`commit.rewrite` writing the final record before moving the payload.
 
     No record accepting both payloads: between the two, the record describes
@@ -1016,7 +1026,13 @@ def _rewrite_record_first(path, serialize, *, old, step, family, format, durable
     """
     tmp, digest = commit.write_hashed(path, serialize, durable=durable)
     new = make_record(
-        tmp, step=step, family=family, format=format, name=path.name, digest=digest
+        tmp,
+        step=step,
+        family=family,
+        format=format,
+        name=path.name,
+        digest=digest,
+        metrics=metrics,
     )
     write_record(path, new, durable=durable)
     fsio.move_into_place(tmp, path, durable=durable)

@@ -58,7 +58,7 @@ class HostRun:
     cwd : Path or None
         The working directory (for paths in messages).
     retention : Mapping or None
-        The ``retention`` options (:mod:`.retention_args`).
+        The ``training._dp_ckpt.retention`` options (milestones, best K).
     """
 
     store: CheckpointStore | None
@@ -138,8 +138,8 @@ class HostRun:
     ) -> dict[str, Path]:
         """Hand the payloads of ``step`` (one per family) to the store.
 
-        ``metrics`` maps a family to what its commit record records (the
-        learning-curve values displayed at ``step``).
+        ``metrics`` are the values the trainer reports for a family at this
+        step (the displayed learning curve), recorded for best-K retention.
         """
         self.last_saved = step
         if chief and self.report is not None:
