@@ -358,8 +358,9 @@ class CheckpointStore:
             "family": family.prefix,
             "format": self.format.name,
             "durable": self.durable,
-            "metrics": metrics,
         }
+        if metrics is not None:  # a save without metrics calls as it always did
+            details["metrics"] = metrics
         if os.path.lexists(path):
             old = read_record_or_none(path)
             if old is not None and path.name in self._written:

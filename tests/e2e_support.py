@@ -191,9 +191,9 @@ def run(
     return Result(label, argv, cwd, proc.returncode, proc.stdout, proc.stderr, seconds)
 
 
-def dp(*args: str | os.PathLike) -> list[str]:
-    """Return the command line ``dp --pt-expt <args>``."""
-    return [str(DP), "--pt-expt", *map(str, args)]
+def dp(*args: str | os.PathLike, backend: str = "pt-expt") -> list[str]:
+    """Return the command line ``dp --<backend> <args>`` (``--pt-expt`` by default)."""
+    return [str(DP), f"--{backend}", *map(str, args)]
 
 
 def make_data(out: Path, frames: int = 12) -> Path:
@@ -428,6 +428,7 @@ def payload_structure(path: Path) -> dict[str, list[str]]:
     structure = {
         "top": sorted(payload),
         "model": sorted(model),
+        "model_params": sorted(extra.get("model_params", {})),
         "extra_state": sorted(extra),
         "train_infos": sorted(extra["train_infos"]),
     }
@@ -448,8 +449,10 @@ def assert_no_traceback(result: Result) -> None:
     assert "Traceback (most recent call last)" not in result.output, result.describe()
 
 
-def torchrun(nproc: int, log_dir: Path, *args: str | os.PathLike) -> list[str]:
-    """``torchrun`` running ``dp --pt-expt <args>`` on ``nproc`` local ranks.
+def torchrun(
+    nproc: int, log_dir: Path, *args: str | os.PathLike, backend: str = "pt-expt"
+) -> list[str]:
+    """``torchrun`` running ``dp --<backend> <args>`` on ``nproc`` local ranks.
 
     Each rank's output goes to its own files under ``log_dir`` (see
     :func:`rank_logs`).
@@ -460,7 +463,7 @@ def torchrun(nproc: int, log_dir: Path, *args: str | os.PathLike) -> list[str]:
         f"--master_port={free_port()}",
         f"--log-dir={log_dir}",
         "--redirects=3",
-        *dp(*args),
+        *dp(*args, backend=backend),
     ]
 
 

@@ -91,6 +91,6 @@ def test_host_backends_do_not_import_each_other():
             continue
         for target, _ in imports_of(path):
             for other in folders - {path.parent.name}:
-                assert not target.startswith(f"{HOST}.{other}"), (
-                    f"{module_name(path)} imports {target}"
-                )
+                assert target != f"{HOST}.{other}" and not target.startswith(
+                    f"{HOST}.{other}."
+                ), f"{module_name(path)} imports {target}"

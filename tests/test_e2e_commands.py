@@ -2,7 +2,7 @@
 
 One small training is shared by the module (20 steps, a checkpoint and a
 displayed learning-curve row every 5, EMA on, full validation every 5 steps
-keeping the 2 best, and ``dp_ckpt.retention`` keeping every 10th step and the
+keeping the 2 best, and ``training._dp_ckpt.retention`` keeping every 10th step and the
 best by ``rmse_val`` beside a window of 2). Every command runs on it; those
 that change a store run on a copy. Best-validation checkpoints land in
 ``save_dir`` as the ``best.ckpt`` family, and ``dp --pt-expt freeze -c

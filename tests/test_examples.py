@@ -44,8 +44,11 @@ def deepmd_normalize(config: dict) -> dict:
     """Check an input as ``dp train`` of DeePMD-kit 3.2.0 does (strict)."""
     argcheck = pytest.importorskip("deepmd.utils.argcheck")
     compat = pytest.importorskip("deepmd.utils.compat")
-    config = compat.update_deepmd_input(config, warning=False, dump=None)
     multi_task = "model_dict" in config.get("model", {})
+    if multi_task:  # as dp --pt train does first: resolve the shared_dict references
+        multi = pytest.importorskip("deepmd.pt.utils.multi_task")
+        config["model"], _ = multi.preprocess_shared_params(config["model"])
+    config = compat.update_deepmd_input(config, warning=False, dump=None)
     return argcheck.normalize(config, multi_task=multi_task)
 
 

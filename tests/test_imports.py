@@ -44,31 +44,42 @@ def run_probe(code: str, **env: str) -> str:
     return out.stdout.strip()
 
 
+#: The deepmd-kit keys taken over, and the ones left alone.
+TAKEN = ("pt-expt", "pytorch-exportable", "pt", "pytorch")
+UNTOUCHED = ("tf", "tensorflow", "jax", "pd", "paddle")
+
 PROBE = (
     "import sys\n"
     "import deepmd.backend\n"
     "from deepmd.backend.backend import Backend\n"
-    "print(Backend.get_backend('pt-expt').__module__,"
-    " Backend.get_backend('pytorch-exportable').__module__)\n"
+    "backends = Backend.get_backends()\n"
+    f"print(' '.join(backends[k].__module__ for k in {TAKEN!r}))\n"
     "print(sorted(m for m in sys.modules if m.startswith(('torch', 'dp_ckpt'))))\n"
+    f"print(' '.join(backends[k].__module__ for k in {UNTOUCHED!r} if k in backends))\n"
 )
 
 
-def test_deepmd_backend_entry_point_is_light_and_takes_over_pt_expt():
+def test_deepmd_backend_entry_point_is_light_and_takes_over_pt_expt_and_pt():
     pytest.importorskip("deepmd")
-    keys, loaded = run_probe(PROBE).splitlines()
-    assert keys == "dp_ckpt_plugin.deepmd.takeover dp_ckpt_plugin.deepmd.takeover"
+    keys, loaded, untouched = run_probe(PROBE).splitlines()
+    assert keys.split() == ["dp_ckpt_plugin.deepmd.takeover"] * 4
     # the entry point loads three tiny modules and no torch
     assert (
         loaded
         == "['dp_ckpt_plugin', 'dp_ckpt_plugin.deepmd', 'dp_ckpt_plugin.deepmd.takeover']"
     )
+    assert "dp_ckpt" not in untouched  # --tf, --jax, --pd are deepmd-kit's own
 
 
 def test_dp_ckpt_disable_keeps_deepmds_backend():
     pytest.importorskip("deepmd")
-    keys, _ = run_probe(PROBE, DP_CKPT_DISABLE="1").splitlines()
-    assert keys == "deepmd.backend.pt_expt deepmd.backend.pt_expt"
+    keys, _, _ = run_probe(PROBE, DP_CKPT_DISABLE="1").splitlines()
+    assert keys.split() == [
+        "deepmd.backend.pt_expt",
+        "deepmd.backend.pt_expt",
+        "deepmd.backend.pytorch",
+        "deepmd.backend.pytorch",
+    ]
 
 
 def test_another_deepmd_version_keeps_deepmds_backends_and_says_so_once():
@@ -84,8 +95,9 @@ def test_another_deepmd_version_keeps_deepmds_backends_and_says_so_once():
         check=True,
         env={**os.environ, "DP_CKPT_DISABLE": ""},
     )
-    keys, loaded = done.stdout.strip().splitlines()
-    assert keys == "deepmd.backend.pt_expt deepmd.backend.pt_expt"
+    keys, loaded, _ = done.stdout.strip().splitlines()
+    assert keys.split()[0] == "deepmd.backend.pt_expt"
+    assert keys.split()[2] == "deepmd.backend.pytorch"
     assert "torch" not in loaded
     notes = [line for line in done.stderr.splitlines() if "dp_ckpt_plugin" in line]
     assert len(notes) == 1, done.stderr

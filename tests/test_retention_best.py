@@ -471,7 +471,9 @@ def test_the_host_section_is_checked_strictly():
     from dp_ckpt_plugin.deepmd.argcheck import plugin_options
     from dp_ckpt_plugin.errors import ConfigError
 
-    options = plugin_options({"dp_ckpt": {"retention": {"keep_best": 2}}})
+    options = plugin_options(
+        {"training": {"_dp_ckpt": {"retention": {"keep_best": 2}}}}
+    )
     assert options.retention == {
         "keep_every_n_steps": None,
         "keep_best": 2,
@@ -479,13 +481,16 @@ def test_the_host_section_is_checked_strictly():
         "best_mode": "min",
     }
     for bad, where in [
-        ({"keep_bst": 2}, "dp_ckpt/retention/keep_bst"),
-        ({"keep_best": -1}, "dp_ckpt/retention/keep_best"),
-        ({"keep_every_n_steps": "often"}, "dp_ckpt/retention/keep_every_n_steps"),
-        ({"best_mode": "up"}, "dp_ckpt/retention/best_mode"),
+        ({"keep_bst": 2}, "training/_dp_ckpt/retention/keep_bst"),
+        ({"keep_best": -1}, "training/_dp_ckpt/retention/keep_best"),
+        (
+            {"keep_every_n_steps": "often"},
+            "training/_dp_ckpt/retention/keep_every_n_steps",
+        ),
+        ({"best_mode": "up"}, "training/_dp_ckpt/retention/best_mode"),
     ]:
         with pytest.raises(ConfigError, match=f"invalid input at `{where}`"):
-            plugin_options({"dp_ckpt": {"retention": bad}})
+            plugin_options({"training": {"_dp_ckpt": {"retention": bad}}})
 
 
 def test_the_host_builds_window_milestones_and_best():
@@ -523,3 +528,16 @@ def test_the_host_names_metrics_as_lcurve_does():
         "rmse_trn_metal": 3.0,
         "rmse_val_water": 2.0,
     }
+
+
+def test_plugin_specifications_reach_the_resolvers_as_given(tmp_path):
+    from dp_ckpt_plugin.deepmd.settings import normalized_spec
+
+    (tmp_path / "models").mkdir()
+    for spec in ("best", "best:models", "best:../elsewhere/models", "step:200"):
+        assert normalized_spec(spec, tmp_path) == spec
+    assert normalized_spec("models", tmp_path) == str(tmp_path / "models")
+    assert normalized_spec("run/../models", tmp_path) == str(tmp_path / "models")
+    assert normalized_spec("model.ckpt", tmp_path) == str(tmp_path / "model.ckpt")
+    (tmp_path / "best").mkdir()  # a directory of that name is a directory
+    assert normalized_spec("best", tmp_path) == str(tmp_path / "best")

@@ -1,9 +1,9 @@
-"""``dp --pt-expt`` with dp_ckpt_plugin: train, freeze and change-bias here.
+"""``dp --pt-expt`` and ``dp --pt`` with dp_ckpt_plugin: train, freeze, change-bias.
 
 Every other command goes to deepmd-kit's own backend entry point unchanged.
-The host folder (``pt_expt/``) supplies what differs between deepmd-kit
-backends: the training entry point (``train.py``) and the freezer
-(``freeze.py``); everything here is shared.
+A host folder (``pt_expt/``, ``pt/``) supplies what differs between
+deepmd-kit backends: the training entry point (``train.py``), the trainer
+(``trainer.py``) and the freezer (``freeze.py``); everything here is shared.
 
 A mistake of the user's (a bad ``save_dir``, an unknown option, a restart
 handle that names nothing, a directory another run holds) ends with one
@@ -28,7 +28,10 @@ from .preempt import Stopped
 log = logging.getLogger("dp_ckpt_plugin")
 
 #: deepmd-kit's command-line module of each host.
-DEEPMD_MAIN = {"pt_expt": "deepmd.pt_expt.entrypoints.main"}
+DEEPMD_MAIN = {
+    "pt_expt": "deepmd.pt_expt.entrypoints.main",
+    "pt": "deepmd.pt.entrypoints.main",
+}
 #: Commands the plugin handles; deepmd-kit's backend runs the others.
 COMMANDS = ("train", "freeze", "change-bias")
 
@@ -54,7 +57,7 @@ def main(
         if flags.command == "train":
             run_train(flags, host)
         elif flags.command == "freeze":
-            host_module(host, "freeze").run_freeze(flags, plugin_manager(host))
+            run_freeze(flags, host)
         else:
             run_change_bias(flags, host)
     except CheckpointError as exc:
@@ -97,6 +100,24 @@ def run_train(flags: argparse.Namespace, host: str) -> None:
     finally:
         if prepared is not None:
             prepared.close()
+
+
+def run_freeze(flags: argparse.Namespace, host: str):
+    """``dp freeze -c <handle>``: resolve, then the ``on_freeze`` of ``host``."""
+    from .settings import resolve_for_reading
+
+    pm = plugin_manager(host)
+    found = resolve_for_reading(pm, flags.checkpoint_folder)
+    log.info(
+        "freezing %s, %s; %s",
+        shown(found.path),
+        describe_how(found.how),
+        describe_checked(found.checked),
+    )
+    options = {"host": host, **host_module(host, "freeze").freeze_options(flags)}
+    return pm.hook.on_freeze(
+        checkpoint=found.checkpoint, output=flags.output, options=options
+    )
 
 
 def run_change_bias(flags: argparse.Namespace, host: str) -> None:

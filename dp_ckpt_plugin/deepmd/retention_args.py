@@ -1,10 +1,13 @@
-"""The ``retention`` options of the ``dp_ckpt`` section, and the policies they give.
+"""The ``retention`` options of the plugin's section, and the policies they give.
 
 deepmd-kit's own keys set the window (``training.max_ckpt_keep``,
 ``ckpt_keep_ratio``, ``ema_ckpt_keep``: :mod:`dp_ckpt_plugin.deepmd.policy`); these keep more::
 
-    "dp_ckpt": {
-      "retention": {"keep_every_n_steps": 1000, "keep_best": 3, "best_metric": "rmse_val"}
+    "training": {
+      "max_ckpt_keep": 5,
+      "_dp_ckpt": {
+        "retention": {"keep_every_n_steps": 1000, "keep_best": 3, "best_metric": "rmse_val"}
+      }
     }
 
 keeps, beside the newest ``max_ckpt_keep``, every checkpoint of a step that
@@ -60,7 +63,7 @@ DOC_BEST_MODE = "``min`` (the default: a lower value is better) or ``max``."
 
 
 def retention_args() -> Argument:
-    """Return the schema of ``dp_ckpt/retention``.
+    """Return the schema of ``training/_dp_ckpt/retention``.
 
     Returns
     -------
@@ -127,7 +130,7 @@ def periodic_policy(
     training : Mapping
         The ``training`` section.
     retention : Mapping or None
-        The validated ``dp_ckpt/retention`` section.
+        The validated ``training/_dp_ckpt/retention`` section.
     num_steps : int, optional
         The resolved run length (for ``ckpt_keep_ratio``).
     ema : bool, optional

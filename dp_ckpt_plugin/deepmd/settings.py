@@ -9,6 +9,7 @@ seconds rather than after the data and model are built.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -169,11 +170,20 @@ def normalized_spec(spec: str, cwd: Path | None = None) -> str:
     """A restart handle as an absolute path, ``..`` folded (``latest`` as is).
 
     ``run/../t1/models`` names ``<cwd>/t1/models``: messages and the path
-    handed to deepmd-kit never carry the detour.
+    handed to deepmd-kit never carry the detour. A word, or a word and a
+    colon (``best``, ``best:models``, ``step:200``), that names nothing on
+    disk is a resolver plugin's specification and is handed on as given.
     """
     if spec == "latest" or not spec.strip():
         return spec
-    return os.path.normpath(os.path.join(cwd or Path.cwd(), spec))
+    path = os.path.join(cwd or Path.cwd(), spec)
+    if _PLUGIN_SPEC.fullmatch(spec) and not os.path.lexists(path):
+        return spec
+    return os.path.normpath(path)
+
+
+#: What a resolver plugin's specification looks like: a word, then ``:...``.
+_PLUGIN_SPEC = re.compile(r"[A-Za-z][A-Za-z0-9_-]*(:.*)?", re.DOTALL)
 
 
 def resolve_for_reading(pm, spec: str, *, cwd: Path | None = None):

@@ -37,6 +37,7 @@ HOSTS = {
         "PyTorchExportableBackend",
         ("pt-expt", "pytorch-exportable"),
     ),
+    "pt": ("deepmd.backend.pytorch", "PyTorchBackend", ("pt", "pytorch")),
 }
 
 

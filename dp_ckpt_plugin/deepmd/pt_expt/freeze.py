@@ -1,21 +1,13 @@
-"""``dp --pt-expt freeze`` through ``on_resolve_restart`` and ``on_freeze``.
+"""The freezer of the ``dp --pt-expt`` host: deepmd-kit's pt_expt ``freeze``.
 
-``-c`` may name a checkpoint directory (its pointer, alias or newest committed
-checkpoint, for any ``save_ckpt`` name), a file or a prefix; the default is the
-working directory, whose ``checkpoint`` pointer deepmd-kit and this plugin keep.
-This module is also the built-in ``freeze`` plugin of the host: its
-:func:`on_freeze` calls deepmd-kit's own pt_expt freeze.
+This module is the host's built-in ``freeze`` plugin: :func:`on_freeze`
+freezes a resolved checkpoint (a ``.pte``). Resolving ``-c`` (``latest``, a
+directory, a file, a prefix) is shared: :func:`dp_ckpt_plugin.deepmd.cli.run_freeze`.
 """
 
 from __future__ import annotations
 
-import logging
-
 from ...hookspecs import hookimpl
-from ..logs import describe_checked, describe_how, shown
-from ..settings import resolve_for_reading
-
-log = logging.getLogger("dp_ckpt_plugin")
 
 #: The name ``on_freeze`` implementations see in ``options["host"]``.
 HOST = "pt_expt"
@@ -37,20 +29,6 @@ def on_freeze(checkpoint, output, options):
     return output
 
 
-def run_freeze(flags, pm) -> str:
-    """Resolve ``flags.checkpoint_folder`` and freeze it; return the output."""
-    found = resolve_for_reading(pm, flags.checkpoint_folder)
-    log.info(
-        "freezing %s, %s; %s",
-        shown(found.path),
-        describe_how(found.how),
-        describe_checked(found.checked),
-    )
-    options = {
-        "host": HOST,
-        "head": flags.head,
-        "lower_kind": getattr(flags, "lower_kind", "nlist"),
-    }
-    return pm.hook.on_freeze(
-        checkpoint=found.checkpoint, output=flags.output, options=options
-    )
+def freeze_options(flags) -> dict:
+    """What ``on_freeze`` needs from ``dp --pt-expt freeze``'s flags."""
+    return {"head": flags.head, "lower_kind": getattr(flags, "lower_kind", "nlist")}

@@ -5,7 +5,7 @@
 
 - remembers the values of the learning-curve row displayed at each step
   (``rmse_val``, ``rmse_e_trn``, ... as ``lcurve.out`` names them), which the
-  periodic save of the same step records (``dp_ckpt/retention/keep_best``
+  periodic save of the same step records (``training/_dp_ckpt/retention/keep_best``
   ranks by them);
 - writes the best-validation checkpoints of ``validating.full_validation``
   into ``save_dir`` as the families ``best.ckpt`` and ``best_ema.ckpt``
@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ...layout import Family
-from ...store import CheckpointStore, FamilyConfig
-from ..retention_args import best_policy, display_metrics, periodic_policy
+from ...store import FamilyConfig
+from ..checkpointing import HostRun
+from ..retention_args import best_policy, display_metrics
 from ..settings import SUFFIX
 
 log = logging.getLogger("dp_ckpt_plugin.deepmd")
@@ -37,36 +38,26 @@ EMA_BEST_PREFIX = "best_ema.ckpt"
 class MetricsMixin:
     """Metrics with periodic saves, best-validation checkpoints into the store.
 
-    The trainer class sets :attr:`dp_store` (``None`` keeps deepmd-kit's own
-    behaviour) and calls :meth:`dp_setup_retention` once deepmd-kit's
-    ``__init__`` has run.
+    The trainer class sets :attr:`dp_run` (whose ``store`` is ``None`` without
+    ``save_dir``: deepmd-kit's own behaviour) and calls :meth:`dp_setup_best`
+    once deepmd-kit's ``__init__`` has run and the families' policies are set.
     """
 
-    dp_store: CheckpointStore | None = None
+    dp_run: HostRun
     _dp_shown: tuple[int, dict[str, float]] | None = None
     _dp_best_families: ClassVar[dict[str, str]] = {}
 
-    # -- retention ------------------------------------------------------------
-    def dp_setup_retention(
-        self,
-        training: dict[str, Any],
-        retention: dict[str, Any] | None,
-        validating: dict[str, Any] | None,
-    ) -> None:
-        """Set each family's policy; add the best families when they belong in the store."""
-        store = self.dp_store
+    # -- set-up ---------------------------------------------------------------
+    def dp_setup_best(self, validating: dict[str, Any] | None) -> None:
+        """Add the best families when they belong in the store."""
+        store = self.dp_run.store
         if store is None:
             return
-        primary = store.primary.prefix
-        for prefix, cfg in store.families.items():
-            cfg.policy = periodic_policy(
-                training, retention, num_steps=self.num_steps, ema=prefix != primary
-            )
-        if (retention or {}).get("keep_best"):
+        if (self.dp_run.retention or {}).get("keep_best"):
             display, save = self.trainer_config.disp_freq, self.trainer_config.save_freq
             if display <= 0 or save <= 0 or save % display:
                 log.warning(
-                    "dp_ckpt/retention/keep_best ranks periodic checkpoints by the "
+                    "training/_dp_ckpt/retention/keep_best ranks periodic checkpoints by the "
                     "metrics displayed at their step, but training.save_freq (%d) is "
                     "not a multiple of training.disp_freq (%d): only the final "
                     "checkpoint may record them",
@@ -97,7 +88,7 @@ class MetricsMixin:
         train, valid = super().collect_display_results(
             tasks, active_task=active_task, step=step, step_result=step_result
         )
-        if self.dp_store is not None:
+        if self.dp_run.store is not None:
             self._dp_shown = (step + 1, display_metrics(train, valid))
         return train, valid
 
@@ -139,5 +130,5 @@ class MetricsMixin:
             )
         prefix = self._dp_best_families[attribute]
         metrics = {validator.metric_name: value} if value is not None else None
-        path = self.dp_store.save(step, state, family=prefix, metrics=metrics)
+        path = self.dp_run.store.save(step, state, family=prefix, metrics=metrics)
         log.info("Saved best model to %s (%s = %s)", path, validator.metric_name, value)

@@ -21,8 +21,6 @@ overridden; the rest is inherited:
 
 from __future__ import annotations
 
-import contextlib
-import os
 from dataclasses import replace
 from typing import Any
 
@@ -34,6 +32,7 @@ from ..argcheck import strip_old_section
 from ..checkpointing import HostRun
 from ..cli import plugin_manager
 from ..prepare import PreparedRun, prepare_run
+from ..runtime import start_process_group, swapped
 from .trainer import make_trainer_class
 
 #: This host's name, as :mod:`dp_ckpt_plugin.deepmd.takeover` registers it.
@@ -121,33 +120,3 @@ class CheckpointTrainEntrypoint(PTExptTrainEntrypoint):
         finally:
             if self.prepared is not None:
                 self.prepared.close()
-
-
-def start_process_group() -> bool:
-    """Under torchrun, start the process group now; gloo where there is no GPU.
-
-    deepmd-kit 3.2 asks for ``cuda:nccl,cpu:gloo``, which fails without a GPU.
-    Returns whether a group was started here.
-    """
-    if os.environ.get("LOCAL_RANK") is None:
-        return False
-    import torch
-    import torch.distributed as dist
-
-    if not dist.is_available() or dist.is_initialized():
-        return False
-    dist.init_process_group(
-        backend="cuda:nccl,cpu:gloo" if torch.cuda.is_available() else "gloo"
-    )
-    return True
-
-
-@contextlib.contextmanager
-def swapped(owner: Any, name: str, value: Any):
-    """Set ``owner.name`` to ``value`` for the duration of a ``with`` block."""
-    old = getattr(owner, name)
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, old)

@@ -14,7 +14,10 @@ trainer can be entered:
 - ``train_step`` first asks whether a stop signal came
   (:meth:`~dp_ckpt_plugin.deepmd.checkpointing.HostRun.check_stop`);
 - ``run`` marks the start of the loop and says at the end where the latest
-  checkpoint is.
+  checkpoint is;
+- :class:`~.metrics.MetricsMixin` records the displayed learning-curve values
+  with each periodic checkpoint, and writes best-validation checkpoints into
+  ``save_dir`` as the ``best.ckpt`` family.
 
 Without ``save_dir``, deepmd-kit's layout, publication and pruning are kept and
 only the write itself is made atomic.
@@ -39,7 +42,6 @@ def make_trainer_class(host_run: HostRun) -> type:
         """deepmd-kit's pt_expt trainer writing through dp_ckpt_plugin."""
 
         dp_run = host_run
-        dp_store = host_run.store
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             host_run.build(
@@ -47,9 +49,7 @@ def make_trainer_class(host_run: HostRun) -> type:
             )
             host_run.started(self.num_steps)
             config = args[0] if args else kwargs.get("config", {})
-            self.dp_setup_retention(
-                host_run.training, host_run.retention, (config or {}).get("validating")
-            )
+            self.dp_setup_best((config or {}).get("validating"))
 
         # -- the payload --------------------------------------------------
         def _checkpoint_payload(

@@ -1,0 +1,30 @@
+"""The freezer of the ``dp --pt`` host: deepmd-kit's PyTorch ``freeze``.
+
+This module is the host's built-in ``freeze`` plugin: :func:`on_freeze`
+freezes a resolved checkpoint (a TorchScript ``.pth``). Resolving ``-c``
+(``latest``, a directory, a file, a prefix) is shared:
+:func:`dp_ckpt_plugin.deepmd.cli.run_freeze`.
+"""
+
+from __future__ import annotations
+
+from ...hookspecs import hookimpl
+
+#: The name ``on_freeze`` implementations see in ``options["host"]``.
+HOST = "pt"
+
+
+@hookimpl(trylast=True)
+def on_freeze(checkpoint, output, options):
+    """Freeze a PyTorch training checkpoint with deepmd-kit's ``freeze``."""
+    if options.get("host", HOST) != HOST:
+        return None
+    from deepmd.pt.entrypoints.main import freeze
+
+    freeze(model=str(checkpoint.path), output=output, head=options.get("head"))
+    return output
+
+
+def freeze_options(flags) -> dict:
+    """What ``on_freeze`` needs from ``dp --pt freeze``'s flags."""
+    return {"head": flags.head}

@@ -1,0 +1,69 @@
+"""deepmd-kit's ``dp --pt train``, with checkpoints through the store.
+
+deepmd-kit 3.2's PyTorch ``train`` is one function, not a pipeline of
+overridable steps as pt_expt's is; it is called as it is, with:
+
+- the handles the preflight resolved (:func:`~..prepare.prepare_run`):
+  resolved paths end in ``.pt``, so ``latest`` never becomes ``latest.pt``;
+- ``training.Trainer`` replaced by :func:`.trainer.make_trainer_class`;
+- its ``j_loader`` removing the deprecated top-level ``dp_ckpt`` section
+  before deepmd-kit's strict check (``training._dp_ckpt`` needs nothing);
+- under ``torchrun``, the process group started first (gloo without a GPU)
+  and deepmd-kit's own ``init_process_group`` keeping it
+  (:class:`~..runtime.GroupAlreadyUp`).
+"""
+
+from __future__ import annotations
+
+from deepmd.pt.entrypoints import main as pt_main
+from deepmd.pt.train import training
+
+from ...ranks import current_ranks
+from ..argcheck import strip_old_section
+from ..checkpointing import HostRun
+from ..cli import plugin_manager
+from ..prepare import PreparedRun, prepare_run
+from ..runtime import GroupAlreadyUp, start_process_group, swapped
+from .trainer import make_trainer_class
+
+#: This host's name, as :mod:`dp_ckpt_plugin.deepmd.takeover` registers it.
+HOST = "pt"
+
+
+def train(flags, prepared: PreparedRun | None) -> None:
+    """``dp --pt train``; ``prepared`` is ``None`` under ``torchrun``."""
+    if prepared is None:
+        start_process_group()
+        prepared = prepare_run(
+            flags.INPUT,
+            restart=flags.restart,
+            init_model=flags.init_model,
+            finetune=flags.finetune,
+            pm=plugin_manager(HOST),
+            ranks=current_ranks(),
+            host=HOST,
+        )
+    try:
+        run = HostRun.from_prepared(prepared, prepared.settings.training)
+        loader = pt_main.j_loader
+        with (
+            swapped(training, "Trainer", make_trainer_class(run)),
+            swapped(pt_main, "j_loader", lambda path: strip_old_section(loader(path))),
+            swapped(pt_main, "dist", GroupAlreadyUp(pt_main.dist)),
+        ):
+            pt_main.train(
+                input_file=flags.INPUT,
+                init_model=prepared.init_model,
+                restart=prepared.restart,
+                finetune=prepared.finetune,
+                init_frz_model=flags.init_frz_model,
+                model_branch=flags.model_branch,
+                skip_neighbor_stat=flags.skip_neighbor_stat,
+                use_pretrain_script=flags.use_pretrain_script,
+                force_load=flags.force_load,
+                output=flags.output,
+            )
+        if run.store is not None:
+            run.store.wait()  # the last background save, before anything ends
+    finally:
+        prepared.close()

@@ -1,0 +1,241 @@
+"""A deepmd-kit PyTorch ``Trainer`` (``dp --pt``) whose checkpoints go through the store.
+
+deepmd-kit's ``dp --pt`` loop is one long method; it names, writes, prunes
+and publishes checkpoints through two objects, ``trainer.ckpt_store`` and
+``trainer.ema_ckpt_store`` (``path_for``, ``publish``, ``prune``), and writes
+through ``_write_checkpoint(path, payload, store=...)``. That is where this
+host enters, and only there:
+
+- the two stores are replaced by :class:`StoreFamily` views of the plugin's
+  store: ``path_for`` names the store's files, ``publish`` and ``prune`` do
+  nothing (the store publishes and retains after its commit);
+- ``_write_checkpoint`` hands a numbered checkpoint's payload, exactly as
+  deepmd-kit assembled it (``model``, ``optimizer``, EMA state; multi-task
+  ``model_dict`` runs included), to the store. The periodic payload waits
+  for the EMA one of the same step so that both are one save (one save in
+  flight, as the pt_expt host). Any other path (best-validation files) is
+  written atomically where deepmd-kit put it;
+- ``lr_schedule`` is wrapped so that its call at the start of each step asks
+  whether a stop signal came (:meth:`~..checkpointing.HostRun.check_stop`).
+
+deepmd-kit names numbered files by the steps done (``model.ckpt-20.pt``) but
+records ``train_infos.step`` as the index of the last step (19); the payload
+is left as deepmd-kit makes it, and the store's record takes the step of the
+name.
+
+Without ``save_dir``, deepmd-kit's stores are kept (layout, publication,
+pruning) and only the write itself is made atomic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from deepmd.pt.train import training
+
+from ..checkpointing import HostRun, write_torch_atomic
+from ..naming import ema_prefix
+
+
+class StoreFamily:
+    """One family of the plugin's store, as deepmd-kit's trainer sees a store.
+
+    Parameters
+    ----------
+    run : HostRun
+        The run whose store this is.
+    prefix : str
+        The family's prefix (``model.ckpt``, ``model_ema.ckpt``).
+    """
+
+    def __init__(self, run: HostRun, prefix: str) -> None:
+        self.run = run
+        self.prefix = prefix
+        self.family = run.store.family(prefix).family
+
+    def path_for(self, step: int) -> Path:
+        """Where the checkpoint of ``step`` goes."""
+        return self.run.store.path_for(step, self.prefix)
+
+    def step_of(self, path: Path) -> int | None:
+        """The step of a numbered checkpoint of this family in the store, else ``None``."""
+        path = Path(path)
+        if path.parent != self.run.store.directory:
+            return None
+        return self.family.step_of(path.name)
+
+    def prepare(self) -> None:
+        """The store creates its directory itself."""
+
+    def publish(self, path: Path) -> None:
+        """The store publishes after its commit."""
+
+    def prune(self, current: Path) -> None:
+        """The store applies retention after its commit."""
+
+
+def make_trainer_class(host_run: HostRun) -> type:
+    """Return a subclass of deepmd-kit's ``dp --pt`` ``Trainer`` bound to ``host_run``."""
+
+    class CheckpointingTrainer(training.Trainer):
+        """deepmd-kit's PyTorch trainer writing through dp_ckpt_plugin."""
+
+        dp_run = host_run
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            with cpu_distributed():
+                host_run.build(
+                    lambda: super(CheckpointingTrainer, self).__init__(*args, **kwargs)
+                )
+            config = args[0] if args else kwargs.get("config")
+            if isinstance(config, dict) and isinstance(config.get("training"), dict):
+                host_run.training = config["training"]  # normalized: deepmd's defaults
+            host_run.started(self.num_steps)
+            self._dp_pending: tuple[int, dict[str, Any]] | None = None
+            if host_run.store is not None:
+                primary, ema = host_run.family_names(self.model_ema is not None)
+                self.ckpt_store = StoreFamily(host_run, primary)
+                self.ema_ckpt_store = StoreFamily(host_run, ema_prefix(primary))
+                self._dp_primary, self._dp_ema = primary, ema
+
+        # -- writing --------------------------------------------------------
+        def _write_checkpoint(
+            self, save_path: Path, checkpoint_data: dict[str, Any], *, store
+        ) -> None:
+            step = store.step_of(save_path) if isinstance(store, StoreFamily) else None
+            if step is None:
+                self._write_file(Path(save_path), checkpoint_data, store)
+                return
+            if self.rank == 0:
+                _float_lr(checkpoint_data)
+            self._stage(step, store.prefix, checkpoint_data)
+
+        def _write_file(self, path: Path, data: dict[str, Any], store) -> None:
+            """deepmd-kit's write of a file outside the store, made atomic."""
+            if self.rank != 0:
+                return
+            _float_lr(data)
+            write_torch_atomic(
+                path, data, durable=host_run.store.durable if host_run.store else True
+            )
+            if store is not None and not isinstance(store, StoreFamily):
+                store.prune(path)  # deepmd-kit's own store, without save_dir
+
+        def _stage(self, step: int, prefix: str, data: dict[str, Any]) -> None:
+            """Save the payloads of a step once every family's is there."""
+            pending = self._dp_pending
+            if pending is not None and (pending[0] != step or prefix in pending[1]):
+                self._dp_flush()  # a lone payload: never lost
+                pending = None
+            states = {**(pending[1] if pending else {}), prefix: data}
+            wanted = {self._dp_primary, self._dp_ema} - {None}
+            if set(states) >= wanted or prefix != self._dp_primary:
+                self._dp_pending = None
+                host_run.save(step, states, chief=self.rank == 0)
+            else:
+                self._dp_pending = (step, states)
+
+        def _dp_flush(self) -> None:
+            if self._dp_pending is not None:
+                step, states = self._dp_pending
+                self._dp_pending = None
+                host_run.save(step, states, chief=self.rank == 0)
+
+        # -- the loop ---------------------------------------------------------
+        def run(self) -> None:
+            host_run.loop_started()
+            self.lr_schedule = StepGate(self, self.lr_schedule)
+            try:
+                super().run()
+                if host_run.store is not None:
+                    self._dp_flush()
+            finally:
+                self.lr_schedule = self.lr_schedule.schedule
+            host_run.finish(chief=self.rank == 0)
+
+        def _dp_check_stop(self, step_id: int) -> None:
+            # a restart re-trains the step it resumed from: that one is done
+            start = self.start_step + 1 if self.restart_training else self.start_step
+            host_run.check_stop(
+                step_id, start_step=start, save=self._dp_save, chief=self.rank == 0
+            )
+
+        def _dp_save(self, display_step: int) -> None:
+            """Save the steps done as deepmd-kit's loop saves them."""
+            if not (self.sharding.enabled or self.rank == 0):
+                return
+            schedule = getattr(self.lr_schedule, "schedule", self.lr_schedule)
+            lr = schedule.value(display_step - 1)
+            self.latest_model = self.ckpt_store.path_for(display_step)
+            self.save_model(self.latest_model, lr=lr, step=display_step - 1)
+            if self.rank == 0:
+                self.ckpt_store.publish(self.latest_model)
+            if self.model_ema is not None:
+                self.latest_ema_model = self.ema_ckpt_store.path_for(display_step)
+                self.save_ema_model(self.latest_ema_model, lr=lr, step=display_step - 1)
+                if self.rank == 0:
+                    self.ema_ckpt_store.publish(self.latest_ema_model)
+
+    return CheckpointingTrainer
+
+
+class StepGate:
+    """deepmd-kit's learning-rate schedule, asking for a stop at each step.
+
+    deepmd-kit's ``dp --pt`` loop calls ``lr_schedule.value(step_id)`` first
+    in every step, on every rank, in order; other calls (the bias re-save
+    after the loop, on rank 0 only) ask for another step and pass through.
+    """
+
+    def __init__(self, trainer, schedule) -> None:
+        self.trainer = trainer
+        self.schedule = schedule
+        self.next_step = trainer.start_step
+
+    def value(self, step_id: int) -> float:
+        if step_id == self.next_step and step_id < self.trainer.num_steps:
+            self.next_step += 1
+            self.trainer._dp_check_stop(step_id)
+        return self.schedule.value(step_id)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.schedule, name)
+
+
+def _float_lr(data: dict[str, Any]) -> None:
+    """What deepmd-kit's ``_write_checkpoint`` does to the payload before saving."""
+    optim_state = data.get("optimizer")
+    if optim_state is not None:
+        for item in optim_state["param_groups"]:
+            item["lr"] = float(item["lr"])
+
+
+@contextlib.contextmanager
+def cpu_distributed():
+    """Let deepmd-kit's ``dp --pt`` trainer start under torch.distributed without a GPU.
+
+    deepmd-kit 3.2 calls ``torch.cuda.set_device(LOCAL_RANK)`` and wraps the
+    model in ``DDP(device_ids=[LOCAL_RANK])``, both of which fail on a CPU.
+    Without CUDA, for the trainer's constructor only, the first does nothing
+    and the second gets no device ids (DDP's CPU form).
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        yield
+        return
+    real_ddp = training.DDP
+
+    def ddp_on_cpu(module, *args, device_ids=None, output_device=None, **kwargs):
+        return real_ddp(module, *args, **kwargs)
+
+    old_set_device = torch.cuda.set_device
+    training.DDP = ddp_on_cpu
+    torch.cuda.set_device = lambda device: None
+    try:
+        yield
+    finally:
+        training.DDP = real_ddp
+        torch.cuda.set_device = old_set_device
