@@ -225,7 +225,8 @@ def section_count(work: Path, counts: list[int], rounds: int) -> None:
         store.resolve("latest")  # the run continues: nothing is archived
         store.save(n + 1, tiny)  # opens: lock, sweep, catalogue read once
         print(
-            f"  {n:6d} kept: opening save {1e3 * (time.perf_counter() - start):.1f} ms"
+            f"  {n:6d} kept: resolve latest and the first save (opens the store) "
+            f"{1e3 * (time.perf_counter() - start):.1f} ms"
         )
         stores[n] = store
     steps = {n: n + 1 for n in counts}
