@@ -94,11 +94,16 @@ class StopSignals:
         return self
 
     def restore(self) -> None:
-        """Put the previous handlers back and finish a reduction in flight."""
+        """Put the previous handlers back.
+
+        A reduction still in flight is dropped, not waited for: on a normal
+        end it was finished already, and after an error another rank may be
+        gone, where waiting would hang until the process group's timeout.
+        """
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
-        self.finish()
+        self._pending = None
 
     def _handle(self, signum, frame) -> None:
         if self.received is not None:
