@@ -339,6 +339,150 @@ def test_prune_without_a_known_policy_asks_for_one(store, capsys):
     assert on_disk(store) == [4, 5, 8, 9]
 
 
+# -- resolve ---------------------------------------------------------------------------
+
+
+def test_resolve_takes_the_spec_first_and_the_store_from_dir(store, capsys):
+    status, data = as_json(capsys, "resolve", "latest", "--dir", store)
+    assert status == 0 and data["name"] == "model.ckpt-9.h5"
+    assert data["how"].startswith("pointer") and data["checked"] == "size"
+    _, shown = as_json(capsys, "show", store, "latest")
+    assert shown == data  # show is the same code, store first
+    status, data = as_json(capsys, "resolve", "best", "--dir", store, "--digest")
+    assert status == 0 and data["name"] == "model.ckpt-5.h5"
+
+
+def test_resolve_uses_the_working_directory_by_default(store, capsys, monkeypatch):
+    monkeypatch.chdir(store)
+    status, out, err = dp_ckpt(capsys, "resolve", "latest")
+    assert status == 0 and err == ""
+    assert "model.ckpt-9.h5" in out and "found by" in out
+
+
+# -- inspect ---------------------------------------------------------------------------
+
+
+def test_inspect_an_hdf5_checkpoint(store, capsys):
+    status, data = as_json(capsys, "inspect", store / "model.ckpt-9.h5", "--digest")
+    assert status == 0
+    assert (data["step"], data["format"], data["record"]) == (9, "hdf5", "ok")
+    assert data["digest_checked"] and data["loaded"]
+    by = {e["key"]: e for e in data["entries"]}
+    assert by["/"]["type"] == "dict" and by["/"]["length"] == len(make_payload(9))
+    weights = make_payload(9)["weights"]
+    assert by["/weights"]["shape"] == list(weights.shape)
+    assert by["/weights"]["dtype"] == str(weights.dtype)
+    assert by["/weights"]["bytes"] == weights.nbytes
+    assert by["/step"]["type"] == "int"
+    _, out, _ = dp_ckpt(capsys, "inspect", store / "model.ckpt-9.h5")
+    assert "/weights" in out and "record      ok (size)" in out
+
+
+def test_inspect_without_a_record_goes_by_the_suffix(store, tmp_path, capsys):
+    plain = tmp_path / "model.ckpt-3.h5"
+    plain.write_bytes((store / "model.ckpt-9.h5").read_bytes())
+    status, data = as_json(capsys, "inspect", plain)
+    assert status == 0 and data["record"] == "none" and data["step"] == 3
+    assert data["format"] == "hdf5" and data["loaded"]
+
+
+def test_inspect_reports_a_file_that_does_not_load(store, capsys):
+    flip_a_byte(store / "model.ckpt-9.h5")
+    status, data = as_json(capsys, "inspect", store / "model.ckpt-9.h5", "--digest")
+    assert status == 1 and data["record"] == "mismatch"
+    with open(store / "model.ckpt-8.h5", "r+b") as handle:
+        handle.truncate(10)
+    status, data = as_json(capsys, "inspect", store / "model.ckpt-8.h5")
+    assert status == 1 and not data["loaded"] and data["load_error"]
+
+
+def test_inspect_a_torch_checkpoint_with_nested_values(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    with open_manager(tmp_path / "t", "torch") as m:
+        path = m.save(4, {"model": make_payload(4, "torch"), "opt": [1, {"lr": 0.5}]})
+    status, data = as_json(capsys, "inspect", path)
+    assert status == 0 and data["format"] == "torch"
+    by = {e["key"]: e for e in data["entries"]}
+    weights = make_payload(4, "torch")["weights"]
+    assert by["/model/weights"]["type"] == "torch.Tensor"
+    assert by["/model/weights"]["shape"] == list(weights.shape)
+    assert by["/model/weights"]["dtype"] == str(weights.dtype).removeprefix("torch.")
+    assert by["/model/weights"]["bytes"] == weights.numel() * weights.element_size()
+    assert by["/opt"]["type"] == "list" and by["/opt/1/lr"]["type"] == "float"
+    assert isinstance(torch.zeros(1), torch.Tensor)
+
+
+def test_inspect_imports_torch_only_for_a_torch_file(store):
+    code = (
+        "import sys\n"
+        "from dp_ckpt_plugin.commands import main\n"
+        f"main(['inspect', {str(store / 'model.ckpt-9.h5')!r}, '--json'])\n"
+        "print('torch' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip().splitlines()[-1] == "False", done.stderr
+
+
+# -- adopt -----------------------------------------------------------------------------
+
+
+def plain_store(store, tmp_path):
+    """A directory as plain deepmd-kit leaves it: numbered files, no records."""
+    d = tmp_path / "plain"
+    d.mkdir()
+    for step in (8, 9):
+        (d / f"model.ckpt-{step}.h5").write_bytes(
+            (store / f"model.ckpt-{step}.h5").read_bytes()
+        )
+    (d / "model.ckpt-10.h5").write_bytes(b"not hdf5")
+    return d
+
+
+def test_adopt_gives_records_to_files_that_load(store, tmp_path, capsys):
+    d = plain_store(store, tmp_path)
+    status, data = as_json(capsys, "adopt", d, "--dry-run")
+    assert status == 1  # one file does not load
+    assert [a["name"] for a in data["adopted"]] == [
+        "model.ckpt-8.h5",
+        "model.ckpt-9.h5",
+    ]
+    assert [r["name"] for r in data["refused"]] == ["model.ckpt-10.h5"]
+    assert not any(record_path(p).exists() for p in d.iterdir())  # dry run
+    status, out, _ = dp_ckpt(capsys, "adopt", d)
+    assert status == 1 and "2 file(s) adopted" in out
+    assert "refused  model.ckpt-10.h5: does not load as hdf5" in out
+    assert record_path(d / "model.ckpt-9.h5").exists()
+    assert not record_path(d / "model.ckpt-10.h5").exists()
+    _, data = as_json(capsys, "resolve", "latest", "--dir", d)
+    assert data["name"] == "model.ckpt-9.h5" and data["committed"]
+    assert as_json(capsys, "verify", d, "--digest")[0] == 0  # adopted files are sound
+    (d / "model.ckpt-10.h5").unlink()
+    status, data = as_json(capsys, "adopt", d)
+    assert status == 0 and data["adopted"] == [] and data["refused"] == []
+
+
+def test_adopt_never_overwrites_a_malformed_record(store, tmp_path, capsys):
+    d = plain_store(store, tmp_path)
+    (d / "model.ckpt-10.h5").unlink()
+    bad = record_path(d / "model.ckpt-8.h5")
+    bad.write_text("{not json")
+    status, data = as_json(capsys, "adopt", d)
+    assert status == 0
+    assert [a["name"] for a in data["adopted"]] == ["model.ckpt-9.h5"]
+    assert [m["name"] for m in data["malformed_records"]] == ["model.ckpt-8.h5"]
+    assert bad.read_text() == "{not json"
+
+
+def test_adopt_is_refused_while_a_run_holds_the_store(store, tmp_path, capsys):
+    d = plain_store(store, tmp_path)
+    with StoreLock(d):
+        status, _, err = dp_ckpt(capsys, "adopt", d)
+    assert status == 1 and err.count("\n") == 1 and "Traceback" not in err
+    assert not record_path(d / "model.ckpt-9.h5").exists()
+
+
 # -- mistakes -------------------------------------------------------------------------
 
 
@@ -386,6 +530,13 @@ def test_prune_without_a_known_policy_asks_for_one(store, capsys):
             "would keep nothing",
         ),
         (("show", "{store}", "best:{missing}"), 1, "no family kept by a metric"),
+        (("resolve",), 2, "the following arguments are required: spec"),
+        (("resolve", "latest", "--dir", "{missing}"), 2, "no such directory"),
+        (("resolve", "best:{missing}", "--dir", "{store}"), 1, "no family kept"),
+        (("inspect", "{missing}"), 2, "no such file"),
+        (("inspect", "{store}"), 2, "is not a file"),
+        (("inspect", "{notes}"), 2, "no suffix of a known format"),
+        (("adopt", "{missing}"), 2, "no such directory"),
     ],
 )
 def test_mistakes_are_one_line_never_a_traceback(store, capsys, args, status, message):
@@ -393,7 +544,9 @@ def test_mistakes_are_one_line_never_a_traceback(store, capsys, args, status, me
         "store": store,
         "missing": store / "missing",
         "file": store / "model.ckpt-9.h5",
+        "notes": store / "notes.txt",
     }
+    (store / "notes.txt").write_text("x")
     got, out, err = dp_ckpt(capsys, *(a.format(**names) for a in args))
     assert got == status
     assert err.startswith("dp-ckpt: error: ") and err.count("\n") == 1, err
@@ -431,6 +584,8 @@ def test_the_module_runs_as_a_program(store, tmp_path):
 def test_importing_the_commands_imports_nothing_heavy():
     code = (
         "import sys, dp_ckpt_plugin.commands, dp_ckpt_plugin.commands.ls\n"
+        "import dp_ckpt_plugin.commands.inspect, dp_ckpt_plugin.commands.adopt\n"
+        "import dp_ckpt_plugin.commands.resolve\n"
         "print([m for m in ('torch', 'deepmd', 'h5py', 'rich') if m in sys.modules])\n"
     )
     done = subprocess.run(
@@ -480,6 +635,9 @@ def test_the_json_of_every_command_is_the_documented_one(tmp_path, capsys):
         "ls": ["ls", d],
         "show": ["show", d, "best"],
         "verify": ["verify", d, "--digest"],
+        "resolve": ["resolve", "best", "--dir", d],
+        "inspect": ["inspect", paths[3]],
+        "adopt": ["adopt", d, "--dry-run"],
         "prune": ["prune", d, "--max-ckpt-keep", "1", "--keep-best", "0"],
     }
     for command, args in runs.items():

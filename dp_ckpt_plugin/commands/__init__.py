@@ -3,9 +3,12 @@
 ::
 
     dp-ckpt ls models                  # every checkpoint, and what keeps it
-    dp-ckpt show models [latest|best]  # what a restart would use
+    dp-ckpt resolve latest --dir models  # what a restart would use, and why
+    dp-ckpt show models [latest|best]  # the same, store first (alias)
+    dp-ckpt inspect models/model.ckpt-9.pt  # what one checkpoint holds
     dp-ckpt verify models [--digest]   # check every checkpoint against its record
     dp-ckpt prune models --dry-run     # what retention removes, then remove it
+    dp-ckpt adopt models [--dry-run]   # commit records for plain deepmd-kit files
 
 One module per subcommand, each with ``add_arguments(parser)`` and
 ``run(args) -> int``. The commands know no trainer: they read what a store
@@ -30,7 +33,7 @@ from .. import __version__
 from ..errors import CheckpointError
 
 #: The subcommands, each a module of this package.
-SUBCOMMANDS = ("ls", "show", "verify", "prune")
+SUBCOMMANDS = ("ls", "resolve", "show", "inspect", "verify", "prune", "adopt")
 #: Exit status of a failure (a corrupt checkpoint, a held lock, nothing found).
 FAILURE = 1
 #: Exit status of a usage error (an unknown option, a directory that is not one).

@@ -1,5 +1,7 @@
 """``dp-ckpt show D [SPEC]``: the checkpoint a restart would use, and how it was found.
 
+The same as ``dp-ckpt resolve SPEC --dir D`` (:mod:`.resolve`), kept as an alias.
+
 ``SPEC`` is what ``--restart`` takes: ``latest`` (the default), ``best``, a
 directory, a file or a prefix; it resolves through the same front door as a
 training restart (:func:`~dp_ckpt_plugin.resolution.resolve_restart`, with
@@ -19,7 +21,7 @@ from ..resolution import ResolveContext, Resolved, resolve_restart
 from . import add_digest_flag, output, store_directory
 from .inventory import read_inventory
 
-HELP = "show the checkpoint a restart would use"
+HELP = "the checkpoint a restart would use (resolve, with the store first)"
 DESCRIPTION = (
     "Resolve a restart specification (latest, best, a directory, a file or a "
     "prefix) against a store directory as --restart would, and show the "

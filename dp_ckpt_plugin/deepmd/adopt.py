@@ -22,11 +22,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ..catalogue import committed, uncommitted
+from ..adoption import adopt_family
+from ..catalogue import committed
 from ..checkpoint import Checkpoint
 from ..pointers import read_link_or_none, read_text_or_none
 from ..publish import Mirror, publish
-from ..records import make_record, record_path, write_record
 from ..store import CheckpointStore
 from .logs import shown
 
@@ -55,31 +55,23 @@ def adopt(
     """
     adopted: list[Checkpoint] = []
     for cfg in store.families.values():
-        family = cfg.family
-        found = []
-        for path in sorted(uncommitted(store.directory, family), key=_step(family)):
-            if record_path(path).exists():
-                continue  # a malformed record: evidence, never overwritten
-            try:
-                check(path)
-            except Exception as exc:
-                log.warning(
-                    "%s has no commit record and does not load with torch (%s: %s); "
-                    "left as it is",
-                    shown(path, cwd),
-                    type(exc).__name__,
-                    exc,
-                )
-                continue
-            step = family.step_of(path.name)
-            record = make_record(
-                path, step=step, family=family.prefix, format=store.format.name
+        found = adopt_family(
+            store.directory,
+            cfg.family,
+            store.format.name,
+            check,
+            durable=store.durable,
+        )
+        for path, why in found.refused:
+            log.warning(
+                "%s has no commit record and does not load with torch (%s); "
+                "left as it is",
+                shown(path, cwd),
+                why,
             )
-            write_record(path, record, durable=store.durable)
-            found.append(Checkpoint(path, step, family.prefix, record))
-        if found:
-            _publish_if_newer(store, cfg, found[-1])
-            adopted += found
+        if found.adopted:
+            _publish_if_newer(store, cfg, found.adopted[-1])
+            adopted += found.adopted
     if adopted:
         store.catalogue.invalidate()
         steps = sorted({c.step for c in adopted})
@@ -111,7 +103,3 @@ def _publish_if_newer(store: CheckpointStore, cfg, newest: Checkpoint) -> None:
         Mirror(store.directory / family.alias, "alias"),
     ]
     publish(newest.path, targets, durable=store.durable)
-
-
-def _step(family):
-    return lambda path: family.step_of(path.name) or 0

@@ -1,0 +1,137 @@
+"""Adopting numbered checkpoints that have no commit record.
+
+A checkpoint written by a trainer without the plugin (plain deepmd-kit, say)
+is a numbered file with no commit record: ``latest`` does not see it and
+retention does not count it. Adopting it checks that it loads (through the
+``on_load_step`` hook of its format) and then writes its commit record, so
+that from then on it is a committed checkpoint like any other.
+
+A file that does not load is reported and left without a record; a file whose
+record exists but is malformed is never touched (the record is evidence).
+Trainer-neutral: the deepmd-kit host (:mod:`dp_ckpt_plugin.deepmd.adopt`) and
+the ``dp-ckpt adopt`` command both build on :func:`adopt_family`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pluggy
+
+from .catalogue import uncommitted
+from .checkpoint import Checkpoint
+from .errors import CheckpointError
+from .layout import Family
+from .lock import StoreLock
+from .records import make_record, record_path, write_record
+
+
+@dataclass
+class Adoption:
+    """What adopting one family found.
+
+    Attributes
+    ----------
+    family : Family
+        The family.
+    format : str
+        The format its files were loaded with.
+    adopted : list of Checkpoint
+        The files given a record (or that would be, in a dry run), oldest first.
+    refused : list of tuple of Path and str
+        The files that did not load, each with why; left without a record.
+    malformed : list of Path
+        The files whose record exists but is malformed; left alone.
+    """
+
+    family: Family
+    format: str
+    adopted: list[Checkpoint] = field(default_factory=list)
+    refused: list[tuple[Path, str]] = field(default_factory=list)
+    malformed: list[Path] = field(default_factory=list)
+
+
+def loads_with(pm: pluggy.PluginManager, format: str) -> Callable[[Path], None]:
+    """A check that raises unless a file loads through ``on_load_step`` of ``format``."""
+
+    def check(path: Path) -> None:
+        if pm.hook.on_load_step(format=format, path=path) is None:
+            raise CheckpointError(f"no plugin loads the {format!r} format")
+
+    return check
+
+
+def why_not(exc: BaseException) -> str:
+    """Why a file does not load, in one short line (its first sentence)."""
+    text = " ".join(str(exc).split()).split(". ")[0]
+    return f"{type(exc).__name__}: {text[:160]}"
+
+
+def adopt_family(
+    directory: Path,
+    family: Family,
+    format: str,
+    check: Callable[[Path], None],
+    *,
+    durable: bool = True,
+    dry_run: bool = False,
+) -> Adoption:
+    """Give commit records to the numbered files of ``family`` that have none.
+
+    The caller holds the store's lock (unless ``dry_run``: then nothing is
+    written). ``check`` raises when a file does not load.
+    """
+    found = Adoption(family, format)
+    paths = uncommitted(directory, family)
+    for path in sorted(paths, key=lambda p: family.step_of(p.name) or 0):
+        if record_path(path).exists():
+            found.malformed.append(path)  # evidence, never overwritten
+            continue
+        try:
+            check(path)
+        except Exception as exc:
+            found.refused.append((path, why_not(exc)))
+            continue
+        step = family.step_of(path.name)
+        record = make_record(path, step=step, family=family.prefix, format=format)
+        if not dry_run:
+            write_record(path, record, durable=durable)
+        found.adopted.append(Checkpoint(path, step, family.prefix, record))
+    return found
+
+
+def adopt_directory(
+    directory: Path,
+    families: Iterable[tuple[Family, str]],
+    pm: pluggy.PluginManager,
+    *,
+    dry_run: bool = False,
+    durable: bool = True,
+) -> list[Adoption]:
+    """Adopt the files of each ``(family, format)`` of ``directory``.
+
+    Each file is checked by loading it through ``on_load_step`` of its format.
+    Unless ``dry_run``, the store's lock is held while records are written
+    (:class:`~dp_ckpt_plugin.errors.StoreLockedError` if a run holds it).
+    """
+    families = list(families)
+    lock = None if dry_run else StoreLock(directory)
+    if lock is not None:
+        lock.acquire()
+    try:
+        return [
+            adopt_family(
+                directory,
+                family,
+                fmt,
+                loads_with(pm, fmt),
+                durable=durable,
+                dry_run=dry_run,
+            )
+            for family, fmt in families
+        ]
+    finally:
+        if lock is not None:
+            lock.release()
