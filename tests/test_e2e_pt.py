@@ -91,7 +91,7 @@ TRAINING = {
     "enable_ema": True,
 }
 BATCH = re.compile(r"Batch\s+(\d+):")
-STARTUP = "(dp --pt): save_dir models, keep the newest 2, verify sha256"
+STARTUP = "(dp --pt): save_dir models, keep the newest 2, verify digest"
 FAST = 30.0
 
 
@@ -230,7 +230,7 @@ def test_restart_latest(restarted):
     models, out = restarted.models, restarted.result.output
     assert (
         "--restart latest: models/model.ckpt-20.pt (step 20), through the pointer "
-        "models/checkpoint; size and sha256 match its commit record"
+        "models/checkpoint; size and digest match its commit record"
     ) in out
     assert resumed_from(out, restarted.workdir) == [
         (models / "model.ckpt-20.pt").resolve()
