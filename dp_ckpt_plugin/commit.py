@@ -52,17 +52,16 @@ def write_new(
     crash can leave a full-size numbered file without a record: a crash
     leaves at most a record naming no file, which the next open sweeps.
     """
-    tmp, digest = write_hashed(path, serialize, durable=durable)
+    tmp, record = _described_payload(
+        path,
+        serialize,
+        durable,
+        step=step,
+        family=family,
+        format=format,
+        metrics=metrics,
+    )
     try:
-        record = make_record(
-            tmp,
-            step=step,
-            family=family,
-            format=format,
-            name=path.name,
-            digest=digest,
-            metrics=metrics,
-        )
         write_record(path, record, durable=durable)
         fsio.move_into_place(tmp, path, durable=durable)
     except (OSError, CheckpointWriteError) as exc:
@@ -84,17 +83,16 @@ def rewrite(
     metrics: Mapping[str, float] | None = None,
 ) -> CommitRecord:
     """Re-save a step whose committed checkpoint (``old``) is at ``path``."""
-    tmp, digest = write_hashed(path, serialize, durable=durable)
+    tmp, new = _described_payload(
+        path,
+        serialize,
+        durable,
+        step=step,
+        family=family,
+        format=format,
+        metrics=metrics,
+    )
     try:
-        new = make_record(
-            tmp,
-            step=step,
-            family=family,
-            format=format,
-            name=path.name,
-            digest=digest,
-            metrics=metrics,
-        )
         both = dataclasses.replace(new, replaces=(old.size, old.digest))
         write_record(path, both, durable=durable)
     except (OSError, CheckpointWriteError) as exc:
@@ -104,6 +102,21 @@ def rewrite(
     fsio.move_into_place(tmp, path, durable=durable)
     write_record(path, new, durable=durable)
     return new
+
+
+def _described_payload(
+    path: Path, serialize: Callable[[BinaryIO], object], durable: bool, **fields
+) -> tuple[Path, CommitRecord]:
+    """Write the payload of ``path`` to a temporary file and describe it.
+
+    Returns the temporary path and the record for ``path`` (``fields``: step,
+    family, format, metrics); on failure the temporary file is removed.
+    """
+    tmp, digest = write_hashed(path, serialize, durable=durable)
+    try:
+        return tmp, make_record(tmp, name=path.name, digest=digest, **fields)
+    except OSError as exc:
+        _undo(exc, path, (tmp,))
 
 
 def _undo(exc: OSError, path: Path, leftovers: tuple[Path, ...]) -> NoReturn:
