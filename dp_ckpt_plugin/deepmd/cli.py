@@ -84,17 +84,8 @@ def run_train(flags: argparse.Namespace, host: str) -> None:
     prepared = None
     if os.environ.get("LOCAL_RANK") is None:
         from ..ranks import SingleProcess
-        from .prepare import prepare_run
 
-        prepared = prepare_run(
-            flags.INPUT,
-            restart=flags.restart,
-            init_model=flags.init_model,
-            finetune=flags.finetune,
-            pm=plugin_manager(host),
-            ranks=SingleProcess(),
-            host=host,
-        )
+        prepared = prepare_training(host, flags.INPUT, flags, SingleProcess())
     try:
         host_module(host, "train").train(flags, prepared)
     finally:
@@ -177,6 +168,25 @@ def plugin_manager(host: str = "pt_expt"):
     from ..plugins import get_plugin_manager
 
     return get_plugin_manager(host_plugins=host_plugins(host))
+
+
+def prepare_training(host: str, input_file: str, handles, ranks):
+    """The preflight of ``dp --<host> train`` (:func:`.prepare.prepare_run`).
+
+    ``handles`` is anything with ``restart``, ``init_model`` and ``finetune``
+    (deepmd-kit's parsed flags, or its train entrypoint's options).
+    """
+    from .prepare import prepare_run
+
+    return prepare_run(
+        input_file,
+        restart=handles.restart,
+        init_model=handles.init_model,
+        finetune=handles.finetune,
+        pm=plugin_manager(host),
+        ranks=ranks,
+        host=host,
+    )
 
 
 def share_deepmd_handlers(logger: logging.Logger) -> None:

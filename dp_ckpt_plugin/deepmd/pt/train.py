@@ -21,8 +21,8 @@ from deepmd.pt.train import training
 from ...ranks import current_ranks
 from ..argcheck import strip_old_section
 from ..checkpointing import HostRun
-from ..cli import plugin_manager
-from ..prepare import PreparedRun, prepare_run
+from ..cli import prepare_training
+from ..prepare import PreparedRun
 from ..runtime import GroupAlreadyUp, start_process_group, swapped
 from .trainer import make_trainer_class
 
@@ -34,15 +34,7 @@ def train(flags, prepared: PreparedRun | None) -> None:
     """``dp --pt train``; ``prepared`` is ``None`` under ``torchrun``."""
     if prepared is None:
         start_process_group()
-        prepared = prepare_run(
-            flags.INPUT,
-            restart=flags.restart,
-            init_model=flags.init_model,
-            finetune=flags.finetune,
-            pm=plugin_manager(HOST),
-            ranks=current_ranks(),
-            host=HOST,
-        )
+        prepared = prepare_training(HOST, flags.INPUT, flags, current_ranks())
     try:
         run = HostRun.from_prepared(prepared, prepared.settings.training)
         loader = pt_main.j_loader

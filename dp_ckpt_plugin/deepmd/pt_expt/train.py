@@ -30,8 +30,8 @@ from deepmd.pt_expt.train import training
 from ...ranks import current_ranks
 from ..argcheck import strip_old_section
 from ..checkpointing import HostRun
-from ..cli import plugin_manager
-from ..prepare import PreparedRun, prepare_run
+from ..cli import prepare_training
+from ..prepare import PreparedRun
 from ..runtime import start_process_group, swapped
 from .trainer import make_trainer_class
 
@@ -83,14 +83,8 @@ class CheckpointTrainEntrypoint(PTExptTrainEntrypoint):
     def prepare_options(self, options):
         self._made_group = start_process_group()
         if self.prepared is None:
-            self.prepared = prepare_run(
-                options.input_file,
-                restart=options.restart,
-                init_model=options.init_model,
-                finetune=options.finetune,
-                pm=plugin_manager(HOST),
-                ranks=current_ranks(),
-                host=HOST,
+            self.prepared = prepare_training(
+                HOST, options.input_file, options, current_ranks()
             )
         return replace(
             options,
