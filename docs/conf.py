@@ -39,16 +39,22 @@ napoleon_type_aliases = {
     **{
         name: f"dp_ckpt_plugin.{module}.{name}"
         for module, names in {
-            "checkpoint": ["Checkpoint"],
+            "checkpoint": ["Checkpoint", "Commit"],
+            "hooks": ["Hooks"],
+            "catalogue": ["Catalogue"],
+            "resume": ["ResumeState"],
+            "storage": ["Storage", "Entry"],
+            "storage.local": ["LocalStorage"],
             "errors": ["InvalidRecordError", "CorruptCheckpointError"],
             "layout": ["Family"],
             "manifest": ["Manifest", "FamilyInfo"],
             "publish": ["Mirror"],
             "ranks": ["Ranks"],
             "records": ["CommitRecord"],
-            "resolution": ["Resolved", "ResolveContext"],
+            "resolution": ["Resolved", "ResolveContext", "Verifier"],
             "retention": ["RetentionPolicy", "Candidate", "Verdict", "KeepBest"],
-            "store": ["FamilyConfig", "CheckpointStore"],
+            "store": ["CheckpointStore"],
+            "config": ["FamilyConfig"],
         }.items()
         for name in names
     },
@@ -61,7 +67,7 @@ nitpicky = True
 nitpick_ignore_regex = [
     (
         r"py:.*",
-        r"(pathlib|os|collections\.abc|typing|types|pluggy|dargs|argparse)(\..*)?",
+        r"(pathlib|os|collections(\.abc)?|typing|types|pluggy|dargs|argparse)(\..*)?",
     ),
     # pieces of compound types in docstrings, such as ``(int, str) or None``
     # or ``Mapping[str, float]``: not names

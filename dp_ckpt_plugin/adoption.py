@@ -22,10 +22,11 @@ import pluggy
 
 from .catalogue import uncommitted
 from .checkpoint import Checkpoint
-from .errors import CheckpointError
+from .hooks import Hooks
 from .layout import Family
 from .lock import StoreLock
 from .records import make_record, record_path, write_record
+from .storage import Storage, local_storage
 
 
 @dataclass
@@ -53,12 +54,12 @@ class Adoption:
     malformed: list[Path] = field(default_factory=list)
 
 
-def loads_with(pm: pluggy.PluginManager, format: str) -> Callable[[Path], None]:
+def loads_with(pm: pluggy.PluginManager | Hooks, format: str) -> Callable[[Path], None]:
     """A check that raises unless a file loads through ``on_load_step`` of ``format``."""
+    hooks = Hooks.of(pm)
 
     def check(path: Path) -> None:
-        if pm.hook.on_load_step(format=format, path=path) is None:
-            raise CheckpointError(f"no plugin loads the {format!r} format")
+        hooks.load_step(format, path)
 
     return check
 
@@ -75,6 +76,7 @@ def adopt_family(
     format: str,
     check: Callable[[Path], None],
     *,
+    storage: Storage,
     durable: bool = True,
     dry_run: bool = False,
 ) -> Adoption:
@@ -84,9 +86,9 @@ def adopt_family(
     written). ``check`` raises when a file does not load.
     """
     found = Adoption(family, format)
-    paths = uncommitted(directory, family)
+    paths = uncommitted(directory, family, storage=storage)
     for path in sorted(paths, key=lambda p: family.step_of(p.name) or 0):
-        if record_path(path).exists():
+        if storage.entry(record_path(path)) is not None:
             found.malformed.append(path)  # evidence, never overwritten
             continue
         try:
@@ -95,9 +97,11 @@ def adopt_family(
             found.refused.append((path, why_not(exc)))
             continue
         step = family.step_of(path.name)
-        record = make_record(path, step=step, family=family.prefix, format=format)
+        record = make_record(
+            path, step=step, family=family.prefix, format=format, storage=storage
+        )
         if not dry_run:
-            write_record(path, record, durable=durable)
+            write_record(path, record, durable=durable, storage=storage)
         found.adopted.append(Checkpoint(path, step, family.prefix, record))
     return found
 
@@ -117,7 +121,8 @@ def adopt_directory(
     (:class:`~dp_ckpt_plugin.errors.StoreLockedError` if a run holds it).
     """
     families = list(families)
-    lock = None if dry_run else StoreLock(directory)
+    storage = local_storage(directory)
+    lock = None if dry_run else StoreLock(directory, storage=storage)
     if lock is not None:
         lock.acquire()
     try:
@@ -127,6 +132,7 @@ def adopt_directory(
                 family,
                 fmt,
                 loads_with(pm, fmt),
+                storage=storage,
                 durable=durable,
                 dry_run=dry_run,
             )

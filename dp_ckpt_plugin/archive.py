@@ -17,19 +17,20 @@ so nothing is ever overwritten.
 
 from __future__ import annotations
 
-import os
+import logging
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from . import fsio
 from .catalogue import Catalogue
 from .checkpoint import Checkpoint
-from .errors import CheckpointWriteError, describe_os_error
-from .layout import Family
-from .pointers import read_link_or_none, read_text_or_none
+from .errors import CheckpointWriteError
+from .layout import ARCHIVE_DIR, Family
+from .pointers import link_or_pointer_target
 from .records import record_path
-from .sweep import ARCHIVE_DIR
+from .storage import Storage
+
+log = logging.getLogger("dp_ckpt_plugin")
 
 
 def archive(
@@ -37,6 +38,7 @@ def archive(
     checkpoints: Iterable[Checkpoint],
     links: Iterable[Path] = (),
     *,
+    storage: Storage,
     durable: bool = True,
 ) -> Path | None:
     """Move ``checkpoints`` (and ``links``: pointers, aliases) into a new archive.
@@ -49,10 +51,10 @@ def archive(
         Naming the file and the cause; what was moved stays in the archive.
     """
     checkpoints = list(checkpoints)
-    links = [p for p in links if os.path.lexists(p)]
+    links = [p for p in links if storage.entry(p) is not None]
     if not checkpoints:
         return None
-    dest = new_archive_folder(directory, durable=durable)
+    dest = new_archive_folder(directory, storage=storage, durable=durable)
     # payloads first, made durable, then records, pointers and aliases: a
     # crash in between leaves records in D whose payload is in the archive,
     # which the next open moves after them (never a payload without its
@@ -61,40 +63,39 @@ def archive(
     records = [record_path(c.path) for c in checkpoints]
     for batch in (payloads, [*records, *links]):
         for source in batch:
-            _move(source, dest)
+            storage.rename(source, dest / source.name)
         if durable:
-            fsio.fsync_dir(dest)
-            fsio.fsync_dir(directory)
+            storage.sync_dir(dest, holding=batch)
+            storage.sync_dir(directory, holding=batch)
     return dest
 
 
-def _move(source: Path, dest: Path) -> None:
-    try:
-        os.replace(source, dest / source.name)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise CheckpointWriteError(
-            f"could not archive {source} into {dest}: {describe_os_error(exc)}"
-        ) from exc
+def new_archive_folder(
+    directory: Path, *, storage: Storage, durable: bool = True
+) -> Path:
+    """Create ``D/archive/<UTC time>[-n]/``, a folder no one else has.
 
-
-def new_archive_folder(directory: Path, *, durable: bool = True) -> Path:
-    """Create ``D/archive/<UTC time>[-n]/``, a folder no one else has."""
+    ``D/archive`` must be a directory of ``D`` itself: a link there (to
+    anywhere) or a file of that name is refused, since the store moves
+    nothing out of ``D``.
+    """
     root = directory / ARCHIVE_DIR
-    fsio.make_dirs(root, durable=durable)
+    found = storage.entry(root)
+    if found is not None and not found.is_dir:
+        raise CheckpointWriteError(
+            f"could not archive the earlier run in {directory}: {root} is "
+            f"{'a link' if found.kind == 'link' else 'not a directory'}, and the "
+            "store moves nothing outside its own directory; move it away"
+        )
+    if found is None:
+        storage.make_dir(root, durable=durable)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     n = 0
     while True:
         dest = root / (stamp if n == 0 else f"{stamp}-{n}")
-        try:
-            dest.mkdir()
-        except FileExistsError:
-            n += 1
-            continue
-        if durable:
-            fsio.fsync_dir(root)
-        return dest
+        if storage.make_dir(dest, durable=durable):
+            return dest
+        n += 1
 
 
 def earlier_run(
@@ -128,6 +129,7 @@ def links_to_archive(
     archived: set[str],
     *,
     everything: bool,
+    storage: Storage,
 ) -> list[Path]:
     """The in-store pointers and aliases that go with an archive.
 
@@ -137,8 +139,8 @@ def links_to_archive(
     links = []
     for family in families:
         for link in (directory / family.pointer, directory / family.alias):
-            named = read_link_or_none(link) or read_text_or_none(link)
-            if everything or (named and Path(named.strip()).name in archived):
+            named = link_or_pointer_target(link, storage=storage)
+            if everything or (named and named in archived):
                 links.append(link)
     return links
 
@@ -148,6 +150,7 @@ def archive_earlier_run(
     catalogue: Catalogue,
     continues_from: Path | None,
     *,
+    storage: Storage,
     durable: bool = True,
 ) -> tuple[Path | None, list[Checkpoint]]:
     """Archive what an earlier run left in ``directory`` (see the module docs).
@@ -162,9 +165,16 @@ def archive_earlier_run(
     )
     names = {c.name for c in doomed}
     links = links_to_archive(
-        directory, families, names, everything=continues_from is None
+        directory, families, names, everything=continues_from is None, storage=storage
     )
-    dest = archive(directory, doomed, links, durable=durable)
+    dest = archive(directory, doomed, links, storage=storage, durable=durable)
+    if dest is not None:
+        log.info(
+            "archived %d checkpoint(s) of an earlier run (steps %s) to %s",
+            len(doomed),
+            ", ".join(map(str, sorted({c.step for c in doomed}))),
+            dest,
+        )
     by_prefix = {f.prefix: f for f in families}
     for checkpoint in doomed:
         catalogue.discard(by_prefix[checkpoint.family], checkpoint.name)

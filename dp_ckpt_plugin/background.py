@@ -8,14 +8,20 @@ thread. Policy:
 - at most one save is in flight: submitting a new one first waits for the
   previous one (so snapshot buffers are reused only when free, and a slow
   disk slows training down instead of piling up memory);
-- the error of a failed save is raised by the next :meth:`submit`, by
-  :meth:`wait` or by :meth:`shutdown`, never dropped;
+- submissions are serialized: waiting for the previous save, taking the
+  snapshot and starting the save happen under one lock, so threads sharing
+  a store never snapshot into buffers another save is still reading, and
+  every save's own payload is the one written (rule 33);
+- the error of a failed save is raised exactly once: by the next
+  :meth:`submit`, by :meth:`wait` or by :meth:`shutdown`, whichever comes
+  first, in whichever thread;
 - the worker is not a daemon: the interpreter waits for the last save at
   exit, and the store's ``close`` waits for it explicitly.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -30,30 +36,44 @@ class BackgroundWriter:
         self.snapshots = Snapshotter()
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future | None = None
+        self._lock = threading.Lock()
 
     @property
     def busy(self) -> bool:
         """Whether a save is in flight (or finished without being waited for)."""
         return self._pending is not None
 
-    def submit(self, work: Callable[..., Any], *args: Any) -> None:
-        """Wait for the previous save (raising its error), then start ``work``."""
-        self.wait()
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="dp_ckpt-save")
-        self._pending = self._executor.submit(work, *args)
+    def submit(self, prepare: Callable[[], tuple], work: Callable[..., Any]) -> None:
+        """Wait for the previous save (raising its error), then start ``work``.
+
+        ``prepare`` runs once the previous save is done, under the lock, and
+        returns the arguments of ``work`` (the snapshot of the payloads).
+        """
+        with self._lock:
+            self._wait()
+            args = prepare()
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(
+                    1, thread_name_prefix="dp_ckpt-save"
+                )
+            self._pending = self._executor.submit(work, *args)
 
     def wait(self) -> None:
         """Wait for the save in flight, if any; raise its error if it failed."""
+        with self._lock:
+            self._wait()
+
+    def _wait(self) -> None:
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.result()
 
     def shutdown(self) -> None:
         """Wait for the save in flight and stop the worker; raise its error."""
-        try:
-            self.wait()
-        finally:
-            if self._executor is not None:
-                self._executor.shutdown(wait=True)
-                self._executor = None
+        with self._lock:
+            try:
+                self._wait()
+            finally:
+                if self._executor is not None:
+                    self._executor.shutdown(wait=True)
+                    self._executor = None

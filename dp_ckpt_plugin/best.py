@@ -22,7 +22,6 @@ context allows) and the next best is tried, with a warning naming both.
 from __future__ import annotations
 
 import dataclasses
-import logging
 from pathlib import Path
 
 from .catalogue import committed
@@ -32,9 +31,8 @@ from .layout import Family
 from .manifest import read_manifest
 from .quarantine import quarantine
 from .resolution import ResolveContext, Resolved, resolve
-from .retention import Candidate, KeepBest, ranking_of
-
-log = logging.getLogger(__name__)
+from .retention import KeepBest, ranking_of
+from .storage import Storage
 
 #: The restart specification this plugin answers.
 SPEC = "best"
@@ -56,7 +54,9 @@ def on_resolve_restart(spec, context):
     return resolve_best(directory, context, spec=spec)
 
 
-def ranked_family(directory: Path) -> tuple[Family, KeepBest] | None:
+def ranked_family(
+    directory: Path, *, storage: Storage | None = None
+) -> tuple[Family, KeepBest] | None:
     """The family of the store at ``directory`` that ``best`` ranks, and how.
 
     The first family kept by a :class:`~dp_ckpt_plugin.retention.KeepBest`
@@ -64,7 +64,7 @@ def ranked_family(directory: Path) -> tuple[Family, KeepBest] | None:
     one beside other rules; ``None`` when no family is kept by a metric.
     """
     try:
-        manifest = read_manifest(directory)
+        manifest = read_manifest(directory, storage=storage)
     except InvalidRecordError as exc:
         raise RestartNotFoundError(f"cannot resolve {SPEC!r}: {exc}") from None
     found = []
@@ -88,7 +88,8 @@ def resolve_best(directory: Path, context: ResolveContext, *, spec: str) -> Reso
         When the store has no ranked family, or none of its checkpoints
         carries the metric and passes its check.
     """
-    found = ranked_family(directory)
+    storage = context.storage
+    found = ranked_family(directory, storage=storage)
     if found is None:
         raise RestartNotFoundError(
             f"no checkpoint found for restart {spec!r}: {directory} has no family "
@@ -96,8 +97,7 @@ def resolve_best(directory: Path, context: ResolveContext, *, spec: str) -> Reso
         )
     family, ranking = found
     ranked = ranking.rank(
-        Candidate(c.name, c.step, c.record.metrics)
-        for c in committed(directory, family)
+        c.candidate() for c in committed(directory, family, storage=storage)
     )
     if not ranked:
         raise RestartNotFoundError(
@@ -112,7 +112,12 @@ def resolve_best(directory: Path, context: ResolveContext, *, spec: str) -> Reso
         try:
             chosen = resolve(str(path), ctx)
         except CorruptCheckpointError as exc:
-            moved = quarantine(path) if context.quarantine else None
+            moved = None
+            if context.quarantine and context.store_dir is not None:
+                store = context.store_dir
+                if not store.is_absolute():
+                    store = context.cwd / store
+                moved = quarantine(path, store, storage=storage)
             where = f"; moved aside to {moved}" if moved else ""
             skipped.append(f"{exc}{where}")
             continue
@@ -120,11 +125,11 @@ def resolve_best(directory: Path, context: ResolveContext, *, spec: str) -> Reso
             skipped.append(str(exc))
             continue
         chosen.how = f"{ranking.reason} in {directory}"
+        chosen.rule, chosen.via = "best", directory
         if skipped:
             chosen.warnings[:0] = skipped
             chosen.warnings.append(f"falling back to {path}, the next best")
-            for warning in skipped:
-                log.warning(warning)
+            chosen.fell_back = True
         return chosen
     raise RestartNotFoundError(
         f"no checkpoint found for restart {spec!r}: every ranked checkpoint in "

@@ -2,92 +2,102 @@
 
 A numbered file of a family counts as committed when its commit record is well
 formed and agrees with the file: the record's name, step and family are those
-of the file it sits beside. Order always comes from steps, never timestamps.
+of the file it sits beside, and both are regular files. Order always comes
+from steps, never timestamps. Everything is read through a
+:class:`~dp_ckpt_plugin.storage.Storage`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 from pathlib import Path
 
 from .checkpoint import Checkpoint
-from .errors import InvalidRecordError
+from .errors import InvalidRecordError, UnreadableFileError
 from .layout import Family, record_name, record_target
-from .records import CommitRecord, parse_record, read_record
+from .records import CommitRecord, read_record
+from .storage import Storage, default_storage
 
 
-def numbered_files(directory: Path, family: Family) -> list[Path]:
+def numbered_files(
+    directory: Path, family: Family, *, storage: Storage | None = None
+) -> list[Path]:
     """Return the numbered checkpoint files of ``family`` in ``directory``."""
-    try:
-        entries = list(os.scandir(directory))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
+    storage = storage or default_storage()
     return [
-        Path(e.path)
-        for e in entries
-        if family.step_of(e.name) is not None and e.is_file(follow_symlinks=False)
+        directory / name
+        for name, kind in storage.names(directory)
+        if kind == "file" and family.step_of(name) is not None
     ]
 
 
-def read_record_or_none(path: Path) -> CommitRecord | None:
+def read_record_or_none(
+    path: Path, *, storage: Storage | None = None
+) -> CommitRecord | None:
     """Return a checkpoint's commit record; malformed counts as none."""
     try:
-        return read_record(path)
+        return read_record(path, storage=storage)
     except InvalidRecordError:
         return None
 
 
 def committed(
-    directory: Path, family: Family, *, newest_first: bool = False
+    directory: Path,
+    family: Family,
+    *,
+    newest_first: bool = False,
+    storage: Storage | None = None,
 ) -> list[Checkpoint]:
     """Return every committed checkpoint of ``family`` in ``directory``, by step.
 
     One directory listing; a record is read only for a numbered file that has
     one beside it (thousands of checkpoints open in about a second).
     """
-    try:
-        entries = {e.name: e for e in os.scandir(directory)}
-    except (FileNotFoundError, NotADirectoryError):
-        return []
+    storage = storage or default_storage()
+    entries = dict(storage.names(directory))
     found = []
-    folder = os.fspath(directory)
-    for name, entry in entries.items():
+    for name, kind in entries.items():
         step = family.step_of(name)
-        rec = record_name(name)
-        if step is None or rec not in entries:
+        if step is None or kind != "file" or entries.get(record_name(name)) != "file":
             continue
-        if not entry.is_file(follow_symlinks=False):
-            continue
-        source = os.path.join(folder, rec)
-        try:
-            with open(source, encoding="utf-8") as handle:
-                record = parse_record(handle.read(), source=source, name=name)
-        except (OSError, UnicodeDecodeError, InvalidRecordError):
-            continue
-        if record.step == step and record.family == family.prefix:
-            found.append(Checkpoint(Path(entry.path), step, family.prefix, record))
+        path = directory / name
+        record = read_record_or_none(path, storage=storage)
+        if (
+            record is not None
+            and record.step == step
+            and record.family == family.prefix
+        ):
+            found.append(Checkpoint(path, step, family.prefix, record))
     return sorted(found, key=lambda c: c.step, reverse=newest_first)
 
 
-def uncommitted(directory: Path, family: Family) -> list[Path]:
+def uncommitted(
+    directory: Path, family: Family, *, storage: Storage | None = None
+) -> list[Path]:
     """Return the numbered files of ``family`` that have no usable record."""
     return [
-        p for p in numbered_files(directory, family) if read_record_or_none(p) is None
+        p
+        for p in numbered_files(directory, family, storage=storage)
+        if read_record_or_none(p, storage=storage) is None
     ]
 
 
-def recorded_families(directory: Path, suffix: str) -> set[str]:
+def recorded_families(
+    directory: Path, suffix: str, *, storage: Storage | None = None
+) -> set[str]:
     """Return the prefixes named by the commit records in ``directory``."""
+    storage = storage or default_storage()
     families = set()
-    with contextlib.suppress(OSError):
-        for name in os.listdir(directory):
-            target = record_target(name)
-            if target is None or not target.endswith(suffix):
-                continue
-            record = read_record_or_none(directory / target)
-            if record is not None:
-                families.add(record.family)
+    try:
+        names = storage.names(directory)
+    except UnreadableFileError:
+        return families
+    for name, _ in names:
+        target = record_target(name)
+        if target is None or not target.endswith(suffix):
+            continue
+        record = read_record_or_none(directory / target, storage=storage)
+        if record is not None:
+            families.add(record.family)
     return families
 
 
@@ -99,16 +109,22 @@ class Catalogue:
     with 10 or 10,000 checkpoints kept: no record is read again.
     """
 
-    def __init__(self, directory: Path, families: list[Family]) -> None:
+    def __init__(
+        self, directory: Path, families: list[Family], *, storage: Storage
+    ) -> None:
         self.directory = directory
         self.families = families
+        self.storage = storage
         self._by_family: dict[str, dict[str, Checkpoint]] | None = None
 
     def of(self, family: Family) -> dict[str, Checkpoint]:
         """The committed checkpoints of ``family`` by file name."""
         if self._by_family is None:
             self._by_family = {
-                f.prefix: {c.name: c for c in committed(self.directory, f)}
+                f.prefix: {
+                    c.name: c
+                    for c in committed(self.directory, f, storage=self.storage)
+                }
                 for f in self.families
             }
         return self._by_family[family.prefix]

@@ -1,9 +1,10 @@
 """The one value type of the package: a checkpoint on disk.
 
-A :class:`Checkpoint` is what the store commits, what ``on_commit`` observers
-see, what resolution returns (wrapped in a
-:class:`~dp_ckpt_plugin.resolution.Resolved` that says how it was found) and
-what ``on_freeze`` freezes.
+A :class:`Checkpoint` is what the store commits, what resolution returns
+(wrapped in a :class:`~dp_ckpt_plugin.resolution.Resolved` that says how it
+was found) and what ``on_freeze`` freezes. A :class:`Commit` is what
+``on_commit`` observers see: the checkpoint and the store it went into, read
+only.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .records import CommitRecord
+from .retention import Candidate
 
 
 @dataclass(frozen=True)
@@ -51,3 +53,44 @@ class Checkpoint:
     def format(self) -> str | None:
         """The format that wrote it, as its record says."""
         return self.record.format if self.record is not None else None
+
+    def candidate(self) -> Candidate:
+        """The checkpoint as a retention policy sees it (name, step, metrics)."""
+        metrics = self.record.metrics if self.record is not None else None
+        return Candidate(self.name, self.step, metrics)
+
+
+@dataclass(frozen=True)
+class Commit:
+    """A checkpoint just committed and published, as observers see it.
+
+    Attributes
+    ----------
+    checkpoint : Checkpoint
+        ``path``, ``step``, ``family`` and commit ``record``.
+    directory : Path
+        The store directory it went into.
+    format : str
+        The store's format.
+    published : Path
+        What the family's pointer and alias name now (the checkpoint itself,
+        or for a family ranked by a metric, its best one).
+    families : tuple of str
+        The prefixes of the store's families, the primary one first.
+    """
+
+    checkpoint: Checkpoint
+    directory: Path
+    format: str
+    published: Path
+    families: tuple[str, ...] = ()
+
+    @property
+    def path(self) -> Path:
+        """The checkpoint file."""
+        return self.checkpoint.path
+
+    @property
+    def step(self) -> int | None:
+        """Its step."""
+        return self.checkpoint.step

@@ -22,17 +22,112 @@ cause (rule 8).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
+import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import BinaryIO, NoReturn
 
-from . import fsio
+from .archive import archive
+from .catalogue import Catalogue, read_record_or_none
+from .checkpoint import Checkpoint
 from .digests import HashingWriter
 from .errors import CheckpointWriteError
+from .layout import Family
 from .records import CommitRecord, make_record, record_path, write_record
+from .storage import Storage
+
+log = logging.getLogger("dp_ckpt_plugin")
+
+#: Headroom asked for beyond the previous checkpoint's size before a write.
+SPACE_HEADROOM = 1.05
+
+
+class Writer:
+    """Writes and commits a store's checkpoints, never over another run's.
+
+    A step this run committed already is rewritten (:func:`rewrite`); a file
+    at the name that this run did not write (an earlier run's, a user's) is
+    archived first, never overwritten; otherwise :func:`write_new`. Before
+    each write, free space is checked against the family's previous size.
+
+    Parameters
+    ----------
+    directory : Path
+        The store directory.
+    catalogue : Catalogue
+        Its committed checkpoints.
+    storage : Storage
+        Where the files are.
+    durable : bool
+        Whether to fsync.
+    check_free_space : bool
+        Whether to refuse a write when space is short.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        catalogue: Catalogue,
+        storage: Storage,
+        *,
+        durable: bool,
+        check_free_space: bool,
+    ) -> None:
+        self.directory = directory
+        self.catalogue = catalogue
+        self.storage = storage
+        self.durable = durable
+        self.check_free_space = check_free_space
+        self.written: set[str] = set()
+
+    def commit(
+        self,
+        path: Path,
+        serialize: Callable[[BinaryIO], object],
+        *,
+        step: int,
+        family: Family,
+        format: str,
+        metrics: Mapping[str, float] | None,
+    ) -> CommitRecord:
+        """Write and commit ``path``; return its record."""
+        self._check_space(family, path)
+        details = {
+            "step": step,
+            "family": family.prefix,
+            "format": format,
+            "durable": self.durable,
+            "storage": self.storage,
+            "metrics": metrics,
+        }
+        if self.storage.entry(path) is not None:
+            old = read_record_or_none(path, storage=self.storage)
+            if old is not None and path.name in self.written:
+                return rewrite(path, serialize, old=old, **details)
+            # an earlier run's checkpoint, or a file that is not ours: keep it
+            dest = archive(
+                self.directory,
+                [Checkpoint(path, step, family.prefix, old)],
+                storage=self.storage,
+                durable=self.durable,
+            )
+            self.catalogue.discard(family, path.name)
+            log.info("moved %s, written before this run, to %s", path, dest)
+        record = write_new(path, serialize, **details)
+        self.written.add(path.name)
+        return record
+
+    def _check_space(self, family: Family, path: Path) -> None:
+        newest = self.catalogue.newest(family) if self.check_free_space else None
+        if newest is None:
+            return
+        free = self.storage.free_bytes(self.directory)
+        if free is not None and free < int(newest.record.size * SPACE_HEADROOM):
+            raise CheckpointWriteError(
+                f"could not write {path}: not enough space ({free} bytes free, "
+                f"the previous checkpoint took {newest.record.size})"
+            )
 
 
 def write_new(
@@ -43,6 +138,7 @@ def write_new(
     family: str,
     format: str,
     durable: bool,
+    storage: Storage,
     metrics: Mapping[str, float] | None = None,
 ) -> CommitRecord:
     """Write and commit the first checkpoint of a step at ``path`` (absent).
@@ -56,18 +152,19 @@ def write_new(
         path,
         serialize,
         durable,
+        storage,
         step=step,
         family=family,
         format=format,
         metrics=metrics,
     )
     try:
-        write_record(path, record, durable=durable)
-        fsio.move_into_place(tmp, path, durable=durable)
+        write_record(path, record, durable=durable, storage=storage)
+        storage.move_into_place(tmp, path, durable=durable)
     except (OSError, CheckpointWriteError) as exc:
         # nothing of this step may stay: the temporary file, the record, and
         # a payload whose name might not survive (its directory fsync failed)
-        _undo(exc, path, (tmp, path, record_path(path)))
+        _undo(exc, path, (tmp, path, record_path(path)), storage)
     return record
 
 
@@ -80,6 +177,7 @@ def rewrite(
     family: str,
     format: str,
     durable: bool,
+    storage: Storage,
     metrics: Mapping[str, float] | None = None,
 ) -> CommitRecord:
     """Re-save a step whose committed checkpoint (``old``) is at ``path``."""
@@ -87,6 +185,7 @@ def rewrite(
         path,
         serialize,
         durable,
+        storage,
         step=step,
         family=family,
         format=format,
@@ -94,36 +193,43 @@ def rewrite(
     )
     try:
         both = dataclasses.replace(new, replaces=(old.size, old.digest))
-        write_record(path, both, durable=durable)
+        write_record(path, both, durable=durable, storage=storage)
     except (OSError, CheckpointWriteError) as exc:
-        _undo(exc, path, (tmp,))
+        _undo(exc, path, (tmp,), storage)
     # from here on the double record stands whatever fails: it accepts the
     # old payload (the move failed) and the new one (the move happened)
-    fsio.move_into_place(tmp, path, durable=durable)
-    write_record(path, new, durable=durable)
+    storage.move_into_place(tmp, path, durable=durable)
+    write_record(path, new, durable=durable, storage=storage)
     return new
 
 
 def _described_payload(
-    path: Path, serialize: Callable[[BinaryIO], object], durable: bool, **fields
+    path: Path,
+    serialize: Callable[[BinaryIO], object],
+    durable: bool,
+    storage: Storage,
+    **fields,
 ) -> tuple[Path, CommitRecord]:
     """Write the payload of ``path`` to a temporary file and describe it.
 
     Returns the temporary path and the record for ``path`` (``fields``: step,
     family, format, metrics); on failure the temporary file is removed.
     """
-    tmp, digest = write_hashed(path, serialize, durable=durable)
+    tmp, digest = write_hashed(path, serialize, durable=durable, storage=storage)
     try:
-        return tmp, make_record(tmp, name=path.name, digest=digest, **fields)
+        return tmp, make_record(
+            tmp, name=path.name, digest=digest, storage=storage, **fields
+        )
     except OSError as exc:
-        _undo(exc, path, (tmp,))
+        _undo(exc, path, (tmp,), storage)
 
 
-def _undo(exc: OSError, path: Path, leftovers: tuple[Path, ...]) -> NoReturn:
+def _undo(
+    exc: OSError, path: Path, leftovers: tuple[Path, ...], storage: Storage
+) -> NoReturn:
     """Remove ``leftovers`` of a failed commit of ``path``; raise the error."""
     for leftover in leftovers:
-        with contextlib.suppress(OSError):
-            os.unlink(leftover)
+        storage.remove_quietly(leftover)
     if isinstance(exc, CheckpointWriteError):
         raise exc
     raise CheckpointWriteError(
@@ -132,7 +238,11 @@ def _undo(exc: OSError, path: Path, leftovers: tuple[Path, ...]) -> NoReturn:
 
 
 def write_hashed(
-    path: Path, serialize: Callable[[BinaryIO], object], *, durable: bool
+    path: Path,
+    serialize: Callable[[BinaryIO], object],
+    *,
+    durable: bool,
+    storage: Storage,
 ) -> tuple[Path, str | None]:
     """Write a payload to a temporary file beside ``path``, hashing it on the way.
 
@@ -148,11 +258,11 @@ def write_hashed(
         finally:
             found["digest"] = hashing.digest()
 
-    tmp = fsio.write_temp(path, writer, durable=durable)
+    tmp = storage.write_temp(path, writer, durable=durable)
     return tmp, found.get("digest")
 
 
-def remove(paths: list[Path], *, durable: bool) -> None:
+def remove(paths: list[Path], *, durable: bool, storage: Storage) -> None:
     """Remove committed checkpoints (retention): payloads, then records.
 
     The payloads' removal is made durable before any record goes: a crash in
@@ -161,10 +271,10 @@ def remove(paths: list[Path], *, durable: bool) -> None:
     remove.
     """
     for path in paths:
-        fsio.remove_file(path)
+        storage.remove(path)
     if paths and durable:
-        fsio.fsync_dir(paths[0].parent)
+        storage.sync_dir(paths[0].parent, holding=paths)
     for path in paths:
-        fsio.remove_file(record_path(path))
+        storage.remove(record_path(path))
     if paths and durable:
-        fsio.fsync_dir(paths[0].parent)
+        storage.sync_dir(paths[0].parent, holding=paths)

@@ -48,12 +48,27 @@ def hasher(algorithm: str) -> Any:
     raise ValueError(f"unknown digest algorithm {algorithm!r}")
 
 
-def digest_of(path: Path, algorithm: str = DEFAULT_ALGORITHM) -> str:
-    """Return ``"<algorithm>:<hex>"`` of a file's content, reading it once."""
+def digest_of(
+    path: Path, algorithm: str = DEFAULT_ALGORITHM, *, storage: Any = None
+) -> str:
+    """Return ``"<algorithm>:<hex>"`` of a file's content, reading it once.
+
+    The file is opened through ``storage`` (the default local storage when
+    ``None``): only a regular file is read.
+    """
+    if storage is None:
+        from .storage import default_storage
+
+        storage = default_storage()
+    with storage.open_payload(path) as handle:
+        return digest_of_handle(handle, algorithm)
+
+
+def digest_of_handle(handle: BinaryIO, algorithm: str = DEFAULT_ALGORITHM) -> str:
+    """Return ``"<algorithm>:<hex>"`` of what ``handle`` reads to its end."""
     h = hasher(algorithm)
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            h.update(chunk)
+    while chunk := handle.read(_CHUNK):
+        h.update(chunk)
     return f"{algorithm}:{h.hexdigest()}"
 
 

@@ -39,6 +39,25 @@ class CorruptCheckpointError(CheckpointError):
     """A checkpoint does not match its commit record or cannot be read."""
 
 
+class UnreadableFileError(CheckpointError):
+    """A file the store reads is not one it can read: a FIFO, a device, a
+    socket, a directory or a link where a file is expected, one too large,
+    or one the operating system refuses to read.
+
+    Attributes
+    ----------
+    path : Path
+        The file.
+    reason : str
+        What it is instead, or the cause (``is a FIFO, not a file``).
+    """
+
+    def __init__(self, path, reason: str) -> None:
+        super().__init__(f"{path} {reason}")
+        self.path = path
+        self.reason = reason
+
+
 class InvalidRecordError(CheckpointError):
     """A commit record is malformed, too new, or disagrees with its file.
 

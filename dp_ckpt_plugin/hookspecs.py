@@ -17,6 +17,11 @@ The built-in formats and resolver are ordinary plugins marked ``trylast``, so a
 third-party implementation runs before them and, for ``firstresult`` hooks,
 can answer in their place. ``on_save_step``, ``on_commit``,
 ``on_resolve_restart`` and ``on_freeze`` are the project's public API.
+
+The package calls these hooks only through :class:`dp_ckpt_plugin.hooks.Hooks`,
+and verifies what a plugin proposes: a checkpoint ``on_resolve_restart``
+returns is checked against its commit record by the front door before anyone
+uses it, whatever the plugin checked itself.
 """
 
 from __future__ import annotations
@@ -27,10 +32,9 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import pluggy
 
 if TYPE_CHECKING:
-    from .checkpoint import Checkpoint
+    from .checkpoint import Checkpoint, Commit
     from .formats import FormatInfo
     from .resolution import ResolveContext, Resolved
-    from .store import CheckpointStore
 
 #: Project name shared by the hook markers and the plugin manager.
 PROJECT = "dp_ckpt"
@@ -115,7 +119,7 @@ def on_load_step(format: str, path: Path) -> Any | None:
 
 
 @hookspec
-def on_commit(store: CheckpointStore, checkpoint: Checkpoint) -> None:
+def on_commit(commit: Commit, checkpoint: Checkpoint, store: Commit) -> None:
     """Observe a checkpoint that is durable, committed and published.
 
     Called on the chief rank, once per checkpoint, after its commit record was
@@ -127,13 +131,21 @@ def on_commit(store: CheckpointStore, checkpoint: Checkpoint) -> None:
     logged as a warning naming the plugin and the checkpoint, and the save
     goes on (the checkpoint stays committed and published, retention runs).
 
+    An observer takes any of the arguments below, by name.
+
     Parameters
     ----------
-    store : dp_ckpt_plugin.CheckpointStore
-        The store the checkpoint belongs to (``store.directory``).
+    commit : dp_ckpt_plugin.Commit
+        The commit, read only: ``checkpoint``, the store's ``directory`` and
+        ``format``, what the pointer and alias name now (``published``) and
+        the store's ``families``.
     checkpoint : dp_ckpt_plugin.Checkpoint
-        ``path``, ``step``, ``family`` and commit ``record`` of the new
-        checkpoint.
+        ``commit.checkpoint``: ``path``, ``step``, ``family`` and commit
+        ``record`` of the new checkpoint.
+    store : dp_ckpt_plugin.Commit
+        The same read-only view as ``commit`` (``store.directory``), for
+        observers written for dp-ckpt-plugin 0.2, which were handed the
+        store itself.
     """
 
 
@@ -161,7 +173,13 @@ def on_resolve_restart(spec: str, context: ResolveContext) -> Resolved | None:
     -------
     dp_ckpt_plugin.Resolved or None
         The first non-``None`` result wins. Raise
-        :class:`~dp_ckpt_plugin.RestartNotFoundError` to fail.
+        :class:`~dp_ckpt_plugin.RestartNotFoundError` to fail. Whatever is
+        returned is verified by the front door before it is used: a link is
+        followed to the checkpoint it names, and that file is checked
+        against its commit record at the level the context asks for (a
+        file without a record is accepted unverified, with a warning). A
+        plugin may return ``dp_ckpt_plugin.resolve(str(path), context)``, or
+        just a :class:`~dp_ckpt_plugin.Resolved` naming the file.
     """
 
 

@@ -8,6 +8,7 @@ record: both start with a dot.
 
 from __future__ import annotations
 
+import operator
 import os
 import re
 import secrets
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 POINTER_NAME = "checkpoint"
 #: Folder inside a store where corrupt checkpoints are moved aside.
 QUARANTINE_DIR = "quarantine"
+#: Folder inside a store where earlier runs are moved.
+ARCHIVE_DIR = "archive"
 #: Name of the single-writer lock file of a store.
 LOCK_NAME = ".dp_ckpt.lock"
 #: Name of the file describing the holder of the lock.
@@ -116,3 +119,24 @@ def record_target(name: str) -> str | None:
     if name.startswith(".") and name.endswith(_RECORD_SUFFIX):
         return name[1 : -len(_RECORD_SUFFIX)] or None
     return None
+
+
+#: The largest step a checkpoint may have.
+MAX_STEP = 1 << 62
+
+
+def check_step(step: object) -> int:
+    """Return ``step`` as an int; refuse a bool, a float or a negative number."""
+    if isinstance(step, bool):
+        raise TypeError(f"a step is an int, got the bool {step!r}")
+    try:
+        value = operator.index(step)
+    except TypeError:
+        raise TypeError(
+            f"a step is an int, got {type(step).__name__} {step!r}"
+        ) from None
+    if value < 0:
+        raise ValueError(f"a step must not be negative, got {value}")
+    if value > MAX_STEP:
+        raise ValueError(f"a step must not be above 2**62, got {value}")
+    return value

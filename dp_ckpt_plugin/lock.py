@@ -15,7 +15,6 @@ lock.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
@@ -23,9 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import StoreLockedError
-from .fsio import write_text_atomic
+from .errors import CheckpointWriteError, StoreLockedError, UnreadableFileError
 from .layout import HOLDER_NAME, LOCK_NAME
+from .records import load_json, shorten
+from .storage import Storage, local_storage
 
 try:
     import fcntl
@@ -43,10 +43,14 @@ class StoreLock:
     ----------
     directory : Path
         The store directory; it must exist.
+    storage : Storage, optional
+        How the lock and holder files are touched (confined to ``directory``
+        by default).
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, storage: Storage | None = None) -> None:
         self.directory = Path(directory)
+        self.storage = storage or local_storage(self.directory)
         self.path = self.directory / LOCK_NAME
         self._fd: int | None = None
         self._fallback = None
@@ -81,14 +85,20 @@ class StoreLock:
             "command": " ".join(sys.argv),
             "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
-        write_text_atomic(
-            self.directory / HOLDER_NAME, json.dumps(holder) + "\n", durable=False
-        )
+        try:
+            self.storage.write_atomic(
+                self.directory / HOLDER_NAME,
+                (json.dumps(holder) + "\n").encode("utf-8"),
+                durable=False,
+            )
+        except CheckpointWriteError:
+            self.release()
+            raise
 
     def _lock_file(self) -> int:
         """Open and ``flock`` the lock file; return its descriptor."""
         for _ in range(_ATTEMPTS):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = self.storage.open_lock(self.path)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -97,7 +107,7 @@ class StoreLock:
             except BaseException:
                 os.close(fd)
                 raise
-            if _names(self.path, fd):
+            if self.storage.is_open_file(self.path, fd):
                 return fd
             os.close(fd)  # a releasing holder removed this file meanwhile
         raise self._refusal()
@@ -111,25 +121,31 @@ class StoreLock:
     def describe_holder(self) -> str:
         """Say who holds the lock, as far as the holder file tells."""
         try:
-            info = json.loads((self.directory / HOLDER_NAME).read_text())
-            return f"pid {info['pid']} on {info['host']}, since {info['since']}: {info['command']}"
-        except (OSError, ValueError, KeyError, TypeError):
+            data = self.storage.read_small(self.directory / HOLDER_NAME, 64 * 1024)
+            info = load_json(data.decode("utf-8"), HOLDER_NAME, "holder note")
+            fields = [info[k] for k in ("pid", "host", "since", "command")]
+        except (UnreadableFileError, ValueError, KeyError, TypeError, AttributeError):
             return "holder unknown"
+        except Exception:  # an unreadable note is no reason to fail a refusal
+            return "holder unknown"
+        pid, host, since, command = (
+            shorten(f, 200) if not isinstance(f, str) else f[:200] for f in fields
+        )
+        return f"pid {pid} on {host}, since {since}: {command}"
 
     def release(self) -> None:
         """Give the lock up and remove its files (idempotent)."""
         if not self.held:
             return
-        with contextlib.suppress(OSError):
-            (self.directory / HOLDER_NAME).unlink()
+        self.storage.remove_quietly(self.directory / HOLDER_NAME)
         if self._fallback is not None:  # pragma: no cover - not POSIX
             self._fallback.release(force=True)
             return
         fd, self._fd = self._fd, None
         try:
-            if _names(self.path, fd):
-                with contextlib.suppress(OSError):
-                    self.path.unlink()  # while still locked: see the module doc
+            if self.storage.is_open_file(self.path, fd):
+                # while still locked: see the module doc
+                self.storage.remove_quietly(self.path)
         finally:
             os.close(fd)  # closing releases the flock
 
@@ -139,11 +155,3 @@ class StoreLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-def _names(path: Path, fd: int) -> bool:
-    """Whether ``path`` is the file open as ``fd`` (same device and inode)."""
-    try:
-        return os.path.samestat(os.stat(path), os.fstat(fd))
-    except OSError:
-        return False

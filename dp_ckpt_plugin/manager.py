@@ -12,7 +12,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,13 +22,17 @@ from typing import Any
 
 import pluggy
 
-from .formats import get_format
+from .config import FamilyConfig
+from .hooks import Hooks
 from .layout import Family
 from .plugins import get_plugin_manager
 from .ranks import Ranks, current_ranks
 from .resolution import Resolved
 from .retention import KeepLast, RetentionPolicy, policy_from_dict
-from .store import CheckpointStore, FamilyConfig
+from .storage import Storage
+from .store import CheckpointStore
+
+log = logging.getLogger("dp_ckpt_plugin")
 
 
 @dataclass
@@ -67,7 +73,7 @@ class CheckpointManager:
     policy : RetentionPolicy or Mapping, optional
         The retention policy, in place of ``max_keep``: a policy object, or
         the plain keys of :func:`~dp_ckpt_plugin.retention.policy_from_dict`
-        (``{"max_ckpt_keep": 5, "keep_best": 3, "best_metric": "loss"}``).
+        (``{"keep_last": 5, "keep_best": 3, "best_metric": "loss"}``).
     verify : {"size", "digest"}, optional
         How a checkpoint is checked before it is restored: its size, or also
         its content digest (``"sha256"`` is accepted for ``"digest"``).
@@ -84,6 +90,11 @@ class CheckpointManager:
         :func:`~dp_ckpt_plugin.plugins.get_plugin_manager` if not given.
     ranks : Ranks, optional
         This process's rank; torch.distributed's if a group is initialized.
+    storage : Storage, optional
+        How files are touched (the local file system, confined to
+        ``directory``, by default).
+    backend : str, optional
+        Deprecated name of ``format`` (dp-ckpt-plugin 0.1); warns.
     """
 
     def __init__(
@@ -100,14 +111,24 @@ class CheckpointManager:
         async_save: bool = False,
         pm: pluggy.PluginManager | None = None,
         ranks: Ranks | None = None,
+        storage: Storage | None = None,
+        backend: str | None = None,
     ) -> None:
+        if backend is not None:
+            warnings.warn(
+                "CheckpointManager(backend=...) is deprecated; use format=... "
+                "(backend now means deepmd-kit's framework backend)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            format = backend
         if verify not in ("size", "digest", "sha256"):
             raise ValueError(f"verify must be 'size' or 'digest', got {verify!r}")
         verify = "digest" if verify == "sha256" else verify
         self.pm = pm or get_plugin_manager()
         self.verify = verify
         self.async_save = async_save
-        family = Family(prefix, get_format(self.pm, format).suffix)
+        family = Family(prefix, Hooks.of(self.pm).format(format).suffix)
         if policy is None:
             policy = KeepLast(int(max_keep))
         elif isinstance(policy, Mapping):
@@ -120,6 +141,7 @@ class CheckpointManager:
             ranks=ranks or current_ranks(),
             durable=durable,
             lock=lock,
+            storage=storage,
         )
 
     @property
@@ -145,14 +167,19 @@ class CheckpointManager:
 
     def resolve(self, spec: str = "latest") -> Path:
         """Return the checkpoint ``spec`` names, verified, without loading it."""
-        self.store.wait()
-        return self.store.resolve(spec, digest=self.verify == "digest").path
+        return self._resolve(spec).path
 
     def restore(self, spec: str = "latest") -> Restored:
         """Resolve ``spec``, verify it and read it back."""
+        found = self._resolve(spec)
+        return Restored(found.step, found.path, self.store.load(found), found)
+
+    def _resolve(self, spec: str) -> Resolved:
         self.store.wait()
         found = self.store.resolve(spec, digest=self.verify == "digest")
-        return Restored(found.step, found.path, self.store.load(found), found)
+        for warning in found.warnings:  # said once, here
+            log.warning("%s", warning)
+        return found
 
     def close(self) -> None:
         """Release the directory lock."""

@@ -14,14 +14,24 @@ from the commit records.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import InvalidRecordError
-from .fsio import write_text_atomic
+from .errors import InvalidRecordError, UnreadableFileError
 from .layout import MANIFEST_NAME, Family
-from .retention import RetentionPolicy, policy_from_dict, policy_to_dict, reason_of
+from .records import load_json, shorten
+from .retention import (
+    RetentionPolicy,
+    neutral_keys,
+    policy_from_dict,
+    policy_to_dict,
+    reason_of,
+)
+from .storage import Storage, default_storage
+
+log = logging.getLogger("dp_ckpt_plugin")
 
 #: Version of the manifest format this package writes and reads.
 MANIFEST_VERSION = 1
@@ -50,9 +60,9 @@ class FamilyInfo:
         """The policy the plain keys build, or ``None``."""
         if self.policy is None:
             return None
-        try:
-            return policy_from_dict(self.policy)
-        except ValueError:
+        try:  # a manifest of dp-ckpt-plugin 0.2 says max_ckpt_keep
+            return policy_from_dict(neutral_keys(self.policy))
+        except (ValueError, TypeError):
             return None
 
 
@@ -101,14 +111,49 @@ def describe(format: str, families: list[tuple[Family, RetentionPolicy]]) -> Man
     )
 
 
-def write_manifest(directory: Path, manifest: Manifest, *, durable: bool) -> Path:
+class Describer:
+    """Writes a store's manifest when what it says changed; never fatal."""
+
+    def __init__(self, directory: Path, storage: Storage) -> None:
+        self.directory = directory
+        self.storage = storage
+        self._last: Manifest | None = None
+
+    def describe(self, format: str, families: list[tuple[Family, RetentionPolicy]]):
+        """Write the manifest of ``format`` and ``families`` unless it is current.
+
+        Informative, like the lock's holder note: no fsync; a failure is a
+        warning.
+        """
+        manifest = describe(format, families)
+        if manifest == self._last:
+            return
+        try:
+            write_manifest(
+                self.directory, manifest, durable=False, storage=self.storage
+            )
+        except OSError as exc:
+            log.warning("could not describe the store in %s: %s", self.directory, exc)
+            return
+        self._last = manifest
+
+
+#: Most bytes a manifest may hold.
+MAX_MANIFEST_BYTES = 256 * 1024
+
+
+def write_manifest(
+    directory: Path, manifest: Manifest, *, durable: bool, storage: Storage
+) -> Path:
     """Write ``D/.dp_ckpt.store.json`` atomically; return its path."""
     path = directory / MANIFEST_NAME
-    write_text_atomic(path, manifest.to_json(), durable=durable)
+    storage.write_atomic(path, manifest.to_json().encode("utf-8"), durable=durable)
     return path
 
 
-def read_manifest(directory: Path) -> Manifest | None:
+def read_manifest(
+    directory: Path, *, storage: Storage | None = None
+) -> Manifest | None:
     """Read ``D/.dp_ckpt.store.json``; ``None`` when there is none.
 
     Raises
@@ -117,35 +162,55 @@ def read_manifest(directory: Path) -> Manifest | None:
         When it exists but is malformed or of a newer version.
     """
     path = directory / MANIFEST_NAME
+    storage = storage or default_storage()
     try:
-        data = json.loads(path.read_text("utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise InvalidRecordError(f"cannot read store manifest {path}: {exc}") from exc
+        raw = storage.read_small(path, MAX_MANIFEST_BYTES)
+        if raw is None:
+            return None
+        data = load_json(raw.decode("utf-8"), path, "store manifest")
+    except UnreadableFileError as exc:
+        raise InvalidRecordError(f"store manifest {exc}") from None
+    except UnicodeDecodeError:
+        raise InvalidRecordError(f"store manifest {path} is not UTF-8 text") from None
     try:
+        if type(data) is not dict:
+            raise TypeError("not an object")
         version = data["format_version"]
-        if type(version) is not int or version > MANIFEST_VERSION:
+        if type(version) is not int or version < 1:
+            raise TypeError(f"format_version {shorten(version)}")
+        if version > MANIFEST_VERSION:
             raise InvalidRecordError(
                 f"store manifest {path} has version {version!r}, newer than this "
                 f"plugin reads ({MANIFEST_VERSION}); upgrade dp-ckpt-plugin"
             )
+        entries = data["families"]
+        if type(entries) is not list or not 0 < len(entries) <= 64:
+            raise TypeError("families")
         families = []
-        for entry in data["families"]:
+        for entry in entries:
+            if type(entry) is not dict:
+                raise TypeError("a family is not an object")
+            fields = [entry["prefix"], entry["suffix"], entry["pointer"]]
+            if not all(type(f) is str and 0 < len(f) <= 255 for f in fields):
+                raise TypeError("prefix, suffix and pointer must be file names")
+            if any("/" in f or "\0" in f for f in fields) or fields[2] in (".", ".."):
+                raise ValueError("prefix, suffix and pointer must be bare names")
             policy = entry.get("policy")
             if policy is not None and type(policy) is not dict:
                 raise TypeError("policy")
+            reason = entry.get("reason", "")
             families.append(
                 FamilyInfo(
-                    Family(entry["prefix"], entry["suffix"], entry["pointer"]),
+                    Family(*fields),
                     policy,
-                    str(entry.get("reason", "")),
+                    reason[:200] if type(reason) is str else "",
                 )
             )
-        if type(data["format"]) is not str or not families:
+        if type(data["format"]) is not str or not 0 < len(data["format"]) <= 64:
             raise TypeError("format")
         return Manifest(data["format"], tuple(families))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise InvalidRecordError(
-            f"store manifest {path} is malformed ({type(exc).__name__}: {exc})"
+            f"store manifest {path} is malformed ({type(exc).__name__}: "
+            f"{shorten(str(exc), 80)})"
         ) from None

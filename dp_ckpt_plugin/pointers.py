@@ -2,12 +2,17 @@
 
 A pointer is a one-line text file naming a checkpoint (relative to the
 pointer's own directory, or absolute); an alias is a symlink (or, where
-symlinks cannot be made, a hard link or copy). Both are read defensively: a
-malformed pointer raises :class:`~dp_ckpt_plugin.errors.UnsafePointerError`,
-which resolution reports and skips. Resolution follows a target outside the
-directory holding the pointer only when it is provably a committed checkpoint
-(its record verifies), so a planted pointer cannot make the plugin read an
-arbitrary file while the plugin's own mirrors always resolve.
+symlinks cannot be made, a hard link or copy). Both are read defensively,
+through a :class:`~dp_ckpt_plugin.storage.Storage`: a malformed pointer (or a
+FIFO, a directory or a link where the pointer should be) raises
+:class:`~dp_ckpt_plugin.errors.UnsafePointerError`, which resolution reports
+and skips. Resolution follows a target outside the directory holding the
+pointer only when it is provably a committed checkpoint (its record
+verifies), so a planted pointer cannot make the plugin read an arbitrary file
+while the plugin's own mirrors always resolve.
+
+:func:`named_by` is the one answer to "which checkpoints do a family's pointer
+and alias name", used by retention, archiving and the commands.
 """
 
 from __future__ import annotations
@@ -15,12 +20,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import UnsafePointerError
+from .errors import UnreadableFileError, UnsafePointerError
+from .layout import Family
+from .storage import Storage, default_storage
 
-_MAX_POINTER_BYTES = 4096
+#: Most bytes a pointer may hold.
+MAX_POINTER_BYTES = 4096
 
 
-def read_pointer(pointer: Path) -> Path | None:
+def read_pointer(pointer: Path, *, storage: Storage | None = None) -> Path | None:
     """Read a pointer file and return its target path, or ``None`` if absent.
 
     Where the target lies is the caller's to judge (:func:`is_inside`).
@@ -28,19 +36,17 @@ def read_pointer(pointer: Path) -> Path | None:
     Raises
     ------
     UnsafePointerError
-        When the pointer is malformed: a directory, binary, empty, several
-        lines or over 4 KiB.
+        When the pointer is malformed: not a regular file, binary, empty,
+        several lines or over 4 KiB.
     """
+    storage = storage or default_storage()
     try:
-        with open(pointer, "rb") as handle:
-            raw = handle.read(_MAX_POINTER_BYTES + 1)
-    except FileNotFoundError:
+        raw = storage.read_small(pointer, MAX_POINTER_BYTES)
+    except UnreadableFileError as exc:
+        raise UnsafePointerError(f"pointer {exc}") from None
+    if raw is None:
         return None
-    except IsADirectoryError:
-        raise UnsafePointerError(
-            f"pointer {pointer} is a directory, not a file"
-        ) from None
-    if len(raw) > _MAX_POINTER_BYTES or b"\0" in raw:
+    if b"\0" in raw:
         raise UnsafePointerError(
             f"pointer {pointer} is not a text file naming a checkpoint"
         )
@@ -52,7 +58,7 @@ def read_pointer(pointer: Path) -> Path | None:
         ) from None
     if not text:
         raise UnsafePointerError(f"pointer {pointer} is empty")
-    if "\n" in text:
+    if "\n" in text or "\r" in text:
         raise UnsafePointerError(f"pointer {pointer} holds more than one line")
     target = Path(text)
     if not target.is_absolute():
@@ -62,27 +68,58 @@ def read_pointer(pointer: Path) -> Path | None:
     return target
 
 
-def is_inside(target: Path, roots: list[Path]) -> bool:
+def pointer_text(checkpoint: Path, pointer: Path) -> str:
+    """What a pointer at ``pointer`` holds to name ``checkpoint``.
+
+    The path relative to the pointer's directory, with no newline: byte for
+    byte what deepmd-kit writes, and what it reads back with no strip.
+    """
+    return os.path.relpath(checkpoint, pointer.parent)
+
+
+def is_inside(
+    target: Path, roots: list[Path], *, storage: Storage | None = None
+) -> bool:
     """Whether ``target``, symlinks followed, lies under one of ``roots``."""
-    real = Path(os.path.realpath(target))
+    storage = storage or default_storage()
+    real = storage.real(target)
     for root in roots:
-        real_root = Path(os.path.realpath(root))
+        real_root = storage.real(root)
         if real == real_root or real_root in real.parents:
             return True
     return False
 
 
-def read_text_or_none(path: Path) -> str | None:
-    """Return a small text file's content, or ``None`` if it cannot be read."""
+def link_or_pointer_target(path: Path, *, storage: Storage | None = None) -> str | None:
+    """The file name a pointer or alias at ``path`` names, or ``None``.
+
+    A symlink's target (as written) or a readable pointer's line; anything
+    unreadable or malformed names nothing.
+    """
+    storage = storage or default_storage()
+    linked = storage.link_target(path)
+    if linked:
+        return Path(linked).name
     try:
-        return path.read_text("utf-8")
-    except (OSError, UnicodeDecodeError):
+        named = read_pointer(path, storage=storage)
+    except UnsafePointerError:
         return None
+    return named.name if named is not None else None
 
 
-def read_link_or_none(path: Path) -> str | None:
-    """Return a symlink's target as written, or ``None`` if it is no symlink."""
+def named_by(
+    directory: Path, family: Family, *, storage: Storage | None = None
+) -> dict[str, str | None]:
+    """The file names the family's pointer and alias in ``directory`` name.
+
+    Returns ``{"pointer": name or None, "alias": name or None}``.
+    """
+    storage = storage or default_storage()
+    pointer = None
     try:
-        return os.readlink(path)
-    except OSError:
-        return None
+        found = read_pointer(directory / family.pointer, storage=storage)
+        pointer = found.name if found is not None else None
+    except UnsafePointerError:
+        pointer = None
+    linked = storage.link_target(directory / family.alias)
+    return {"pointer": pointer, "alias": Path(linked).name if linked else None}

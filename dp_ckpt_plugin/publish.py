@@ -2,12 +2,14 @@
 
 Publication is one of the store's invariant steps, run after the commit record
 exists: the in-store pointer (a one-line file naming the checkpoint relative to
-the store), the in-store alias (a symlink, else a hard link or copy) and any
-*mirrors* a host configures outside the store (deepmd-kit's working-directory
-``checkpoint`` pointer and the alias beside its ``save_ckpt`` prefix), each
-holding a path relative to its own directory. Every update is atomic. If one
-fails, every target already moved is put back as it was, so ``latest`` goes
-on naming the previous checkpoint everywhere (rule 8).
+the store, in deepmd-kit's own format: no newline), the in-store alias (a
+symlink, else a hard link or copy) and any *mirrors* a host configures outside
+the store (deepmd-kit's working-directory ``checkpoint`` pointer and the alias
+beside its ``save_ckpt`` prefix), each holding a path relative to its own
+directory. Every update is atomic. If one fails, every target already moved is
+put back as it was, so ``latest`` goes on naming the previous checkpoint
+everywhere (rule 8). What is remembered to put a target back is its link
+target or its pointer line, never a payload: publication reads no checkpoint.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from . import fsio
-from .errors import CheckpointWriteError
-from .pointers import read_link_or_none, read_text_or_none
+from .errors import CheckpointWriteError, UnreadableFileError
+from .pointers import MAX_POINTER_BYTES, pointer_text
+from .storage import Storage
 
 
 @dataclass(frozen=True)
@@ -34,10 +36,16 @@ class Mirror:
         The mirror file (absolute).
     kind : {"pointer", "alias"}
         A one-line text pointer, or an alias link.
+    sync : bool
+        Whether a pointer's bytes are fsynced before it takes its name. The
+        store's own pointer is not: one that lost its bytes in a power loss
+        is empty, and resolution skips it for the alias and the newest
+        committed checkpoint. A mirror that plain deepmd-kit reads is.
     """
 
     path: Path
     kind: Literal["pointer", "alias"]
+    sync: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in ("pointer", "alias"):
@@ -46,20 +54,95 @@ class Mirror:
             )
 
 
+class Publisher:
+    """What a store's families publish, step after step.
+
+    The checkpoint just written; for a family ranked by a metric (its policy
+    has a ``leader``, such as :class:`~dp_ckpt_plugin.retention.KeepBest`),
+    its best. Never a step below one this publisher published already: a save
+    that finishes late (another thread's) does not move ``latest`` back.
+
+    Parameters
+    ----------
+    directory : Path
+        The store directory.
+    storage : Storage
+        Where the files are.
+    durable : bool
+        Whether to fsync.
+    """
+
+    def __init__(self, directory: Path, storage: Storage, *, durable: bool) -> None:
+        self.directory = directory
+        self.storage = storage
+        self.durable = durable
+        self._steps: dict[str, int] = {}
+
+    def publish(self, config, checkpoint, candidates) -> Path:
+        """Publish what ``config``'s family names after ``checkpoint``; return it.
+
+        ``candidates`` are the family's committed checkpoints up to its step,
+        as retention sees them.
+        """
+        family = config.family
+        chosen, step = checkpoint.path, checkpoint.step
+        last = self._steps.get(family.prefix, -1)
+        leader = getattr(config.policy, "leader", None)
+        if leader is not None:
+            best = leader(candidates)
+            chosen = self.directory / best.name if best is not None else chosen
+        elif step < last:
+            return self.directory / family.numbered(last)
+        publish(
+            chosen,
+            targets(self.directory, family, config.mirrors),
+            storage=self.storage,
+            durable=self.durable,
+        )
+        self._steps[family.prefix] = max(step, last)
+        return chosen
+
+
+def targets(directory: Path, family, mirrors: Iterable[Mirror] = ()) -> list[Mirror]:
+    """A family's in-store pointer and alias, then its mirrors (no repeats)."""
+    unique: dict[Path, Mirror] = {}
+    for target in (
+        Mirror(directory / family.pointer, "pointer", sync=False),
+        Mirror(directory / family.alias, "alias"),
+        *mirrors,
+    ):
+        unique.setdefault(target.path, target)
+    return list(unique.values())
+
+
 @dataclass(frozen=True)
 class _Before:
     """What one publication target held before, to put it back."""
 
     target: Mirror
     existed: bool
-    text: str | None
+    text: bytes | None
     link: str | None
+
+
+def _before(target: Mirror, storage: Storage) -> _Before:
+    """Remember a target's link or pointer line (a few bytes, never a payload)."""
+    found = storage.entry(target.path)
+    if found is None:
+        return _Before(target, False, None, None)
+    link = storage.link_target(target.path) if found.kind == "link" else None
+    text = None
+    if target.kind == "pointer" and found.is_file:
+        with contextlib.suppress(UnreadableFileError):
+            text = storage.read_small(target.path, MAX_POINTER_BYTES)
+    return _Before(target, True, text, link)
 
 
 def publish(
     checkpoint: Path,
     targets: Iterable[Mirror],
     *,
+    storage: Storage,
     durable: bool = True,
 ) -> None:
     """Point every target at ``checkpoint``, all or none.
@@ -70,6 +153,8 @@ def publish(
         The committed checkpoint (absolute).
     targets : iterable of Mirror
         The in-store pointer and alias first, then the host's mirrors.
+    storage : Storage
+        Where the files are.
     durable : bool, optional
         Whether to fsync the directories.
 
@@ -81,21 +166,18 @@ def publish(
     done: list[_Before] = []
     try:
         for target in targets:
-            done.append(
-                _Before(
-                    target,
-                    os.path.lexists(target.path),
-                    read_text_or_none(target.path),
-                    read_link_or_none(target.path),
-                )
-            )
-            rel = os.path.relpath(checkpoint, target.path.parent)
+            done.append(_before(target, storage))
             if target.kind == "pointer":
-                fsio.write_text_atomic(
-                    target.path, rel + "\n", durable=durable, sync_dir=False
+                text = pointer_text(checkpoint, target.path)
+                storage.write_atomic(
+                    target.path,
+                    text.encode("utf-8"),
+                    durable=durable and target.sync,
+                    sync_dir=False,
                 )
             else:
-                fsio.replace_link(target.path, rel, durable=durable, sync_dir=False)
+                rel = os.path.relpath(checkpoint, target.path.parent)
+                storage.make_link(target.path, rel, durable=durable, sync_dir=False)
         # one fsync per directory, after every move: the moves are atomic one
         # by one, and each names a committed checkpoint, so their order on
         # disk does not matter; the fsync makes them survive a power loss
@@ -105,21 +187,21 @@ def publish(
                 path = before.target.path
                 by_directory.setdefault(path.parent, []).append(path)
             for directory, paths in by_directory.items():
-                fsio.fsync_directory(directory, holding=paths)
+                storage.sync_dir(directory, holding=paths)
     except CheckpointWriteError:
         for before in reversed(done):
-            _put_back(before, durable=durable)
+            _put_back(before, storage, durable=durable)
         raise
 
 
-def _put_back(before: _Before, *, durable: bool) -> None:
+def _put_back(before: _Before, storage: Storage, *, durable: bool) -> None:
     """Restore one target after a failed publication; best effort."""
     path = before.target.path
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError, CheckpointWriteError):
         if not before.existed:
-            fsio.remove_file(path)
-        elif before.target.kind == "pointer" and before.text is not None:
-            fsio.write_text_atomic(path, before.text, durable=durable)
-        elif before.target.kind == "alias" and before.link is not None:
-            fsio.replace_link(path, before.link, durable=durable)
+            storage.remove(path)
+        elif before.link is not None:
+            storage.make_link(path, before.link, durable=durable)
+        elif before.text is not None:
+            storage.write_atomic(path, before.text, durable=durable)
         # an alias that was a copy (no symlinks here) stays as it is now

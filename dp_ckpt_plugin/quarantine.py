@@ -1,43 +1,62 @@
 """Moving a corrupt checkpoint aside, never deleting it.
 
-A checkpoint that fails verification is moved with its record into
-``quarantine/`` beside it, under a name that never overwrites what the folder
-already holds, so a person can still look at it.
+A checkpoint of a store that fails verification is moved with its record into
+``D/quarantine/``, under a name that never overwrites what the folder already
+holds, so a person can still look at it. Only a checkpoint lying in the store
+directory itself is moved, and only into a ``quarantine`` folder that is a
+directory of the store (not a link): a corrupt file of another directory is
+reported and left where it is (rule 31).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 
+from .errors import CheckpointWriteError, UnreadableFileError
 from .layout import QUARANTINE_DIR
 from .records import record_path
+from .storage import Storage
 
 log = logging.getLogger(__name__)
 
 
-def quarantine(path: Path) -> Path | None:
-    """Move a corrupt checkpoint and its record into ``quarantine/`` beside it.
+def quarantine(path: Path, store: Path, *, storage: Storage) -> Path | None:
+    """Move a corrupt checkpoint of ``store`` and its record into ``store/quarantine/``.
 
-    Returns the new path, or ``None`` if it could not be moved (the caller
-    still skips it).
+    Returns the new path, or ``None`` if it was not moved (it lies outside
+    the store, ``quarantine`` is not a directory of the store, or the move
+    failed); the caller still skips it.
     """
-    folder = path.parent / QUARANTINE_DIR
-    stamp = time.strftime("%Y%m%dT%H%M%S")
-    dest = folder / f"{path.name}.{stamp}"
     try:
-        folder.mkdir(exist_ok=True)
+        if storage.real(path.parent) != storage.real(store):
+            return None
+        folder = store / QUARANTINE_DIR
+        found = storage.entry(folder)
+        if found is not None and not found.is_dir:
+            log.warning(
+                "could not move corrupt %s aside: %s is not a directory of the store",
+                path,
+                folder,
+            )
+            return None
+        if found is None:
+            storage.make_dir(folder, durable=False)
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        dest = folder / f"{path.name}.{stamp}"
         n = 0
-        while dest.exists() or Path(f"{dest}.commit.json").exists():
+        while (
+            storage.entry(dest) is not None
+            or storage.entry(Path(f"{dest}.commit.json")) is not None
+        ):
             n += 1
             dest = folder / f"{path.name}.{stamp}.{n}"
-        os.replace(path, dest)
+        storage.rename(path, dest)
         rec = record_path(path)
-        if rec.exists():
-            os.replace(rec, folder / f"{dest.name}.commit.json")
-    except OSError as exc:
-        log.warning("could not move corrupt %s aside: %s", path, exc.strerror or exc)
+        if storage.entry(rec) is not None:
+            storage.rename(rec, folder / f"{dest.name}.commit.json")
+    except (CheckpointWriteError, UnreadableFileError) as exc:
+        log.warning("could not move corrupt %s aside: %s", path, exc)
         return None
     return dest

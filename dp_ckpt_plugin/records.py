@@ -25,13 +25,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .digests import ALGORITHMS, DEFAULT_ALGORITHM, digest_of
-from .errors import CorruptCheckpointError, InvalidRecordError
-from .fsio import write_text_atomic
+from .errors import CorruptCheckpointError, InvalidRecordError, UnreadableFileError
 from .layout import record_name
+from .storage import Storage, default_storage
 
 #: Version of the record format this package writes; it reads 1 and 2.
 FORMAT_VERSION = 2
 _DIGEST = re.compile(r"([a-z0-9]+):([0-9a-f]+)")
+#: Largest size, step or count a record may hold (a signed 64-bit file offset).
+MAX_INT = (1 << 63) - 1
+#: Largest commit time a record may hold (the year 9999, as Unix time).
+MAX_TIME = 253402300799.0
+#: Most bytes a record may hold; a record is a few hundred.
+MAX_RECORD_BYTES = 64 * 1024
+#: Longest name, family, format or metric name a record may hold.
+MAX_TEXT = 4096
+#: Most metrics a record may hold.
+MAX_METRICS = 256
 
 
 @dataclass(frozen=True)
@@ -103,12 +113,7 @@ class CommitRecord:
     @classmethod
     def from_json(cls, text: str, *, source: Path) -> CommitRecord:
         """Parse a record strictly, raising :class:`InvalidRecordError` if malformed."""
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise InvalidRecordError(
-                f"commit record {source} is not valid JSON: {exc}"
-            ) from exc
+        data = load_json(text, source, "commit record")
         if not isinstance(data, dict):
             raise InvalidRecordError(f"commit record {source} is not a JSON object")
         if "format" not in data and "backend" in data:
@@ -130,16 +135,30 @@ class CommitRecord:
             value = data.get(key)
             if type(value) is not kind:
                 raise InvalidRecordError(
-                    f"commit record {source}: key {key!r} must be {kind.__name__}, got {value!r}"
+                    f"commit record {source}: key {key!r} must be {kind.__name__}, "
+                    f"got {shorten(value)}"
+                )
+            if kind is int and not 0 <= value <= MAX_INT:
+                raise InvalidRecordError(
+                    f"commit record {source}: key {key!r} must be between 0 and "
+                    f"{MAX_INT}, got {shorten(value)}"
+                )
+            if kind is str and not 0 < len(value) <= MAX_TEXT:
+                raise InvalidRecordError(
+                    f"commit record {source}: key {key!r} must be a non-empty "
+                    f"string of at most {MAX_TEXT} characters"
                 )
         created = data.get("created", 0.0)
-        if type(created) not in (int, float):
+        if type(created) not in (int, float) or not (
+            0 <= created <= MAX_TIME and math.isfinite(created)
+        ):
             raise InvalidRecordError(
-                f"commit record {source}: key 'created' must be a number, got {created!r}"
+                f"commit record {source}: key 'created' must be a Unix time, "
+                f"got {shorten(created)}"
             )
-        if data["size"] < 0 or data["step"] < 0 or data["format_version"] < 1:
+        if data["format_version"] < 1:
             raise InvalidRecordError(
-                f"commit record {source}: size, step and format version must not be negative"
+                f"commit record {source}: format version must be at least 1"
             )
         _check_digest(data["digest"], source)
         replaces = data.get("replaces")
@@ -148,7 +167,7 @@ class CommitRecord:
                 type(replaces) is not dict
                 or set(replaces) != {"size", "digest"}
                 or type(replaces["size"]) is not int
-                or replaces["size"] < 0
+                or not 0 <= replaces["size"] <= MAX_INT
                 or type(replaces["digest"]) is not str
             ):
                 raise InvalidRecordError(
@@ -189,18 +208,49 @@ _FIELDS = {
 def _v1_digest(value: object, source: Path) -> str:
     if type(value) is not str or not re.fullmatch(r"[0-9a-f]{64}", value):
         raise InvalidRecordError(
-            f"commit record {source}: sha256 is not 64 hex digits, got {value!r}"
+            f"commit record {source}: sha256 is not 64 hex digits, got {shorten(value)}"
         )
     return f"sha256:{value}"
 
 
 def _check_digest(value: str, source: Path) -> None:
-    found = _DIGEST.fullmatch(value)
+    found = _DIGEST.fullmatch(value) if len(value) <= 200 else None
     if not found or ALGORITHMS.get(found.group(1)) != len(found.group(2)):
         raise InvalidRecordError(
             f"commit record {source}: digest must be '<algorithm>:<hex>' with an "
-            f"algorithm of {sorted(ALGORITHMS)}, got {value!r}"
+            f"algorithm of {sorted(ALGORITHMS)}, got {shorten(value)}"
         )
+
+
+def shorten(value: object, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for messages about bad input."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int of more digits than Python prints
+        text = f"<{type(value).__name__} too large to print>"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def load_json(text: str, source: object, what: str) -> object:
+    """Parse untrusted JSON strictly: no NaN or Infinity; deep nesting is an error.
+
+    Raises
+    ------
+    InvalidRecordError
+        Naming ``what`` and ``source``.
+    """
+    if len(text) > MAX_RECORD_BYTES * 16:
+        raise InvalidRecordError(f"{what} {source} is too large to be one")
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidRecordError(
+            f"{what} {source} is not valid JSON: {shorten(str(exc), 120)}"
+        ) from None
 
 
 def record_path(checkpoint: Path) -> Path:
@@ -214,39 +264,48 @@ def make_record(
     step: int,
     family: str,
     format: str,
+    storage: Storage,
     name: str | None = None,
     digest: str | None = None,
+    size: int | None = None,
     metrics: Mapping[str, float] | None = None,
 ) -> CommitRecord:
     """Describe a durable payload.
 
     ``name`` is the file name the record is for, when ``checkpoint`` is still
-    a temporary file; ``digest`` the digest computed while it was written,
-    else the file is hashed now; ``metrics`` (see :func:`check_metrics`) what
-    the trainer reported with it.
+    a temporary file; ``digest`` and ``size`` what was computed while it was
+    written, else the file is measured and hashed now; ``metrics`` (see
+    :func:`check_metrics`) what the trainer reported with it.
     """
+    if size is None:
+        found = storage.entry(checkpoint)
+        if found is None:
+            raise FileNotFoundError(f"{checkpoint} is gone")
+        size = found.size
     return CommitRecord(
         name=name or checkpoint.name,
         step=step,
         family=family,
         format=format,
-        size=checkpoint.stat().st_size,
-        digest=digest or digest_of(checkpoint, DEFAULT_ALGORITHM),
+        size=size,
+        digest=digest or digest_of(checkpoint, DEFAULT_ALGORITHM, storage=storage),
         created=time.time(),
         metrics=check_metrics(metrics),
     )
 
 
 def write_record(
-    checkpoint: Path, record: CommitRecord, *, durable: bool = True
+    checkpoint: Path, record: CommitRecord, *, storage: Storage, durable: bool = True
 ) -> Path:
     """Commit ``checkpoint`` by writing its record atomically; return its path."""
     path = record_path(checkpoint)
-    write_text_atomic(path, record.to_json(), durable=durable)
+    storage.write_atomic(path, record.to_json().encode("utf-8"), durable=durable)
     return path
 
 
-def read_record(checkpoint: Path) -> CommitRecord | None:
+def read_record(
+    checkpoint: Path, *, storage: Storage | None = None
+) -> CommitRecord | None:
     """Return the record of ``checkpoint``, or ``None`` if it has none.
 
     Raises
@@ -257,12 +316,16 @@ def read_record(checkpoint: Path) -> CommitRecord | None:
         file it sits beside): the checkpoint is then not committed.
     """
     path = record_path(checkpoint)
+    storage = storage or default_storage()
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidRecordError(f"cannot read commit record {path}: {exc}") from exc
+        data = storage.read_small(path, MAX_RECORD_BYTES)
+        if data is None:
+            return None
+        text = data.decode("utf-8")
+    except UnreadableFileError as exc:
+        raise InvalidRecordError(f"commit record {exc}") from None
+    except UnicodeDecodeError:
+        raise InvalidRecordError(f"commit record {path} is not UTF-8 text") from None
     return parse_record(text, source=path, name=checkpoint.name)
 
 
@@ -283,7 +346,13 @@ def parse_record(text: str, *, source, name: str) -> CommitRecord:
     return record
 
 
-def verify(checkpoint: Path, record: CommitRecord, *, digest: bool) -> None:
+def verify(
+    checkpoint: Path,
+    record: CommitRecord,
+    *,
+    digest: bool,
+    storage: Storage | None = None,
+) -> None:
     """Check a payload against its record.
 
     Parameters
@@ -301,12 +370,18 @@ def verify(checkpoint: Path, record: CommitRecord, *, digest: bool) -> None:
     CorruptCheckpointError
         Naming the file and what does not match.
     """
+    storage = storage or default_storage()
     try:
-        size = checkpoint.stat().st_size
-    except OSError as exc:
+        found = storage.entry(checkpoint, follow=True)
+    except UnreadableFileError as exc:
+        raise CorruptCheckpointError(f"checkpoint {exc}") from None
+    if found is None:
+        raise FileNotFoundError(f"checkpoint {checkpoint} is gone")
+    if not found.is_file:
         raise CorruptCheckpointError(
-            f"cannot read checkpoint {checkpoint}: {exc.strerror or exc}"
-        ) from exc
+            f"checkpoint {checkpoint} is not a regular file ({found.kind})"
+        )
+    size = found.size
     if not record.accepts(size):
         raise CorruptCheckpointError(
             f"checkpoint {checkpoint} has {size} bytes but its commit record says {record.size} "
@@ -316,7 +391,13 @@ def verify(checkpoint: Path, record: CommitRecord, *, digest: bool) -> None:
         allowed = {record.digest}
         if record.replaces is not None:
             allowed.add(record.replaces[1])
-        actual = {d: digest_of(checkpoint, d.partition(":")[0]) for d in allowed}
+        try:
+            actual = {
+                d: digest_of(checkpoint, d.partition(":")[0], storage=storage)
+                for d in allowed
+            }
+        except UnreadableFileError as exc:
+            raise CorruptCheckpointError(f"checkpoint {exc}") from None
         if not any(actual[d] == d for d in allowed):
             mine = actual[record.digest]
             raise CorruptCheckpointError(
@@ -373,11 +454,19 @@ def _metrics_from_json(value: object, source: Path) -> dict[str, float | None] |
     """Read the ``metrics`` of a record strictly (absent: ``None``)."""
     if value is None:
         return None
-    if type(value) is not dict or not all(
-        isinstance(k, str)
-        and k
-        and (v is None or (type(v) in (int, float) and math.isfinite(v)))
-        for k, v in value.items()
+    if (
+        type(value) is not dict
+        or len(value) > MAX_METRICS
+        or not all(
+            isinstance(k, str)
+            and 0 < len(k) <= MAX_TEXT
+            and (
+                v is None
+                or (type(v) is float and math.isfinite(v))
+                or (type(v) is int and abs(v) <= MAX_INT)
+            )
+            for k, v in value.items()
+        )
     ):
         raise InvalidRecordError(
             f"commit record {source}: 'metrics' must map names to finite numbers or null"

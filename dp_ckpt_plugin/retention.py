@@ -19,13 +19,14 @@ Each built-in policy has a ``name`` (stable, for programs) and a ``reason``
 (for people, such as ``"newest 5"``); :func:`explain_prune` says, for every
 checkpoint, which policies keep it, and removes exactly what
 :func:`plan_prune` removes. :func:`policy_from_dict` builds a policy from
-plain keys (``max_ckpt_keep``, ``keep_every_n_steps``, ``keep_best``, ...),
+plain keys (``keep_last``, ``keep_every_n_steps``, ``keep_best``, ...),
 and :func:`policy_to_dict` turns a built-in policy back into them.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -98,7 +99,7 @@ class KeepAll:
 
     def to_dict(self) -> dict[str, Any]:
         """The keys of :func:`policy_from_dict` that build this policy."""
-        return {"max_ckpt_keep": 0}
+        return {"keep_last": 0}
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,7 @@ class KeepLast:
 
     def to_dict(self) -> dict[str, Any]:
         """The keys of :func:`policy_from_dict` that build this policy."""
-        return {"max_ckpt_keep": self.count}
+        return {"keep_last": self.count}
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,7 @@ class KeepEveryNSteps:
 
     def to_dict(self) -> dict[str, Any]:
         """The keys of :func:`policy_from_dict` that build this policy."""
-        return {"max_ckpt_keep": None, "keep_every_n_steps": self.n}
+        return {"keep_last": None, "keep_every_n_steps": self.n}
 
 
 #: Whether a lower (``"min"``) or a higher (``"max"``) metric is better.
@@ -230,10 +231,20 @@ class KeepBest:
         """The best ``count`` candidates carrying the metric."""
         return {c[0] for c in self.rank(candidates)[: self.count]}
 
+    def leader(self, candidates: Iterable[Sequence]) -> Sequence | None:
+        """The candidate a family kept by this policy alone publishes: its best.
+
+        A family of best checkpoints is *ranked*: its pointer and alias name
+        the best one, not the newest. ``None`` when none carries the metric
+        (the newest is published then).
+        """
+        ranked = self.rank(candidates)
+        return ranked[0] if ranked else None
+
     def to_dict(self) -> dict[str, Any]:
         """The keys of :func:`policy_from_dict` that build this policy."""
         return {
-            "max_ckpt_keep": None,
+            "keep_last": None,
             "keep_best": self.count,
             "best_metric": self.metric,
             "best_mode": self.mode,
@@ -275,16 +286,16 @@ class AnyOf:
 
     def to_dict(self) -> dict[str, Any] | None:
         """The merged keys of the parts, or ``None`` when two parts set one key."""
-        merged: dict[str, Any] = {"max_ckpt_keep": None}
+        merged: dict[str, Any] = {"keep_last": None}
         for policy in self.policies:
             part = policy_to_dict(policy)
             if part is None:
                 return None
-            window = part.pop("max_ckpt_keep")
+            window = part.pop("keep_last")
             if window is not None:
-                if merged["max_ckpt_keep"] is not None:
+                if merged["keep_last"] is not None:
                     return None
-                merged["max_ckpt_keep"] = window
+                merged["keep_last"] = window
             if set(part) & set(merged):
                 return None
             merged.update(part)
@@ -448,7 +459,7 @@ def explain_prune(
 
 #: The keys :func:`policy_from_dict` reads, with what each means.
 POLICY_KEYS = {
-    "max_ckpt_keep": "keep the newest N (below one: keep all; null: no window)",
+    "keep_last": "keep the newest N (below one: keep all; null: no window)",
     "keep_every_n_steps": "also keep every checkpoint whose step is a multiple of N",
     "keep_best": "also keep the N with the best value of best_metric",
     "best_metric": "the metric keep_best ranks by, as the commit records name it",
@@ -465,10 +476,31 @@ def _int_or_none(spec: Mapping[str, Any], key: str) -> int | None:
     return value
 
 
+#: Keys of earlier releases, and the key each now is.
+OLD_KEYS = {"max_ckpt_keep": "keep_last"}
+
+
+def neutral_keys(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """``spec`` with the keys of earlier releases renamed (``max_ckpt_keep``).
+
+    Raises
+    ------
+    ValueError
+        When a key is given under both names.
+    """
+    out = dict(spec)
+    for old, new in OLD_KEYS.items():
+        if old in out:
+            if new in out:
+                raise ValueError(f"retention keys {old!r} and {new!r} are the same key")
+            out[new] = out.pop(old)
+    return out
+
+
 def policy_from_dict(spec: Mapping[str, Any]) -> RetentionPolicy:
     """Build a policy from plain keys, such as a configuration file gives.
 
-    ``{"max_ckpt_keep": 5, "keep_every_n_steps": 1000, "keep_best": 3,
+    ``{"keep_last": 5, "keep_every_n_steps": 1000, "keep_best": 3,
     "best_metric": "rmse_val"}`` keeps the newest 5, every thousandth step
     and the 3 with the lowest ``rmse_val``: ``AnyOf((KeepLast(5),
     KeepEveryNSteps(1000), KeepBest(3, "rmse_val")))``.
@@ -476,7 +508,7 @@ def policy_from_dict(spec: Mapping[str, Any]) -> RetentionPolicy:
     Parameters
     ----------
     spec : Mapping
-        The keys of :data:`POLICY_KEYS`. ``max_ckpt_keep`` defaults to 5;
+        The keys of :data:`POLICY_KEYS`. ``keep_last`` defaults to 5;
         ``null`` means no window (then another key must keep something).
         ``keep_every_n_steps`` and ``keep_best`` are off when absent,
         ``null`` or 0.
@@ -495,6 +527,14 @@ def policy_from_dict(spec: Mapping[str, Any]) -> RetentionPolicy:
     """
     if not isinstance(spec, Mapping):
         raise ValueError(f"a retention policy is a mapping of keys, got {spec!r}")
+    if set(spec) & set(OLD_KEYS):
+        warnings.warn(
+            "retention key 'max_ckpt_keep' is now 'keep_last' (the core's keys "
+            "name no trainer's)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        spec = neutral_keys(spec)
     unknown = sorted(set(spec) - set(POLICY_KEYS))
     if unknown:
         raise ValueError(
@@ -502,7 +542,7 @@ def policy_from_dict(spec: Mapping[str, Any]) -> RetentionPolicy:
             + ", ".join(POLICY_KEYS)
         )
     parts: list[RetentionPolicy] = []
-    window = _int_or_none(spec, "max_ckpt_keep") if "max_ckpt_keep" in spec else 5
+    window = _int_or_none(spec, "keep_last") if "keep_last" in spec else 5
     if window is not None:
         parts.append(KeepLast(window))
     every = _int_or_none(spec, "keep_every_n_steps")
@@ -517,7 +557,7 @@ def policy_from_dict(spec: Mapping[str, Any]) -> RetentionPolicy:
         parts.append(KeepBest(best, metric, mode))
     if not parts:
         raise ValueError(
-            "a retention policy with max_ckpt_keep null needs keep_every_n_steps "
+            "a retention policy with keep_last null needs keep_every_n_steps "
             "or keep_best, or it would keep nothing"
         )
     return parts[0] if len(parts) == 1 else AnyOf(tuple(parts))

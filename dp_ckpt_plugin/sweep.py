@@ -9,9 +9,9 @@ to the store's own files:
   family's pointer or alias, the lock's holder file, the store's manifest;
   beside a mirror, only temporaries of that mirror's own name;
 - commit records of a configured family whose checkpoint is gone (a kill
-  between the two unlinks of a prune). A record whose checkpoint was moved
-  into an archive (a kill between the two moves of an archive) follows it
-  there instead.
+  between the two unlinks of a prune, or a prune whose record removal waits
+  for the next save). A record whose checkpoint was moved into an archive (a
+  kill between the two moves of an archive) follows it there instead.
 
 A user's dot-files, files of other families and files without a record are
 never touched, so ``save_dir: "."`` is safe. Safe only while holding the
@@ -21,11 +21,12 @@ store's lock.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from .errors import CheckpointWriteError, UnreadableFileError
 from .layout import (
+    ARCHIVE_DIR,
     HOLDER_NAME,
     MANIFEST_NAME,
     Family,
@@ -33,35 +34,38 @@ from .layout import (
     record_target,
     temp_target,
 )
-
-#: Folder of a store where earlier runs are moved (see :mod:`.archive`).
-ARCHIVE_DIR = "archive"
+from .storage import Storage
 
 
 def sweep(
-    directory: Path, families: Iterable[Family], mirrors: Iterable[Path] = ()
+    directory: Path,
+    families: Iterable[Family],
+    mirrors: Iterable[Path] = (),
+    *,
+    storage: Storage,
 ) -> list[Path]:
     """Remove leftovers in ``directory`` and beside ``mirrors``; return them."""
     families = list(families)
     removed = []
-    for name in _names(directory):
+    entries = dict(_names(directory, storage))
+    for name in entries:
         target = temp_target(name)
         if target is not None and _ours(target, families):
-            _remove(directory / name, removed)
+            _remove(directory / name, removed, storage)
             continue
         checkpoint = record_target(name)
         if (
             checkpoint is not None
             and _numbered(checkpoint, families)
-            and not os.path.lexists(directory / checkpoint)
-        ) and not _follow_into_archive(directory, checkpoint):
-            _remove(directory / name, removed)
+            and checkpoint not in entries
+        ) and not _follow_into_archive(directory, checkpoint, storage):
+            _remove(directory / name, removed, storage)
     for mirror in mirrors:
         if mirror.parent == directory:
             continue
-        for name in _names(mirror.parent):
+        for name, _ in _names(mirror.parent, storage):
             if temp_target(name) == mirror.name:
-                _remove(mirror.parent / name, removed)
+                _remove(mirror.parent / name, removed, storage)
     return removed
 
 
@@ -79,29 +83,34 @@ def _ours(target: str, families: list[Family]) -> bool:
     return checkpoint is not None and _numbered(checkpoint, families)
 
 
-def _follow_into_archive(directory: Path, checkpoint: str) -> bool:
+def _follow_into_archive(directory: Path, checkpoint: str, storage: Storage) -> bool:
     """Move an orphan record to the archive folder its checkpoint went to."""
-    for folder in sorted(_names(directory / ARCHIVE_DIR), reverse=True):
-        dest = directory / ARCHIVE_DIR / folder
-        if (dest / checkpoint).is_file() and not os.path.lexists(
-            dest / record_name(checkpoint)
-        ):
-            with contextlib.suppress(OSError):
-                os.replace(
+    root = directory / ARCHIVE_DIR
+    found = storage.entry(root)
+    if found is None or not found.is_dir:
+        return False  # a link there leads out of the store: never followed
+    for folder, kind in sorted(_names(root, storage), reverse=True):
+        dest = root / folder
+        if kind != "dir":
+            continue
+        inside = dict(_names(dest, storage))
+        if inside.get(checkpoint) == "file" and record_name(checkpoint) not in inside:
+            with contextlib.suppress(CheckpointWriteError):
+                storage.rename(
                     directory / record_name(checkpoint), dest / record_name(checkpoint)
                 )
                 return True
     return False
 
 
-def _names(directory: Path) -> list[str]:
+def _names(directory: Path, storage: Storage) -> list[tuple[str, str]]:
     try:
-        return os.listdir(directory)
-    except OSError:
+        return storage.names(directory)
+    except UnreadableFileError:
         return []
 
 
-def _remove(path: Path, removed: list[Path]) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
-        removed.append(path)
+def _remove(path: Path, removed: list[Path], storage: Storage) -> None:
+    with contextlib.suppress(CheckpointWriteError):
+        if storage.remove(path):
+            removed.append(path)

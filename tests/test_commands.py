@@ -19,9 +19,10 @@ from dp_ckpt_plugin.layout import MANIFEST_NAME
 from dp_ckpt_plugin.lock import StoreLock
 from dp_ckpt_plugin.quarantine import quarantine
 from dp_ckpt_plugin.records import record_path
+from dp_ckpt_plugin.storage import local_storage
 
 POLICY = {
-    "max_ckpt_keep": 2,
+    "keep_last": 2,
     "keep_every_n_steps": 4,
     "keep_best": 1,
     "best_metric": "loss",
@@ -101,6 +102,7 @@ def test_ls_json(store, capsys):
 
 def test_ls_says_what_goes_at_the_next_save(store, capsys):
     manifest = json.loads((store / MANIFEST_NAME).read_text())
+    # the key a manifest of dp-ckpt-plugin 0.2 holds
     manifest["families"][0]["policy"] = {"max_ckpt_keep": 1}
     (store / MANIFEST_NAME).write_text(json.dumps(manifest))
     _, data = as_json(capsys, "ls", store)
@@ -140,7 +142,7 @@ def test_ls_of_a_store_written_without_the_plugin(tmp_path, capsys):
 
 def test_ls_lists_quarantine_and_archive(tmp_path, capsys):
     d = tmp_path / "models"
-    paths = fill(d, {"max_ckpt_keep": 3}, {1: 0.5, 2: 0.4, 3: 0.3})
+    paths = fill(d, {"keep_last": 3}, {1: 0.5, 2: 0.4, 3: 0.3})
     with open(paths[3], "r+b") as handle:
         handle.truncate(10)
     with open_manager(d, max_keep=3) as m:
@@ -279,18 +281,18 @@ def on_disk(directory):
 
 def test_prune_dry_run_removes_nothing(store, capsys):
     status, data = as_json(
-        capsys, "prune", store, "--dry-run", "--max-ckpt-keep", "1", "--keep-best", "0"
+        capsys, "prune", store, "--dry-run", "--keep-last", "1", "--keep-best", "0"
     )
     assert status == 0 and data["dry_run"]
     (family,) = data["families"]
     assert family["removed"] == ["model.ckpt-5.h5"]  # 4 and 8: every 4 steps
-    assert family["policy"] == {"max_ckpt_keep": 1, "keep_every_n_steps": 4}
+    assert family["policy"] == {"keep_last": 1, "keep_every_n_steps": 4}
     assert on_disk(store) == [4, 5, 8, 9]
 
 
 def test_prune_removes_what_the_policy_does_not_keep(store, capsys):
     status, out, _ = dp_ckpt(
-        capsys, "prune", store, "--max-ckpt-keep", "none", "--keep-every-n-steps", "0"
+        capsys, "prune", store, "--keep-last", "none", "--keep-every-n-steps", "0"
     )
     assert status == 0
     assert "policy: best 1 by loss (lowest)" in out
@@ -303,7 +305,7 @@ def test_prune_removes_what_the_policy_does_not_keep(store, capsys):
     # the recorded policy (the writer's) is as it was
     assert (
         json.loads((store / MANIFEST_NAME).read_text())["families"][0]["policy"][
-            "max_ckpt_keep"
+            "keep_last"
         ]
         == 2
     )
@@ -311,9 +313,9 @@ def test_prune_removes_what_the_policy_does_not_keep(store, capsys):
 
 def test_prune_uses_the_recorded_policy(tmp_path, capsys):
     d = tmp_path / "models"
-    fill(d, {"max_ckpt_keep": 0})
+    fill(d, {"keep_last": 0})
     manifest = json.loads((d / MANIFEST_NAME).read_text())
-    manifest["families"][0]["policy"] = {"max_ckpt_keep": 3}
+    manifest["families"][0]["policy"] = {"keep_last": 3}
     (d / MANIFEST_NAME).write_text(json.dumps(manifest))
     assert dp_ckpt(capsys, "prune", d)[0] == 0
     assert on_disk(d) == [7, 8, 9]
@@ -323,19 +325,19 @@ def test_prune_is_refused_while_a_run_holds_the_store(store, capsys):
     lock = StoreLock(store)
     lock.acquire()
     try:
-        status, out, err = dp_ckpt(capsys, "prune", store, "--max-ckpt-keep", "1")
+        status, out, err = dp_ckpt(capsys, "prune", store, "--keep-last", "1")
     finally:
         lock.release()
     assert status == 1 and out == ""
     assert "is in use by another run" in err and err.count("\n") == 1
     assert on_disk(store) == [4, 5, 8, 9]
-    assert dp_ckpt(capsys, "prune", store, "--dry-run", "--max-ckpt-keep", "1")[0] == 0
+    assert dp_ckpt(capsys, "prune", store, "--dry-run", "--keep-last", "1")[0] == 0
 
 
 def test_prune_without_a_known_policy_asks_for_one(store, capsys):
     (store / MANIFEST_NAME).unlink()
     status, _, err = dp_ckpt(capsys, "prune", store)
-    assert status == 2 and "give one, such as --max-ckpt-keep 5" in err
+    assert status == 2 and "give one, such as --keep-last 5" in err
     assert on_disk(store) == [4, 5, 8, 9]
 
 
@@ -500,7 +502,7 @@ def test_adopt_is_refused_while_a_run_holds_the_store(store, tmp_path, capsys):
             "has no family 'nope' (families: model.ckpt)",
         ),
         (("verify", "{missing}"), 2, "no such file or directory"),
-        (("prune", "{store}", "--max-ckpt-keep", "many"), 2, "expected an integer"),
+        (("prune", "{store}", "--keep-last", "many"), 2, "expected an integer"),
         (
             (
                 "prune",
@@ -519,7 +521,7 @@ def test_adopt_is_refused_while_a_run_holds_the_store(store, tmp_path, capsys):
             (
                 "prune",
                 "{store}",
-                "--max-ckpt-keep",
+                "--keep-last",
                 "none",
                 "--keep-best",
                 "0",
@@ -624,10 +626,10 @@ def shape_differences(documented, real, where="$"):
 
 def test_the_json_of_every_command_is_the_documented_one(tmp_path, capsys):
     d = tmp_path / "models"
-    policy = {"max_ckpt_keep": 3, "keep_best": 1, "best_metric": "loss"}
+    policy = {"keep_last": 3, "keep_best": 1, "best_metric": "loss"}
     paths = fill(d, policy, {1: 0.5, 2: 0.4, 3: 0.3})
     (d / "model.ckpt-9.h5").write_bytes(b"no record")
-    assert quarantine(paths[1]) is not None
+    assert quarantine(paths[1], d, storage=local_storage(d)) is not None
     archived = d / "archive" / "20260101T000000Z"
     archived.mkdir(parents=True)
     (archived / "model.ckpt-7.h5").write_bytes(b"x")
@@ -638,8 +640,16 @@ def test_the_json_of_every_command_is_the_documented_one(tmp_path, capsys):
         "resolve": ["resolve", "best", "--dir", d],
         "inspect": ["inspect", paths[3]],
         "adopt": ["adopt", d, "--dry-run"],
-        "prune": ["prune", d, "--max-ckpt-keep", "1", "--keep-best", "0"],
+        "prune": ["prune", d, "--keep-last", "1", "--keep-best", "0"],
     }
     for command, args in runs.items():
         _, real = as_json(capsys, *args)
         assert shape_differences(documented_json(command), real) == [], command
+
+
+def test_prune_takes_the_option_name_of_the_previous_release(tmp_path, capsys):
+    d = tmp_path / "models"
+    fill(d, {"keep_last": 0})
+    status, data = as_json(capsys, "prune", d, "--dry-run", "--max-ckpt-keep", "1")
+    assert status == 0
+    assert data["families"][0]["policy"] == {"keep_last": 1}

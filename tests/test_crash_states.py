@@ -64,10 +64,8 @@ recorded save, and require the models that should catch it to report it.
 
 from __future__ import annotations
 
-import builtins
 import functools
 import hashlib
-import io
 import itertools
 import os
 import posixpath
@@ -82,16 +80,12 @@ import pytest
 from helpers import assert_same, family, make_payload, open_manager, plugin_manager
 
 from dp_ckpt_plugin import archive as archiving
-from dp_ckpt_plugin import commit, fsio, store
+from dp_ckpt_plugin import commit, pruning
 from dp_ckpt_plugin.catalogue import committed, read_record_or_none, uncommitted
 from dp_ckpt_plugin.errors import RestartNotFoundError
 from dp_ckpt_plugin.layout import is_temp, record_target
 from dp_ckpt_plugin.records import make_record, record_path, verify, write_record
-
-pytestmark = pytest.mark.skipif(
-    not os.path.isdir("/proc/self/fd"),
-    reason="the recorder finds the file an fsync flushes through /proc/self/fd",
-)
+from dp_ckpt_plugin.storage.local import LocalStorage
 
 #: Where the store directory lies under a scenario's root (created by the save).
 STORE = "run/models"
@@ -231,75 +225,62 @@ def _serialized(wrapper: Callable) -> Callable:
     return run
 
 
-class Recorder:
-    """Log the file operations under ``root`` while it is installed.
+class Recorder(LocalStorage):
+    """A storage that logs the file operations under ``root`` once started.
 
-    The ``os`` functions the store calls and ``open`` (``builtins.open`` and
-    ``io.open``, which ``pathlib`` calls) are wrapped in their modules, so
-    the calls of every thread go through the wrappers: each call goes through
-    and, when it touches ``root``, is logged with the name of its thread. A
-    lock makes each call and its log entry one step (see :func:`_serialized`). A file's content is captured
-    whenever an operation observes the file (its fsync, its rename, link or
-    unlink) and at the end, as a ``write`` logged just before that operation.
+    The store's own storage: every system call the store makes goes through
+    the ``_sys_*`` methods of :class:`~dp_ckpt_plugin.storage.local.LocalStorage`,
+    which this class overrides (nothing of ``os`` is patched). Calls of every
+    thread are logged, each with the name of its thread; a lock makes each
+    call and its log entry one step (see :func:`_serialized`). A file's
+    content is captured whenever an operation observes the file (its fsync,
+    its rename, link or unlink) and at the end, as a ``write`` logged just
+    before that operation.
 
     Parameters
     ----------
-    root : Path
-        The directory whose operations count; the initial state is its tree
-        when the recorder is made.
+    directory : Path
+        The store directory (the storage is confined to it).
     """
 
-    def __init__(self, root: Path) -> None:
-        self.root = os.path.realpath(root)
-        self.log = Log.of_tree(scan(root))
-        self.live = dict(self.log.names)
-        self.known = dict(self.log.initial)
-        self.real: dict[str, Callable] = {}
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
         self.lock = threading.RLock()
+        self.recording = False
 
-    def install(self, mp: pytest.MonkeyPatch) -> None:
-        """Wrap the functions (undone when ``mp`` is)."""
-        wrappers = {
-            "open": self._os_open,
-            "fsync": self._fsync,
-            "replace": self._replace,
-            "rename": self._rename,
-            "unlink": self._unlink,
-            "remove": self._unlink,
-            "mkdir": self._mkdir,
-            "symlink": self._symlink,
-            "link": self._link,
-        }
-        for name, wrapper in wrappers.items():
-            self.real[name] = getattr(os, name)
-            mp.setattr(os, name, wrapper)
-        self.real["builtin_open"] = builtins.open
-        mp.setattr(builtins, "open", self._open)
-        mp.setattr(io, "open", self._open)
+    def start(self, root: Path) -> None:
+        """Log from now on the operations under ``root`` (its tree is the initial state)."""
+        with self.lock:
+            self.record_root = os.path.realpath(root)
+            self.log = Log.of_tree(scan(root))
+            self.live = dict(self.log.names)
+            self.known = dict(self.log.initial)
+            self.recording = True
 
     @_serialized
     def finish(self) -> Log:
-        """Capture the last content of every file; check nothing was missed."""
+        """Stop; capture the last content of every file; check nothing was missed."""
         for rel in list(self.live):
             self._observe(rel)
+        self.recording = False
         replayed = tree_of(
             self.log, replay(self.log.ops, self.log.names), latest_data(self.log)
         )
-        actual = scan(Path(self.root))
+        actual = scan(Path(self.record_root))
         missed = sorted(set(replayed.items()) ^ set(actual.items()))
         assert not missed, f"the recorder missed operations on {missed[:3]}"
         return self.log
 
     # -- helpers -------------------------------------------------------------
     def _rel(self, path) -> str | None:
-        """``path`` relative to the root, or ``None`` if outside it (or a fd)."""
-        if isinstance(path, int):
+        """``path`` relative to the root, or ``None`` if outside it (or not recording)."""
+        if not self.recording:
             return None
         full = os.path.abspath(os.fsdecode(os.fspath(path)))
-        if full == self.root:
+        if full == self.record_root:
             return "."
-        if full.startswith(self.root + os.sep):
-            return os.path.relpath(full, self.root)
+        if full.startswith(self.record_root + os.sep):
+            return os.path.relpath(full, self.record_root)
         return None
 
     def _emit(self, kind: str, path: str, inode=None, **extra) -> None:
@@ -321,31 +302,19 @@ class Recorder:
         inode = self.live.get(rel)
         assert inode is not None, f"the recorder missed the creation of {rel}"
         if self.log.kinds[inode] == "file":
-            with self.real["builtin_open"](os.path.join(self.root, rel), "rb") as f:
+            with open(os.path.join(self.record_root, rel), "rb") as f:
                 data = f.read()
             if data != self.known[inode]:
                 self.known[inode] = data
                 self._emit("write", rel, inode, data=data)
         return inode
 
-    # -- the wrappers ----------------------------------------------------------
+    # -- the system calls ------------------------------------------------------
     @_serialized
-    def _open(self, file, mode="r", *args, **kwargs):
-        rel = self._rel(file)
-        existed = rel is not None and os.path.lexists(file)
-        handle = self.real["builtin_open"](file, mode, *args, **kwargs)
-        if rel is not None and any(c in mode for c in "wxa"):
-            if not existed:
-                self._new(rel, "file")
-            elif "w" in mode:
-                self._observe(rel)  # truncated
-        return handle
-
-    @_serialized
-    def _os_open(self, path, flags, *args, **kwargs):
+    def _sys_open(self, path, flags, mode=0o644):
         rel = self._rel(path)
         existed = rel is not None and os.path.lexists(path)
-        fd = self.real["open"](path, flags, *args, **kwargs)
+        fd = super()._sys_open(path, flags, mode)
         if rel is not None and flags & os.O_CREAT and not existed:
             self._new(rel, "file")
         elif rel is not None and flags & os.O_TRUNC:
@@ -353,65 +322,68 @@ class Recorder:
         return fd
 
     @_serialized
-    def _fsync(self, fd):
-        target = os.readlink(f"/proc/self/fd/{int(fd)}")
-        rel = self._rel(target)
-        if rel is not None and os.path.isdir(target):
-            self._emit("fsync_dir", rel)
-        elif rel is not None:
+    def _sys_fsync(self, fd, path):
+        rel = self._rel(path)
+        if rel is not None:
             self._emit("fsync", rel, self._observe(rel))
-        return self.real["fsync"](fd)
-
-    def _replace(self, src, dst, **kwargs):
-        return self._move("replace", src, dst, **kwargs)
-
-    def _rename(self, src, dst, **kwargs):
-        return self._move("rename", src, dst, **kwargs)
+        return super()._sys_fsync(fd, path)
 
     @_serialized
-    def _move(self, how, src, dst, **kwargs):
+    def _sys_fsync_dir(self, directory):
+        rel = self._rel(directory)
+        if rel is not None:
+            self._emit("fsync_dir", rel)
+        return super()._sys_fsync_dir(directory)
+
+    @_serialized
+    def _sys_rename(self, src, dst):
         old, new = self._rel(src), self._rel(dst)
         if (old is None and new is None) or not os.path.lexists(src):
-            return self.real[how](src, dst, **kwargs)
-        assert old is not None and new is not None, f"a move across {self.root}"
+            return super()._sys_rename(src, dst)
+        assert old is not None and new is not None, f"a move across {self.record_root}"
         inode = self._observe(old)
         assert self.log.kinds[inode] != "dir", "directory renames are not modelled"
-        self.real[how](src, dst, **kwargs)
+        super()._sys_rename(src, dst)
         self.live[new] = self.live.pop(old)
         self._emit("rename", old, inode, dst=new)
         return None
 
     @_serialized
-    def _unlink(self, path, **kwargs):
+    def _sys_unlink(self, path):
         rel = self._rel(path)
         if rel is None or not os.path.lexists(path):
-            return self.real["unlink"](path, **kwargs)
+            return super()._sys_unlink(path)
         inode = self._observe(rel)
-        self.real["unlink"](path, **kwargs)
+        super()._sys_unlink(path)
         del self.live[rel]
         self._emit("unlink", rel, inode)
         return None
 
     @_serialized
-    def _mkdir(self, path, *args, **kwargs):
-        self.real["mkdir"](path, *args, **kwargs)
+    def _sys_mkdir(self, path):
+        super()._sys_mkdir(path)
         rel = self._rel(path)
         if rel is not None:
             self._new(rel, "dir")
 
     @_serialized
-    def _symlink(self, target, path, *args, **kwargs):
-        self.real["symlink"](target, path, *args, **kwargs)
+    def _sys_rmdir(self, path):
+        assert self._rel(path) is None, "directory removals are not modelled"
+        return super()._sys_rmdir(path)
+
+    @_serialized
+    def _sys_symlink(self, target, path):
+        super()._sys_symlink(target, path)
         rel = self._rel(path)
         if rel is not None:
             self._new(rel, "link", os.fsdecode(target))
 
     @_serialized
-    def _link(self, src, dst, *args, **kwargs):
-        self.real["link"](src, dst, *args, **kwargs)
+    def _sys_link(self, src, dst):
+        super()._sys_link(src, dst)
         old, new = self._rel(src), self._rel(dst)
         if new is not None:
-            assert old is not None, f"a link into {self.root} from outside"
+            assert old is not None, f"a link into {self.record_root} from outside"
             inode = self._observe(old)
             self.live[new] = inode
             self._emit("link", old, inode, dst=new)
@@ -718,16 +690,20 @@ def record(scenario: Scenario, root: Path, pm, *, alter=None) -> Log:
         with open_manager(directory, pm=pm, max_keep=0) as earlier:
             for step in scenario.earlier_run:
                 earlier.save(step, payload(step))
+    recorder = Recorder(directory)
     manager = open_manager(
-        directory, pm=pm, max_keep=scenario.max_keep, async_save=scenario.async_save
+        directory,
+        pm=pm,
+        max_keep=scenario.max_keep,
+        async_save=scenario.async_save,
+        storage=recorder,
     )
     try:
         for step, version in scenario.before:
             manager.save(step, payload(step, version))
         manager.wait()
-        recorder = Recorder(root)
+        recorder.start(root)
         with pytest.MonkeyPatch.context() as mp:
-            recorder.install(mp)
             if alter is not None:
                 alter(mp, recorder)
             manager.save(scenario.save[0], payload(*scenario.save))
@@ -941,7 +917,7 @@ def test_crash_states(scenario, tmp_path, capsys):
 
 
 def test_explorer_catches_a_save_without_directory_fsyncs(tmp_path):
-    """With ``fsio.fsync_dir`` a no-op, a save that returned can still vanish.
+    """With the storage's directory fsync a no-op, a save that returned can still vanish.
 
     The explorer must say so under the POSIX model (every directory
     operation of the save may be lost) and not under the ordered one.
@@ -950,7 +926,7 @@ def test_explorer_catches_a_save_without_directory_fsyncs(tmp_path):
     scenario = next(s for s in SCENARIOS if s.name == "prune")
 
     def no_directory_fsync(mp, recorder):
-        mp.setattr(fsio, "fsync_dir", lambda directory: None)
+        mp.setattr(recorder, "_sys_fsync_dir", lambda directory: None)
 
     log = record(scenario, tmp_path / "recorded", pm, alter=no_directory_fsync)
     assert not [op for op in log.ops if op.kind == "fsync_dir"]
@@ -973,14 +949,14 @@ def test_explorer_catches_a_save_without_directory_fsyncs(tmp_path):
 
 
 def _write_new_named_first(
-    path, serialize, *, step, family, format, durable, metrics=None
+    path, serialize, *, step, family, format, durable, storage, metrics=None
 ):
     """:func:`commit.write_new` giving the payload its name before its record.
 
     Nothing is made durable between the two: a crash can keep the payload's
     name and lose the record.
     """
-    tmp, digest = commit.write_hashed(path, serialize, durable=durable)
+    tmp, digest = commit.write_hashed(path, serialize, durable=durable, storage=storage)
     record = make_record(
         tmp,
         step=step,
@@ -989,42 +965,47 @@ def _write_new_named_first(
         name=path.name,
         digest=digest,
         metrics=metrics,
+        storage=storage,
     )
-    fsio.move_into_place(tmp, path, durable=False)
-    write_record(path, record, durable=durable)
+    storage.move_into_place(tmp, path, durable=False)
+    write_record(path, record, durable=durable, storage=storage)
     return record
 
 
-def _make_dirs_without_parent_fsync(directory, *, durable=True):
-    """:func:`fsio.make_dirs` not fsyncing the parent of a new directory."""
-    missing = []
-    for candidate in (directory, *directory.parents):
-        if os.path.isdir(candidate):
-            break
-        missing.append(candidate)
-    for new in reversed(missing):
-        new.mkdir(exist_ok=True)
+def _make_dirs_without_parent_fsync(storage):
+    """The storage's ``make_dirs`` not fsyncing the parent of a new directory."""
+
+    def make_dirs(directory, *, durable=True):
+        missing = []
+        for candidate in (directory, *directory.parents):
+            if os.path.isdir(candidate):
+                break
+            missing.append(candidate)
+        for new in reversed(missing):
+            storage._sys_mkdir(new)
+
+    return make_dirs
 
 
-def _remove_with_one_fsync(paths, *, durable):
+def _remove_with_one_fsync(paths, *, durable, storage):
     """:func:`commit.remove` fsyncing the directory once, after both unlinks."""
     for path in paths:
-        fsio.remove_file(path)
+        storage.remove(path)
     for path in paths:
-        fsio.remove_file(record_path(path))
+        storage.remove(record_path(path))
     if paths and durable:
-        fsio.fsync_dir(paths[0].parent)
+        storage.sync_dir(paths[0].parent)
 
 
 def _rewrite_record_first(
-    path, serialize, *, old, step, family, format, durable, metrics=None
+    path, serialize, *, old, step, family, format, durable, storage, metrics=None
 ):
     """:func:`commit.rewrite` writing the final record before moving the payload.
 
     No record accepting both payloads: between the two, the record describes
     a payload not yet in place.
     """
-    tmp, digest = commit.write_hashed(path, serialize, durable=durable)
+    tmp, digest = commit.write_hashed(path, serialize, durable=durable, storage=storage)
     new = make_record(
         tmp,
         step=step,
@@ -1033,26 +1014,27 @@ def _rewrite_record_first(
         name=path.name,
         digest=digest,
         metrics=metrics,
+        storage=storage,
     )
-    write_record(path, new, durable=durable)
-    fsio.move_into_place(tmp, path, durable=durable)
+    write_record(path, new, durable=durable, storage=storage)
+    storage.move_into_place(tmp, path, durable=durable)
     return new
 
 
-def _archive_in_one_batch(directory, checkpoints, links=(), *, durable=True):
+def _archive_in_one_batch(directory, checkpoints, links=(), *, storage, durable=True):
     """:func:`archive.archive` moving payloads, records and links, then fsyncing once."""
     checkpoints = list(checkpoints)
     links = [p for p in links if os.path.lexists(p)]
     if not checkpoints:
         return None
-    dest = archiving.new_archive_folder(directory, durable=durable)
+    dest = archiving.new_archive_folder(directory, storage=storage, durable=durable)
     payloads = [c.path for c in checkpoints]
     records = [record_path(c.path) for c in checkpoints]
     for source in [*payloads, *records, *links]:
-        archiving._move(source, dest)
+        storage.rename(source, dest / source.name)
     if durable:
-        fsio.fsync_dir(dest)
-        fsio.fsync_dir(directory)
+        storage.sync_dir(dest)
+        storage.sync_dir(directory)
     return dest
 
 
@@ -1089,8 +1071,15 @@ class Breakage:
     def install(
         self, mp: pytest.MonkeyPatch, recorder: Recorder, spans: list[range]
     ) -> None:
-        """Patch the broken function in; each call adds to ``spans`` its operations."""
+        """Patch the broken function in; each call adds to ``spans`` its operations.
+
+        A ``module`` of ``None`` means the recorder itself (a storage method);
+        ``broken`` is then called with the recorder to make the method.
+        """
         broken = self.broken
+        owner = self.module
+        if owner is None:
+            owner, broken = recorder, broken(recorder)
 
         @functools.wraps(broken)
         def run(*args, **kwargs):
@@ -1100,14 +1089,14 @@ class Breakage:
             finally:
                 spans.append(range(start, len(recorder.log.ops)))
 
-        mp.setattr(self.module, self.function, run)
+        mp.setattr(owner, self.function, run)
 
 
 BREAKAGES = [
     Breakage(
         "payload-named-before-record",
         "first-save",
-        store,
+        commit,
         "write_new",
         _write_new_named_first,
         ("posix", "ordered"),
@@ -1116,7 +1105,7 @@ BREAKAGES = [
     Breakage(
         "make-dirs-without-parent-fsync",
         "first-save",
-        fsio,
+        None,
         "make_dirs",
         _make_dirs_without_parent_fsync,
         ("posix",),
@@ -1125,7 +1114,7 @@ BREAKAGES = [
     Breakage(
         "prune-with-one-fsync",
         "prune",
-        store,
+        pruning,
         "remove",
         _remove_with_one_fsync,
         ("posix",),
@@ -1134,7 +1123,7 @@ BREAKAGES = [
     Breakage(
         "resave-final-record-first",
         "resave",
-        store,
+        commit,
         "rewrite",
         _rewrite_record_first,
         ("posix", "ordered"),

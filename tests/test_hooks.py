@@ -169,7 +169,7 @@ def test_blocking_a_builtin_by_environment(tmp_path, monkeypatch):
         assert [p.name for p in m.directory.glob("model.ckpt-*.h5")] == [
             "model.ckpt-2.h5"
         ]
-        assert (m.directory / "checkpoint").read_text() == "model.ckpt-2.h5\n"
+        assert (m.directory / "checkpoint").read_text() == "model.ckpt-2.h5"
         with pytest.raises(RestartNotFoundError, match="no plugin resolved"):
             m.resolve("latest")
 

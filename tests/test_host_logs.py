@@ -71,33 +71,42 @@ def test_human_size(size, text):
     assert human_size(size) == text
 
 
-def resolved(path, how, checked="digest", warnings=()):
+def resolved(path, how, rule, via, checked="digest", warnings=(), fell_back=False):
     return Resolved(
-        Checkpoint(Path(path), 20, "model.ckpt", None), checked, how, list(warnings)
+        Checkpoint(Path(path), 20, "model.ckpt", None),
+        checked,
+        how,
+        list(warnings),
+        rule=rule,
+        via=Path(via) if via else None,
+        fell_back=fell_back,
     )
 
 
 @pytest.mark.parametrize(
-    ("how", "words"),
+    ("rule", "via", "words"),
     [
-        ("pointer /w/models/checkpoint", "through the pointer models/checkpoint"),
-        ("alias /w/model.ckpt.pt", "through the alias model.ckpt.pt"),
-        ("file /w/m.pt", "named explicitly"),
-        (
-            "newest committed checkpoint in /w/models",
-            "as the newest committed checkpoint in models",
-        ),
+        ("pointer", "/w/models/checkpoint", "through the pointer models/checkpoint"),
+        ("alias", "/w/model.ckpt.pt", "through the alias model.ckpt.pt"),
+        ("link", "/w/model.ckpt.pt", "through the link model.ckpt.pt"),
+        ("file", None, "named explicitly"),
+        ("newest", "/w/models", "as the newest committed checkpoint in models"),
+        ("plugin", None, "what the plugin said"),
     ],
 )
-def test_how_a_checkpoint_was_found(how, words):
-    assert describe_how(how, Path("/w")) == words
+def test_how_a_checkpoint_was_found(rule, via, words):
+    found = resolved("/w/m.pt", "what the plugin said", rule, via)
+    assert describe_how(found, Path("/w")) == words
 
 
 def test_restart_line_says_what_how_and_why():
     found = resolved(
         "/w/models/model.ckpt-20.pt",
         "newest committed checkpoint in /w/models",
+        "newest",
+        "/w/models",
         warnings=["falling back from /w/models/model.ckpt-25.pt to ..."],
+        fell_back=True,
     )
     line = restart_line("restart", "latest", found, Path("/w"))
     assert line == (

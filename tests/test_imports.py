@@ -63,10 +63,16 @@ def test_deepmd_backend_entry_point_is_light_and_takes_over_pt_expt_and_pt():
     pytest.importorskip("deepmd")
     keys, loaded, untouched = run_probe(PROBE).splitlines()
     assert keys.split() == ["dp_ckpt_plugin.deepmd.takeover"] * 4
-    # the entry point loads three tiny modules and no torch
-    assert (
-        loaded
-        == "['dp_ckpt_plugin', 'dp_ckpt_plugin.deepmd', 'dp_ckpt_plugin.deepmd.takeover']"
+    # the entry point loads the tiny modules that declare the hosts, and no torch
+    assert loaded == str(
+        [
+            "dp_ckpt_plugin",
+            "dp_ckpt_plugin.deepmd",
+            "dp_ckpt_plugin.deepmd.host",
+            "dp_ckpt_plugin.deepmd.pt",
+            "dp_ckpt_plugin.deepmd.pt_expt",
+            "dp_ckpt_plugin.deepmd.takeover",
+        ]
     )
     assert "dp_ckpt" not in untouched  # --tf, --jax, --pd are deepmd-kit's own
 

@@ -56,7 +56,7 @@ def test_a_file_removed_by_the_releasing_holder_is_not_taken(tmp_path, monkeypat
     second.acquire()
     monkeypatch.setattr(lock_module.fcntl, "flock", real_flock)
     assert len(calls) == 2, "the stale file was taken for the lock"
-    assert lock_module._names(second.path, second._fd)
+    assert second.storage.is_open_file(second.path, second._fd)
     with pytest.raises(StoreLockedError):
         StoreLock(tmp_path).acquire()
     second.release()

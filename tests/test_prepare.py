@@ -44,6 +44,7 @@ def run_in(tmp_path, monkeypatch, pm):
     def run(input_file, **kwargs):
         kwargs.setdefault("restart", None)
         kwargs.setdefault("init_model", None)
+        kwargs.setdefault("host", "pt_expt")
         prepared = prepare_run(input_file, pm=pm, ranks=SingleProcess(), **kwargs)
         if prepared.store is not None:
             prepared.store.close()
@@ -113,7 +114,7 @@ def test_preflight_imports_no_torch(tmp_path):
         "from dp_ckpt_plugin import get_plugin_manager\n"
         "from dp_ckpt_plugin.ranks import SingleProcess\n"
         "from dp_ckpt_plugin.deepmd.prepare import prepare_run\n"
-        f"p = prepare_run({cfg!r}, restart=None, init_model=None, pm=get_plugin_manager(), ranks=SingleProcess())\n"
+        f'p = prepare_run({cfg!r}, restart=None, init_model=None, pm=get_plugin_manager(), ranks=SingleProcess(), host="pt_expt")\n'
         "p.store.close()\n"
         "print('torch' in sys.modules)\n"
     )

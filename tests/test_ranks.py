@@ -17,7 +17,7 @@ def worker(rank: int, world: int, port: int, directory: str, out: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from dp_ckpt_plugin import CheckpointManager, fsio
+    from dp_ckpt_plugin import CheckpointManager
 
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
@@ -25,7 +25,7 @@ def worker(rank: int, world: int, port: int, directory: str, out: str) -> None:
     touched = []
     if rank != 0:
         # any filesystem write from a non-chief rank is recorded
-        real_replace, real_open = fsio.os.replace, fsio.os.open
+        real_replace, real_open = os.replace, os.open
 
         def replace(src, dst):
             touched.append(str(dst))
@@ -35,7 +35,7 @@ def worker(rank: int, world: int, port: int, directory: str, out: str) -> None:
             touched.append(str(path))
             return real_open(path, *args, **kwargs)
 
-        fsio.os.replace, fsio.os.open = replace, os_open
+        os.replace, os.open = replace, os_open
     m = CheckpointManager(directory, format="torch", max_keep=2)
     paths = [
         str(m.save(step, {"w": torch.full((3,), float(step))})) for step in (1, 2, 3)

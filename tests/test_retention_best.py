@@ -191,7 +191,7 @@ def test_explain_removes_exactly_what_plan_prune_removes(rng):
 def test_policy_from_dict_composes_window_milestones_and_best():
     policy = policy_from_dict(
         {
-            "max_ckpt_keep": 5,
+            "keep_last": 5,
             "keep_every_n_steps": 1000,
             "keep_best": 3,
             "best_metric": "rmse_val",
@@ -201,9 +201,9 @@ def test_policy_from_dict_composes_window_milestones_and_best():
         (KeepLast(5), KeepEveryNSteps(1000), KeepBest(3, "rmse_val", "min"))
     )
     assert policy_from_dict({}) == KeepLast(5)
-    assert policy_from_dict({"max_ckpt_keep": 2, "keep_best": 0}) == KeepLast(2)
+    assert policy_from_dict({"keep_last": 2, "keep_best": 0}) == KeepLast(2)
     assert policy_from_dict(
-        {"max_ckpt_keep": None, "keep_best": 1, "best_metric": "e:mae"}
+        {"keep_last": None, "keep_best": 1, "best_metric": "e:mae"}
     ) == KeepBest(1, "e:mae")
 
 
@@ -211,13 +211,13 @@ def test_policy_from_dict_composes_window_milestones_and_best():
     ("spec", "match"),
     [
         ({"max_ckpt_kep": 5}, "unknown retention key 'max_ckpt_kep'"),
-        ({"max_ckpt_keep": "5"}, "'max_ckpt_keep' must be an integer"),
-        ({"max_ckpt_keep": True}, "'max_ckpt_keep' must be an integer"),
+        ({"keep_last": "5"}, "'keep_last' must be an integer"),
+        ({"keep_last": True}, "'keep_last' must be an integer"),
         ({"keep_best": 2}, "'keep_best' needs 'best_metric'"),
-        ({"max_ckpt_keep": None}, "would keep nothing"),
+        ({"keep_last": None}, "would keep nothing"),
         ({"keep_every_n_steps": -3}, "n >= 1"),
         ({"keep_best": 1, "best_metric": "x", "best_mode": "up"}, "mode"),
-        ([("max_ckpt_keep", 5)], "mapping"),
+        ([("keep_last", 5)], "mapping"),
     ],
 )
 def test_policy_from_dict_names_the_bad_key(spec, match):
@@ -228,12 +228,12 @@ def test_policy_from_dict_names_the_bad_key(spec, match):
 @pytest.mark.parametrize(
     "spec",
     [
-        {"max_ckpt_keep": 3},
-        {"max_ckpt_keep": 0},
-        {"max_ckpt_keep": None, "keep_every_n_steps": 7},
-        {"max_ckpt_keep": 2, "keep_best": 2, "best_metric": "m", "best_mode": "max"},
+        {"keep_last": 3},
+        {"keep_last": 0},
+        {"keep_last": None, "keep_every_n_steps": 7},
+        {"keep_last": 2, "keep_best": 2, "best_metric": "m", "best_mode": "max"},
         {
-            "max_ckpt_keep": 4,
+            "keep_last": 4,
             "keep_every_n_steps": 10,
             "keep_best": 1,
             "best_metric": "loss",
@@ -328,7 +328,7 @@ def names_in(directory):
 def test_keep_best_prunes_by_the_recorded_metric(tmp_path):
     save_losses(
         tmp_path / "models",
-        {"max_ckpt_keep": 1, "keep_best": 2, "best_metric": "loss"},
+        {"keep_last": 1, "keep_best": 2, "best_metric": "loss"},
     )
     # the newest (6) by the window, the best two (4: 0.1, 2: 0.2) by the metric
     assert names_in(tmp_path / "models") == [
@@ -340,7 +340,7 @@ def test_keep_best_prunes_by_the_recorded_metric(tmp_path):
 
 def test_a_ranked_family_publishes_its_best_and_describes_itself(tmp_path):
     d = tmp_path / "models"
-    save_losses(d, {"max_ckpt_keep": None, "keep_best": 2, "best_metric": "loss"})
+    save_losses(d, {"keep_last": None, "keep_best": 2, "best_metric": "loss"})
     # the best two, and the one just written (protected until the next save)
     assert names_in(d) == ["model.ckpt-2.h5", "model.ckpt-4.h5", "model.ckpt-6.h5"]
     assert (d / "checkpoint").read_text().strip() == "model.ckpt-4.h5"
@@ -350,7 +350,7 @@ def test_a_ranked_family_publishes_its_best_and_describes_itself(tmp_path):
     (info,) = manifest.families
     assert info.family.prefix == "model.ckpt" and info.family.suffix == ".h5"
     assert info.policy == {
-        "max_ckpt_keep": None,
+        "keep_last": None,
         "keep_best": 2,
         "best_metric": "loss",
         "best_mode": "min",
@@ -361,17 +361,17 @@ def test_a_ranked_family_publishes_its_best_and_describes_itself(tmp_path):
 
 def test_an_unranked_family_publishes_the_newest(tmp_path):
     d = tmp_path / "models"
-    save_losses(d, {"max_ckpt_keep": 2})
+    save_losses(d, {"keep_last": 2})
     assert (d / "checkpoint").read_text().strip() == "model.ckpt-6.h5"
-    assert read_manifest(d).families[0].policy == {"max_ckpt_keep": 2}
+    assert read_manifest(d).families[0].policy == {"keep_last": 2}
 
 
 def test_best_resolves_to_the_best_committed_checkpoint(tmp_path):
     d = tmp_path / "models"
-    save_losses(d, {"max_ckpt_keep": 3, "keep_best": 1, "best_metric": "loss"})
+    save_losses(d, {"keep_last": 3, "keep_best": 1, "best_metric": "loss"})
     m = open_manager(
         d,
-        policy={"max_ckpt_keep": 3, "keep_best": 1, "best_metric": "loss"},
+        policy={"keep_last": 3, "keep_best": 1, "best_metric": "loss"},
         verify="sha256",
     )
     try:
@@ -388,7 +388,7 @@ def test_best_resolves_to_the_best_committed_checkpoint(tmp_path):
 
 def test_a_corrupt_best_is_moved_aside_and_the_next_best_used(tmp_path, caplog):
     d = tmp_path / "models"
-    policy = {"max_ckpt_keep": None, "keep_best": 3, "best_metric": "loss"}
+    policy = {"keep_last": None, "keep_best": 3, "best_metric": "loss"}
     save_losses(d, policy)
     best = d / "model.ckpt-4.h5"
     with open(best, "r+b") as handle:
@@ -408,7 +408,7 @@ def test_a_corrupt_best_is_moved_aside_and_the_next_best_used(tmp_path, caplog):
 
 def test_best_without_a_ranked_family_says_why(tmp_path):
     d = tmp_path / "models"
-    save_losses(d, {"max_ckpt_keep": 2})
+    save_losses(d, {"keep_last": 2})
     m = open_manager(d)
     try:
         with pytest.raises(RestartNotFoundError, match="no family kept by a metric"):
@@ -541,3 +541,15 @@ def test_plugin_specifications_reach_the_resolvers_as_given(tmp_path):
     assert normalized_spec("model.ckpt", tmp_path) == str(tmp_path / "model.ckpt")
     (tmp_path / "best").mkdir()  # a directory of that name is a directory
     assert normalized_spec("best", tmp_path) == str(tmp_path / "best")
+
+
+def test_the_key_of_the_previous_release_still_builds_its_policy():
+    """``max_ckpt_keep`` (dp-ckpt-plugin 0.2) is ``keep_last``, with a warning."""
+    with pytest.warns(DeprecationWarning, match="'max_ckpt_keep' is now 'keep_last'"):
+        policy = policy_from_dict({"max_ckpt_keep": 2, "keep_best": 0})
+    assert policy == KeepLast(2)
+    with (
+        pytest.warns(DeprecationWarning),
+        pytest.raises(ValueError, match="the same key"),
+    ):
+        policy_from_dict({"max_ckpt_keep": 2, "keep_last": 2})

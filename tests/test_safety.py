@@ -37,12 +37,14 @@ from dp_ckpt_plugin import (
     ResolveContext,
     RestartNotFoundError,
     resolve,
+    resolve_restart,
 )
-from dp_ckpt_plugin import fsio as fsio_module
 from dp_ckpt_plugin.catalogue import committed
 from dp_ckpt_plugin.digests import digest_of
 from dp_ckpt_plugin.layout import HOLDER_NAME, LOCK_NAME, record_name, temp_name
 from dp_ckpt_plugin.records import read_record
+from dp_ckpt_plugin.storage import local_storage
+from dp_ckpt_plugin.storage.local import LocalStorage
 
 FAM = Family("model.ckpt", ".h5")
 EMA = Family("model_ema.ckpt", ".h5", "checkpoint.model_ema.ckpt")
@@ -211,10 +213,10 @@ def test_quarantine_never_overwrites(tmp_path):
 
     d = tmp_path / "m"
     fill_store(d, [1])
-    first = quarantine(d / "model.ckpt-1.h5")
+    first = quarantine(d / "model.ckpt-1.h5", d, storage=local_storage(d))
     fill_store(tmp_path / "n", [1])
     os.replace(tmp_path / "n" / "model.ckpt-1.h5", d / "model.ckpt-1.h5")
-    second = quarantine(d / "model.ckpt-1.h5")
+    second = quarantine(d / "model.ckpt-1.h5", d, storage=local_storage(d))
     assert first != second and first.is_file() and second.is_file()
 
 
@@ -345,9 +347,17 @@ def test_an_explicit_file_is_hashed_once(tmp_path, monkeypatch):
     calls = []
     real = records.digest_of
     monkeypatch.setattr(
-        records, "digest_of", lambda p, a: (calls.append(p), real(p, a))[1]
+        records,
+        "digest_of",
+        lambda p, a, storage=None: (calls.append(p), real(p, a, storage=storage))[1],
     )
     found = resolve(str(d / "model.ckpt-1.h5"), ResolveContext(FAM, digest=True))
+    assert found.checked == "digest" and calls == [d / "model.ckpt-1.h5"]
+    # through the front door, which checks what the rule checked: still once
+    calls.clear()
+    found = resolve_restart(
+        plugin_manager(), str(d / "model.ckpt-1.h5"), ResolveContext(FAM, digest=True)
+    )
     assert found.checked == "digest" and calls == [d / "model.ckpt-1.h5"]
 
 
@@ -362,14 +372,14 @@ def test_a_failed_publication_puts_every_mirror_back(tmp_path, monkeypatch):
             work / "models" / "checkpoint",
         )
     }
-    real = fsio_module.replace_link
+    real = LocalStorage.make_link
 
-    def failing(path, target, **kwargs):
+    def failing(storage, path, target, **kwargs):
         if path.parent == work / "ckpt":
             raise CheckpointWriteError(f"could not update the alias {path}: injected")
-        return real(path, target, **kwargs)
+        return real(storage, path, target, **kwargs)
 
-    monkeypatch.setattr(fsio_module, "replace_link", failing)
+    monkeypatch.setattr(LocalStorage, "make_link", failing)
     pm = plugin_manager()
     compat = {"pointer": work / "checkpoint", "alias": work / "ckpt" / "model.ckpt.h5"}
     with make_store(pm, work / "models", keep=0, compat=compat) as store:

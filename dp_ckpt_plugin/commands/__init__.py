@@ -53,10 +53,17 @@ class _Parser(argparse.ArgumentParser):
 
 def store_directory(value: str) -> Path:
     """An argument naming an existing store directory."""
+    from ..errors import UnreadableFileError
+    from ..storage import default_storage
+
     path = Path(value)
-    if not path.exists():
+    try:
+        found = default_storage().entry(path, follow=True)
+    except UnreadableFileError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if found is None:
         raise argparse.ArgumentTypeError(f"{value}: no such directory")
-    if not path.is_dir():
+    if not found.is_dir:
         raise argparse.ArgumentTypeError(f"{value} is not a directory")
     return path
 

@@ -13,13 +13,13 @@ checks and reports, writing nothing.
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 from ..adoption import Adoption, adopt_directory
-from ..formats import available_formats
+from ..hooks import Hooks
 from ..layout import Family
 from ..plugins import get_plugin_manager
+from ..storage import default_storage
 from . import FAILURE, output, store_directory
 from .inventory import _NUMBERED, read_inventory
 
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     """Adopt; exit status 1 when a file does not load."""
     pm = get_plugin_manager()
     inventory = read_inventory(args.directory)
-    families = families_of(inventory, available_formats(pm))
+    families = families_of(inventory, Hooks(pm).formats())
     found = adopt_directory(inventory.directory, families, pm, dry_run=args.dry_run)
     if args.json:
         output.print_json(as_json(inventory.directory, found, args.dry_run))
@@ -70,8 +70,8 @@ def families_of(inventory, formats) -> list[tuple[Family, str]]:
         fmt = manifest_format or by_suffix.get(fam.suffix)
         if fmt is not None:
             found[fam.prefix + fam.suffix] = (fam, fmt)
-    for name in sorted(os.listdir(inventory.directory)):
-        match = _NUMBERED.fullmatch(name)
+    for name, kind in sorted(default_storage().names(inventory.directory)):
+        match = _NUMBERED.fullmatch(name) if kind == "file" else None
         if match is None or match["suffix"] not in by_suffix:
             continue
         key = match["prefix"] + match["suffix"]

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from ..adoption import why_not
-from ..errors import CheckpointError, InvalidRecordError
-from ..formats import available_formats
+from ..errors import CheckpointError, InvalidRecordError, UnreadableFileError
+from ..hooks import Hooks
 from ..plugins import get_plugin_manager
 from ..records import CommitRecord, read_record, verify
+from ..storage import default_storage
 from . import FAILURE, UsageError, add_digest_flag, output
 from .inventory import _NUMBERED
 
@@ -48,9 +49,15 @@ def run(args: argparse.Namespace) -> int:
 
 def inspect_file(path: Path, *, digest: bool) -> dict[str, Any]:
     """The ``--json`` form (documented in docs/command.md)."""
-    if not path.exists():
+    storage = default_storage()
+    path = storage.real(Path(path).absolute())
+    try:
+        found = storage.entry(path)
+    except UnreadableFileError as exc:
+        raise UsageError(str(exc)) from None
+    if found is None:
         raise UsageError(f"{path}: no such file")
-    if not path.is_file():
+    if not found.is_file:
         raise UsageError(f"{path} is not a file (inspect takes one checkpoint)")
     record: CommitRecord | None = None
     state, problem = "none", None
@@ -64,8 +71,8 @@ def inspect_file(path: Path, *, digest: bool) -> dict[str, Any]:
             state = "ok"
         except CheckpointError as exc:
             state, problem = "mismatch", str(exc)
-    pm = get_plugin_manager()
-    fmt = record.format if record is not None else _format_by_suffix(pm, path)
+    hooks = Hooks(get_plugin_manager())
+    fmt = record.format if record is not None else _format_by_suffix(hooks, path)
     match = _NUMBERED.fullmatch(path.name)
     step = (
         record.step if record is not None else (int(match["step"]) if match else None)
@@ -73,20 +80,16 @@ def inspect_file(path: Path, *, digest: bool) -> dict[str, Any]:
     entries: list[dict[str, Any]] = []
     error = None
     try:
-        payload = pm.hook.on_load_step(format=fmt, path=path)
-        if payload is None:
-            error = f"no plugin loads the {fmt!r} format"
-        else:
-            describe(payload, "", entries)
+        describe(hooks.load_step(fmt, path), "", entries)
     except Exception as exc:  # whatever a format raises on a broken file
         error = why_not(exc)
     return {
-        "path": str(path.resolve()),
+        "path": str(path),
         "name": path.name,
         "step": step,
         "family": record.family if record is not None else None,
         "format": fmt,
-        "size": path.stat().st_size,
+        "size": found.size,
         "record": state,
         "record_problem": problem,
         "digest": record.digest if record is not None else None,
@@ -100,11 +103,11 @@ def inspect_file(path: Path, *, digest: bool) -> dict[str, Any]:
     }
 
 
-def _format_by_suffix(pm, path: Path) -> str:
-    formats = available_formats(pm)
-    for name, info in formats.items():
-        if path.name.endswith(info.suffix):
-            return name
+def _format_by_suffix(hooks: Hooks, path: Path) -> str:
+    name = hooks.format_of_file(path)
+    if name is not None:
+        return name
+    formats = hooks.formats()
     known = ", ".join(f"{n} ({i.suffix})" for n, i in sorted(formats.items()))
     raise UsageError(
         f"{path.name} has no commit record and no suffix of a known format "

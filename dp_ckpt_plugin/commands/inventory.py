@@ -16,15 +16,14 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..catalogue import numbered_files
 from ..checkpoint import Checkpoint
-from ..errors import InvalidRecordError
-from ..layout import POINTER_NAME, QUARANTINE_DIR, Family, record_target
+from ..errors import InvalidRecordError, UnreadableFileError, UnsafePointerError
+from ..layout import ARCHIVE_DIR, POINTER_NAME, QUARANTINE_DIR, Family, record_target
 from ..manifest import Manifest, read_manifest
-from ..pointers import read_link_or_none, read_pointer
+from ..pointers import named_by, read_pointer
 from ..records import read_record
 from ..retention import KeepBest, RetentionPolicy, Verdict, explain_prune
-from ..sweep import ARCHIVE_DIR
+from ..storage import Storage, default_storage
 
 #: A numbered file name: ``<prefix>-<step><suffix>``, the step in plain decimal.
 _NUMBERED = re.compile(r"(?P<prefix>.+)-(?P<step>0|[1-9][0-9]*)(?P<suffix>\.[^.]+)")
@@ -162,12 +161,13 @@ class Inventory:
         return [c for f in self.families for c in f.checkpoints]
 
 
-def read_inventory(directory: Path) -> Inventory:
+def read_inventory(directory: Path, *, storage: Storage | None = None) -> Inventory:
     """Read what ``directory`` holds (see the module docs); it must exist."""
     directory = Path(os.path.abspath(directory))
+    storage = storage or default_storage()
     warnings: list[str] = []
     try:
-        manifest = read_manifest(directory)
+        manifest = read_manifest(directory, storage=storage)
     except InvalidRecordError as exc:
         manifest = None
         warnings.append(f"{exc}; families are read from the commit records")
@@ -177,47 +177,61 @@ def read_inventory(directory: Path) -> Inventory:
             views[info.family.prefix] = FamilyView(
                 info.family, info.retention(), info.reason
             )
-    names = _listdir(directory)
-    strays = _find_families(directory, names, views)
+    listing = _listdir(directory, storage)
+    strays = _find_families(directory, listing, views, storage)
     for view in views.values():
-        _fill(directory, view, strays)
+        _fill(directory, view, strays, listing, storage)
+    archive = directory / ARCHIVE_DIR
     return Inventory(
         directory=directory,
         manifest=manifest,
-        families=_ordered(directory, views, manifest),
+        families=_ordered(directory, views, manifest, storage),
         strays=sorted(strays.values(), key=lambda s: (s.family or "", s.step or 0)),
-        quarantined=_payloads(directory / QUARANTINE_DIR),
+        quarantined=_payloads(directory / QUARANTINE_DIR, storage),
         archived={
-            name: _payloads(directory / ARCHIVE_DIR / name, numbered=True)
-            for name in sorted(_listdir(directory / ARCHIVE_DIR))
-            if (directory / ARCHIVE_DIR / name).is_dir()
+            name: _payloads(archive / name, storage, numbered=True)
+            for name, kind in _listdir(archive, storage).items()
+            if kind == "dir"
         },
         warnings=warnings,
     )
 
 
-def _listdir(directory: Path) -> list[str]:
-    try:
-        return sorted(os.listdir(directory))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
+def _listdir(directory: Path, storage: Storage) -> dict[str, str]:
+    """Name to kind of the entries of ``directory``, sorted; a link is not followed.
+
+    A ``quarantine`` or ``archive`` that is a link to elsewhere lists nothing.
+    """
+    found = (
+        storage.entry(directory)
+        if directory.name in (ARCHIVE_DIR, QUARANTINE_DIR)
+        else None
+    )
+    if found is not None and not found.is_dir:
+        return {}
+    with contextlib.suppress(UnreadableFileError):
+        return dict(sorted(storage.names(directory)))
+    return {}
 
 
 def _find_families(
-    directory: Path, names: list[str], views: dict[str, FamilyView]
+    directory: Path,
+    listing: dict[str, str],
+    views: dict[str, FamilyView],
+    storage: Storage,
 ) -> dict[Path, Stray]:
     """Add the families the records and pointers name; return bad records."""
     strays: dict[Path, Stray] = {}
-    for name in names:
+    for name in listing:
         target = record_target(name)
         if target is None:
             continue
         path = directory / target
         match = _NUMBERED.fullmatch(target)
         try:
-            record = read_record(path)
+            record = read_record(path, storage=storage)
         except InvalidRecordError as exc:
-            if path.is_file():
+            if listing.get(target) == "file":
                 strays[path] = Stray(
                     path,
                     match["prefix"] if match else None,
@@ -231,11 +245,11 @@ def _find_families(
         if record.family not in views and suffix.startswith("."):
             with contextlib.suppress(ValueError):
                 views[record.family] = FamilyView(Family(record.family, suffix))
-    for name in names:  # pointers: a store plain deepmd-kit wrote has no records
+    for name in listing:  # pointers: a store plain deepmd-kit wrote has no records
         if name != POINTER_NAME and not name.startswith(f"{POINTER_NAME}."):
             continue
-        with contextlib.suppress(Exception):
-            named = read_pointer(directory / name)
+        with contextlib.suppress(UnsafePointerError, ValueError):
+            named = read_pointer(directory / name, storage=storage)
             match = _NUMBERED.fullmatch(named.name) if named else None
             if match and match["prefix"] not in views:
                 views[match["prefix"]] = FamilyView(
@@ -244,12 +258,23 @@ def _find_families(
     return strays
 
 
-def _fill(directory: Path, view: FamilyView, strays: dict[Path, Stray]) -> None:
+def _fill(
+    directory: Path,
+    view: FamilyView,
+    strays: dict[Path, Stray],
+    listing: dict[str, str],
+    storage: Storage,
+) -> None:
     """Read a family's committed checkpoints, pointer, alias and strays."""
     fam = view.family
-    for path in numbered_files(directory, fam):
+    numbered = [
+        directory / n
+        for n, kind in listing.items()
+        if kind == "file" and fam.step_of(n) is not None
+    ]
+    for path in numbered:
         try:
-            record = read_record(path)
+            record = read_record(path, storage=storage)
         except InvalidRecordError:
             continue  # reported among the strays already
         step = fam.step_of(path.name)
@@ -264,47 +289,51 @@ def _fill(directory: Path, view: FamilyView, strays: dict[Path, Stray]) -> None:
     view.checkpoints.sort(key=lambda c: c.step)
     pointers = [fam.pointer]
     if fam.pointer == POINTER_NAME:  # found without a manifest: any pointer naming it
-        pointers += [n for n in _listdir(directory) if n.startswith(f"{POINTER_NAME}.")]
+        pointers += [n for n in listing if n.startswith(f"{POINTER_NAME}.")]
     for name in pointers:
-        with contextlib.suppress(Exception):
-            named = read_pointer(directory / name)
-            if named is not None and fam.step_of(named.name) is not None:
-                view.pointer = named.name
-                break
-    linked = read_link_or_none(directory / fam.alias)
-    if linked and fam.step_of(Path(linked).name) is not None:
-        view.alias = Path(linked).name
+        named = named_by(
+            directory, Family(fam.prefix, fam.suffix, name), storage=storage
+        )
+        if named["pointer"] is not None and fam.step_of(named["pointer"]) is not None:
+            view.pointer = named["pointer"]
+            break
+    linked = named_by(directory, fam, storage=storage)["alias"]
+    if linked and fam.step_of(linked) is not None:
+        view.alias = linked
 
 
 def _ordered(
-    directory: Path, views: dict[str, FamilyView], manifest: Manifest | None
+    directory: Path,
+    views: dict[str, FamilyView],
+    manifest: Manifest | None,
+    storage: Storage,
 ) -> list[FamilyView]:
     """The manifest's order; without one, the family ``D/checkpoint`` names first."""
     if manifest is not None:
         return list(views.values())
-    primary = None
-    with contextlib.suppress(Exception):
-        named = read_pointer(directory / POINTER_NAME)
-        primary = next(
-            (p for p, v in views.items() if named and v.family.step_of(named.name)),
-            None,
-        )
+    named = None
+    with contextlib.suppress(UnsafePointerError):
+        found = read_pointer(directory / POINTER_NAME, storage=storage)
+        named = found.name if found is not None else None
+    primary = next(
+        (p for p, v in views.items() if named and v.family.step_of(named) is not None),
+        None,
+    )
     return sorted(
         views.values(), key=lambda v: (v.family.prefix != primary, v.family.prefix)
     )
 
 
-def _payloads(folder: Path, *, numbered: bool = False) -> list[Path]:
-    """The files of ``folder`` that are not commit records (nor links).
+def _payloads(folder: Path, storage: Storage, *, numbered: bool = False) -> list[Path]:
+    """The regular files of ``folder`` that are not commit records.
 
     With ``numbered``, only numbered checkpoint names (an archive also holds
     the pointers and aliases of the run it keeps).
     """
     return [
         folder / n
-        for n in _listdir(folder)
-        if not n.endswith(".commit.json")
+        for n, kind in _listdir(folder, storage).items()
+        if kind == "file"
+        and not n.endswith(".commit.json")
         and (not numbered or _NUMBERED.fullmatch(n))
-        and (folder / n).is_file()
-        and not (folder / n).is_symlink()
     ]

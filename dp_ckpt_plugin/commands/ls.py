@@ -215,7 +215,11 @@ def view_policy(view: FamilyView) -> dict[str, Any] | None:
 
 
 def _size(path) -> int | None:
+    from ..errors import UnreadableFileError
+    from ..storage import default_storage
+
     try:
-        return path.stat().st_size
-    except OSError:
+        found = default_storage().entry(path, follow=True)
+    except UnreadableFileError:
         return None
+    return found.size if found is not None else None

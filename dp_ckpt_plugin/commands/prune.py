@@ -1,7 +1,7 @@
 """``dp-ckpt prune D``: apply a retention policy to a store now.
 
 The policy of each family is the one the store's manifest records, with the
-keys given on the command line (``--max-ckpt-keep``, ``--keep-every-n-steps``,
+keys given on the command line (``--keep-last``, ``--keep-every-n-steps``,
 ``--keep-best``, ``--best-metric``, ``--best-mode``) in place of the recorded
 ones. As in a running store, the checkpoints the pointer and alias name and
 the newest one are never removed, and each removal takes the payload before
@@ -19,12 +19,15 @@ from ..commit import remove
 from ..lock import StoreLock
 from ..retention import (
     BEST_MODES,
+    OLD_KEYS,
+    POLICY_KEYS,
     RetentionPolicy,
     Verdict,
     policy_from_dict,
     policy_to_dict,
     reason_of,
 )
+from ..storage import local_storage
 from . import UsageError, output, select_families, store_directory
 from .inventory import FamilyView, read_inventory
 
@@ -36,14 +39,10 @@ DESCRIPTION = (
     "never removed. Refused while a run holds the store."
 )
 
-#: Command-line options and the policy keys they set.
-OPTIONS = {
-    "max_ckpt_keep": "keep the newest N (0: keep all; none: no window)",
-    "keep_every_n_steps": "also keep every checkpoint whose step is a multiple of N",
-    "keep_best": "also keep the N best by --best-metric",
-    "best_metric": "the metric --keep-best ranks by (as the commit records name it)",
-    "best_mode": "min (lower is better, the default) or max",
-}
+#: Command-line options are the policy keys (:data:`POLICY_KEYS`): one table.
+OPTIONS = POLICY_KEYS
+#: Other names of an option (those of earlier releases).
+ALIASES = {new: f"--{old.replace('_', '-')}" for old, new in OLD_KEYS.items()}
 
 
 def _count(value: str) -> int | None:
@@ -65,15 +64,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dry-run", action="store_true", help="show what would go; remove nothing"
     )
     for key, doc in OPTIONS.items():
-        flag = "--" + key.replace("_", "-")
+        flags = ["--" + key.replace("_", "-")]
+        if key in ALIASES:
+            flags.append(ALIASES[key])
         # an option not given leaves no attribute: ``none`` is a value
         given = {"dest": key, "help": doc, "default": argparse.SUPPRESS}
         if key == "best_metric":
-            parser.add_argument(flag, metavar="NAME", **given)
+            parser.add_argument(*flags, metavar="NAME", **given)
         elif key == "best_mode":
-            parser.add_argument(flag, choices=BEST_MODES, **given)
+            parser.add_argument(*flags, choices=BEST_MODES, **given)
         else:
-            parser.add_argument(flag, type=_count, metavar="N", **given)
+            parser.add_argument(*flags, type=_count, metavar="N", **given)
 
 
 def policy_for(view: FamilyView, args: argparse.Namespace) -> RetentionPolicy:
@@ -84,7 +85,7 @@ def policy_for(view: FamilyView, args: argparse.Namespace) -> RetentionPolicy:
         raise UsageError(
             f"no retention policy is recorded for {view.family.prefix} "
             "(the store has no manifest, or its policy is not expressible as keys); "
-            "give one, such as --max-ckpt-keep 5"
+            "give one, such as --keep-last 5"
         )
     try:
         return policy_from_dict({**(recorded or {}), **given})
@@ -97,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
     inventory = read_inventory(args.directory)
     families = select_families(inventory, args.family)
     policies = {v.family.prefix: policy_for(v, args) for v in families}
-    lock = None if args.dry_run else StoreLock(inventory.directory)
+    storage = local_storage(inventory.directory)
+    lock = None if args.dry_run else StoreLock(inventory.directory, storage=storage)
     if lock is not None:
         lock.acquire()  # StoreLockedError names the run holding it
     try:
@@ -115,7 +117,11 @@ def run(args: argparse.Namespace) -> int:
             if not v.kept
         ]
         if lock is not None:
-            remove([inventory.directory / v.name for _, v in doomed], durable=True)
+            remove(
+                [inventory.directory / v.name for _, v in doomed],
+                durable=True,
+                storage=storage,
+            )
     finally:
         if lock is not None:
             lock.release()

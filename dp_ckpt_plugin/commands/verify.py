@@ -9,7 +9,9 @@ Read-only: a corrupt file is reported, never moved.
 
 Exit status 0 when everything checked is sound, 1 when a checkpoint does not
 match its record, a record is malformed, a pointer or alias names no
-committed checkpoint, or there was nothing to check.
+committed checkpoint, or there was nothing to check. A store a run is
+writing may be verified: a checkpoint that retention removed meanwhile is
+listed as gone, not as a problem.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from typing import Any
 
 from .. import records
 from ..checkpoint import Checkpoint
-from ..errors import CorruptCheckpointError, InvalidRecordError
+from ..errors import CorruptCheckpointError, InvalidRecordError, UnreadableFileError
+from ..pointers import named_by
+from ..storage import default_storage
 from . import add_digest_flag, output
 from .inventory import Inventory, read_inventory
 
@@ -43,8 +47,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _existing(value: str) -> Path:
     path = Path(value)
-    if not path.exists():
+    try:
+        found = default_storage().entry(path, follow=True)
+    except UnreadableFileError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if found is None:
         raise argparse.ArgumentTypeError(f"{value}: no such file or directory")
+    if not (found.is_dir or found.is_file):
+        raise argparse.ArgumentTypeError(f"{value} is not a file or a directory")
     return path
 
 
@@ -54,25 +64,34 @@ class Check:
 
     checkpoint: Checkpoint
     problem: str = ""
+    gone: bool = False
 
     @property
     def ok(self) -> bool:
-        """Whether it matches its record."""
+        """Whether it matches its record (or went away cleanly)."""
         return not self.problem
 
 
 def check(checkpoint: Checkpoint, *, digest: bool) -> Check:
-    """Check one committed checkpoint against its record."""
+    """Check one committed checkpoint against its record.
+
+    A checkpoint that is no longer there (retention removed it meanwhile) is
+    ``gone``, not a problem.
+    """
     try:
         records.verify(checkpoint.path, checkpoint.record, digest=digest)
+    except FileNotFoundError:
+        return Check(checkpoint, gone=True)
     except CorruptCheckpointError as exc:
+        if default_storage().entry(checkpoint.path) is None:
+            return Check(checkpoint, gone=True)
         return Check(checkpoint, str(exc))
     return Check(checkpoint)
 
 
 def run(args: argparse.Namespace) -> int:
     """Check; exit status 1 on any problem."""
-    if args.path.is_dir():
+    if default_storage().entry(args.path, follow=True).is_dir:
         inventory = read_inventory(args.path)
         checkpoints = inventory.checkpoints()
         problems = link_problems(inventory) + [
@@ -88,7 +107,9 @@ def run(args: argparse.Namespace) -> int:
         unverified = []
     results = _check_all(checkpoints, digest=args.digest, quiet=args.json)
     problems += [r.problem for r in results if not r.ok]
-    if not results and not problems:
+    gone = [r for r in results if r.gone]
+    results = [r for r in results if not r.gone]
+    if not results and not problems and not gone:
         problems.append(
             f"nothing to verify: {args.path} holds no committed checkpoint"
             + (
@@ -99,16 +120,16 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.json:
         output.print_json(
-            as_json(args.path, results, problems, unverified, args.digest)
+            as_json(args.path, results, problems, unverified, args.digest, gone)
         )
     else:
-        show(results, problems, unverified, digest=args.digest)
+        show(results, problems, unverified, digest=args.digest, gone=gone)
     return 1 if problems else 0
 
 
 def _one_file(path: Path) -> tuple[list[Checkpoint], list[str]]:
     try:
-        record = records.read_record(path)
+        record = records.read_record(Path(path).absolute())
     except InvalidRecordError as exc:
         return [], [str(exc)]
     if record is None:
@@ -120,19 +141,36 @@ def _one_file(path: Path) -> tuple[list[Checkpoint], list[str]]:
 
 
 def link_problems(inventory: Inventory) -> list[str]:
-    """Pointers and aliases that name a file that is not there."""
+    """Pointers and aliases that name a file that is not there.
+
+    What they name is read again when a file is missing: a run that moved
+    them on and removed the old checkpoint meanwhile is not a problem.
+    """
+    storage = default_storage()
     problems = []
     for view in inventory.families:
         for kind, named, where in (
             ("pointer", view.pointer, view.family.pointer),
             ("alias", view.alias, view.family.alias),
         ):
-            if named is not None and not (inventory.directory / named).is_file():
-                problems.append(
-                    f"{kind} {inventory.directory / where} names {named}, "
-                    "which does not exist"
-                )
+            if named is None or _is_file(inventory.directory / named):
+                continue
+            now = named_by(inventory.directory, view.family, storage=storage)[kind]
+            if now is not None and now != named and _is_file(inventory.directory / now):
+                continue
+            problems.append(
+                f"{kind} {inventory.directory / where} names {named}, "
+                "which does not exist"
+            )
     return problems
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        found = default_storage().entry(path, follow=True)
+    except UnreadableFileError:
+        return False
+    return found is not None and found.is_file
 
 
 def _check_all(
@@ -156,7 +194,12 @@ def _check_all(
 
 
 def show(
-    results: list[Check], problems: list[str], unverified: list[Path], *, digest: bool
+    results: list[Check],
+    problems: list[str],
+    unverified: list[Path],
+    *,
+    digest: bool,
+    gone: list[Check] = (),
 ) -> None:
     """Print the table and the problems."""
     out = output.console()
@@ -177,6 +220,8 @@ def show(
         out.print(rows)
     for path in unverified:
         out.print(f"not verified: {path.name} has no commit record")
+    for r in gone:
+        out.print(f"gone: {r.checkpoint.name} was removed meanwhile (retention)")
     for problem in problems:
         out.print(f"problem: {problem}")
     bad = len(problems)
@@ -192,6 +237,7 @@ def as_json(
     problems: list[str],
     unverified: list[Path],
     digest: bool,
+    gone: list[Check] = (),
 ) -> dict[str, Any]:
     """The ``--json`` form (documented in docs/command.md)."""
     return {
@@ -211,5 +257,6 @@ def as_json(
             for r in results
         ],
         "unverified": [str(p) for p in unverified],
+        "gone": [str(r.checkpoint.path) for r in gone],
         "problems": problems,
     }

@@ -25,8 +25,8 @@ from pathlib import Path
 from ..adoption import adopt_family
 from ..catalogue import committed
 from ..checkpoint import Checkpoint
-from ..pointers import read_link_or_none, read_text_or_none
-from ..publish import Mirror, publish
+from ..pointers import named_by
+from ..publish import publish, targets
 from ..store import CheckpointStore
 from .logs import shown
 
@@ -60,6 +60,7 @@ def adopt(
             cfg.family,
             store.format.name,
             check,
+            storage=store.storage,
             durable=store.durable,
         )
         for path, why in found.refused:
@@ -89,17 +90,19 @@ def adopt(
 def _publish_if_newer(store: CheckpointStore, cfg, newest: Checkpoint) -> None:
     """Move the store's pointer and alias to ``newest`` if they name an older step."""
     family = cfg.family
-    named = read_text_or_none(store.directory / family.pointer)
-    named = (named or "").strip() or read_link_or_none(store.directory / family.alias)
-    named_step = family.step_of(Path(named).name) if named else None
+    links = named_by(store.directory, family, storage=store.storage)
+    named = links["pointer"] or links["alias"]
+    named_step = family.step_of(named) if named else None
     if named_step is not None and named_step >= newest.step:
         return
     if named_step is None and any(
-        c.step > newest.step for c in committed(store.directory, family)
+        c.step > newest.step
+        for c in committed(store.directory, family, storage=store.storage)
     ):
         return
-    targets = [
-        Mirror(store.directory / family.pointer, "pointer"),
-        Mirror(store.directory / family.alias, "alias"),
-    ]
-    publish(newest.path, targets, durable=store.durable)
+    publish(
+        newest.path,
+        targets(store.directory, family),
+        storage=store.storage,
+        durable=store.durable,
+    )

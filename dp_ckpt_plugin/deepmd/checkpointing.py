@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import fsio
 from ..errors import CheckpointError
+from ..storage import local_storage
 from ..store import CheckpointStore
 from .logs import SaveReport, demote_replaced_lines, finished_line
 from .naming import ema_prefix
@@ -59,6 +59,8 @@ class HostRun:
         The working directory (for paths in messages).
     retention : Mapping or None
         The ``training._dp_ckpt.retention`` options (milestones, best K).
+    host : str or None
+        The host folder (``pt_expt``, ``pt``) whose trainer this is.
     """
 
     store: CheckpointStore | None
@@ -69,6 +71,7 @@ class HostRun:
     stop: StopSignals | None = None
     cwd: Path | None = None
     retention: Mapping[str, Any] | None = None
+    host: str | None = None
     #: The step of the last checkpoint this run saved.
     last_saved: int | None = None
 
@@ -86,12 +89,13 @@ class HostRun:
             stop=prepared.stop,
             cwd=prepared.settings.cwd,
             retention=prepared.settings.options.retention,
+            host=prepared.host,
         )
 
     # -- set-up ----------------------------------------------------------------------
     def started(self, num_steps: int) -> None:
         """The trainer is built: set the retention windows, tidy the log lines."""
-        demote_replaced_lines(deepmd=self.store is not None)
+        demote_replaced_lines(self.host if self.store is not None else None)
         if self.store is None:
             return
         primary = self.store.primary.prefix
@@ -228,7 +232,9 @@ def write_torch_atomic(path: Path, state: Any, *, durable: bool = True) -> None:
     """``torch.save`` to ``path`` through a temporary name, fsynced, then ``os.replace``."""
     import torch
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fsio.write_file_atomic(
+    storage = local_storage()
+    storage.make_dirs(path.parent, durable=durable)
+    tmp = storage.write_temp(
         path, lambda handle: torch.save(state, handle), durable=durable
     )
+    storage.move_into_place(tmp, path, durable=durable)

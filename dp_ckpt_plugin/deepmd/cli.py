@@ -22,29 +22,23 @@ import sys
 from pathlib import Path
 
 from ..errors import CheckpointError
+from .host import descriptor
 from .logs import demote_replaced_lines, describe_checked, describe_how, shown
 from .preempt import Stopped
 
 log = logging.getLogger("dp_ckpt_plugin")
 
-#: deepmd-kit's command-line module of each host.
-DEEPMD_MAIN = {
-    "pt_expt": "deepmd.pt_expt.entrypoints.main",
-    "pt": "deepmd.pt.entrypoints.main",
-}
 #: Commands the plugin handles; deepmd-kit's backend runs the others.
 COMMANDS = ("train", "freeze", "change-bias")
 
 
-def main(
-    args: list[str] | argparse.Namespace | None = None, *, host: str = "pt_expt"
-) -> None:
+def main(args: list[str] | argparse.Namespace | None = None, *, host: str) -> None:
     """Run a ``dp`` command of ``host`` (deepmd-kit's backend ``main`` signature)."""
     from deepmd.main import parse_args
 
     flags = args if isinstance(args, argparse.Namespace) else parse_args(args=args)
     if flags.command not in COMMANDS:
-        importlib.import_module(DEEPMD_MAIN[host]).main(flags)
+        importlib.import_module(descriptor(host).deepmd_main).main(flags)
         return
     from deepmd.loggers.loggers import set_log_handles
 
@@ -52,7 +46,7 @@ def main(
         flags.log_level, Path(flags.log_path) if flags.log_path else None, mpi_log=None
     )
     share_deepmd_handlers(log)
-    demote_replaced_lines(deepmd=False)
+    demote_replaced_lines()
     try:
         if flags.command == "train":
             run_train(flags, host)
@@ -70,7 +64,7 @@ def main(
 
 def host_module(host: str, name: str):
     """Import ``dp_ckpt_plugin.deepmd.<host>.<name>``."""
-    return importlib.import_module(f"dp_ckpt_plugin.deepmd.{host}.{name}")
+    return descriptor(host).module(name)
 
 
 def run_train(flags: argparse.Namespace, host: str) -> None:
@@ -98,17 +92,19 @@ def run_freeze(flags: argparse.Namespace, host: str):
     from .settings import resolve_for_reading
 
     pm = plugin_manager(host)
-    found = resolve_for_reading(pm, flags.checkpoint_folder)
+    found = resolve_for_reading(
+        pm, flags.checkpoint_folder, suffix=descriptor(host).suffix
+    )
     log.info(
         "freezing %s, %s; %s",
         shown(found.path),
-        describe_how(found.how),
+        describe_how(found),
         describe_checked(found.checked),
     )
     options = {"host": host, **host_module(host, "freeze").freeze_options(flags)}
-    return pm.hook.on_freeze(
-        checkpoint=found.checkpoint, output=flags.output, options=options
-    )
+    from ..hooks import Hooks
+
+    return Hooks(pm).freeze(found.checkpoint, flags.output, options)
 
 
 def run_change_bias(flags: argparse.Namespace, host: str) -> None:
@@ -123,18 +119,20 @@ def run_change_bias(flags: argparse.Namespace, host: str) -> None:
 
     spec = flags.INPUT
     if not Path(spec).is_file():
-        found = resolve_for_reading(plugin_manager(host), spec)
+        found = resolve_for_reading(
+            plugin_manager(host), spec, suffix=descriptor(host).suffix
+        )
         log.info(
             "change-bias %s: %s, %s; %s",
             spec,
             shown(found.path),
-            describe_how(found.how),
+            describe_how(found),
             describe_checked(found.checked),
         )
         flags.INPUT = str(found.path)
         if flags.output is None:
             flags.output = f"{found.path.stem}_updated{found.path.suffix}"
-    importlib.import_module(DEEPMD_MAIN[host]).change_bias(
+    importlib.import_module(descriptor(host).deepmd_main).change_bias(
         input_file=flags.INPUT,
         mode=flags.mode,
         bias_value=flags.bias_value,
@@ -160,10 +158,10 @@ def stopped_line(stop: Stopped) -> str:
 
 def host_plugins(host: str) -> dict[str, str]:
     """The built-in plugins a host brings: its freezer."""
-    return {"freeze": f"dp_ckpt_plugin.deepmd.{host}.freeze"}
+    return {"freeze": descriptor(host).freezer}
 
 
-def plugin_manager(host: str = "pt_expt"):
+def plugin_manager(host: str):
     """The plugin manager of a ``dp`` command: the core's plugins and the host's."""
     from ..plugins import get_plugin_manager
 

@@ -7,11 +7,13 @@
   seconds and MB/s, from :class:`SaveReport`, an ``on_commit`` observer;
 - one closing line naming where the latest checkpoint really is.
 
-The lines they replace are demoted to ``DEBUG`` by :class:`Demote`: the
-store's own line per committed family and deepmd-kit's ``Saved model to`` /
-``Trained model has been saved to: model.ckpt`` (misleading with
-``save_dir``). Paths are shown normalized, relative to the working directory
-when they lie below it (:func:`shown`).
+The deepmd-kit lines they replace are demoted to ``DEBUG`` by
+:class:`Demote`: the host descriptor names them (``Saved model to`` /
+``Trained model has been saved to: model.ckpt``, misleading with
+``save_dir``). The core says nothing at ``INFO`` per commit; what it returns
+carries structured fields (a restart's ``rule``, ``via``, ``fell_back``), so
+no line of the core's is read here. Paths are shown normalized, relative to
+the working directory when they lie below it (:func:`shown`).
 """
 
 from __future__ import annotations
@@ -28,22 +30,6 @@ from typing import Any
 from ..hookspecs import hookimpl
 
 log = logging.getLogger("dp_ckpt_plugin")
-
-#: Records to show at DEBUG only: logger name to message starts.
-REPLACED = {
-    "dp_ckpt_plugin": ("committed %s (step %d)",),
-    "deepmd.pt_expt.train.training": (
-        "Saved model to ",
-        "Trained model has been saved to: ",
-    ),
-    "deepmd.pt.train.training": (
-        "Saved model to ",
-        "Trained model has been saved to: ",
-    ),
-}
-
-#: deepmd-kit's command-line flag of each host.
-FLAGS = {"pt_expt": "--pt-expt", "pt": "--pt"}
 
 
 def shown(path: str | os.PathLike, cwd: Path | None = None) -> str:
@@ -78,7 +64,9 @@ def startup_line(settings, host: str, cwd: Path | None = None) -> str:
     from .. import __version__
 
     options = settings.options
-    head = f"dp_ckpt_plugin {__version__} ({'dp ' + FLAGS.get(host, host)})"
+    from .host import descriptor
+
+    head = f"dp_ckpt_plugin {__version__} (dp {descriptor(host).flag})"
     stop = (
         f"stop with a checkpoint on {', '.join(options.stop_signals)}"
         if options.stop_signals
@@ -106,20 +94,18 @@ _CHECKED = {
     "size": "size matches its commit record (digest not checked: verify is size)",
     "unverified": "unverified: it has no commit record",
 }
-_HOW = ("pointer ", "alias ", "file ")
-_NEWEST = "newest committed checkpoint in "
 
 
-def describe_how(how: str, cwd: Path | None = None) -> str:
-    """Which rule found a checkpoint, with its path shown short."""
-    if how.startswith("file "):
+def describe_how(found, cwd: Path | None = None) -> str:
+    """Which rule found a checkpoint (its ``rule`` and ``via``), with paths short."""
+    via = shown(found.via, cwd) if found.via is not None else None
+    if found.rule == "file":
         return "named explicitly"
-    for start in _HOW:
-        if how.startswith(start):
-            return f"through the {start}{shown(how[len(start) :], cwd)}"
-    if how.startswith(_NEWEST):
-        return f"as the {_NEWEST}{shown(how[len(_NEWEST) :], cwd)}"
-    return how
+    if found.rule in ("pointer", "alias", "link") and via is not None:
+        return f"through the {found.rule} {via}"
+    if found.rule == "newest" and via is not None:
+        return f"as the newest committed checkpoint in {via}"
+    return found.how
 
 
 def describe_checked(checked: str) -> str:
@@ -140,11 +126,11 @@ def restart_line(
     step = f" (step {found.step})" if found.step is not None else ""
     text = (
         f"--{option} {spec}: {shown(found.path, cwd)}{step}, "
-        f"{describe_how(found.how, cwd)}; {describe_checked(found.checked)}"
+        f"{describe_how(found, cwd)}; {describe_checked(found.checked)}"
     )
     if found.path in set(adopted):
         text += " (adopted from plain deepmd-kit: it loads with torch and now has one)"
-    if any("falling back" in w or "moved aside" in w for w in found.warnings):
+    if found.fell_back or found.moved_aside:
         text += "; newer candidates were unusable (see the warnings above)"
     if archives:
         text += (
@@ -275,18 +261,20 @@ class ShortPaths(logging.Filter):
         return True
 
 
-def demote_replaced_lines(*, deepmd: bool = True) -> None:
-    """Attach :class:`Demote` to the loggers of :data:`REPLACED` (once).
+def demote_replaced_lines(host: str | None = None) -> None:
+    """Attach :class:`Demote` to the logger of ``host``'s trainer (once).
 
-    ``deepmd=False`` keeps deepmd-kit's own lines (a run without ``save_dir``,
-    where they are the only ones and say the truth).
+    Only with ``save_dir`` (``host`` given): without it deepmd-kit's own lines
+    are the only ones and say the truth. Also shortens the paths of the
+    plugin's lines.
     """
-    for name, starts in REPLACED.items():
-        if name.startswith("deepmd") and not deepmd:
-            continue
-        logger = logging.getLogger(name)
+    from .host import descriptor
+
+    if host is not None:
+        found = descriptor(host)
+        logger = logging.getLogger(found.trainer)
         if not any(isinstance(f, Demote) for f in logger.filters):
-            logger.addFilter(Demote(starts))
+            logger.addFilter(Demote(found.replaced_lines))
     plugin = logging.getLogger("dp_ckpt_plugin")
     if not any(isinstance(f, ShortPaths) for f in plugin.filters):
         plugin.addFilter(ShortPaths())

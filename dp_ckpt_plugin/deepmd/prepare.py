@@ -30,6 +30,7 @@ from ..ranks import Ranks
 from ..resolution import ResolveContext, resolve_restart
 from ..store import CheckpointStore
 from .adopt import adopt
+from .host import descriptor
 from .logs import SaveReport, restart_line, startup_line
 from .naming import primary_family_in
 from .preempt import StopSignals
@@ -72,6 +73,7 @@ class PreparedRun:
     report: SaveReport | None = None
     stop: StopSignals | None = None
     adopted: list[Path] = field(default_factory=list)
+    host: str | None = None
 
     def close(self) -> None:
         """Restore the signal handlers and close the store (idempotent)."""
@@ -90,8 +92,8 @@ def prepare_run(
     init_model: str | None,
     pm: pluggy.PluginManager,
     ranks: Ranks,
+    host: str,
     finetune: str | None = None,
-    host: str = "pt_expt",
 ) -> PreparedRun:
     """Validate, lock, adopt and resolve; see the module docstring.
 
@@ -102,7 +104,7 @@ def prepare_run(
     Stopped
         A stop signal came meanwhile.
     """
-    settings = read_settings(load_input(input_file))
+    settings = read_settings(load_input(input_file), suffix=descriptor(host).suffix)
     chief = ranks.rank == 0
     if chief:
         log.info("%s", startup_line(settings, host, settings.cwd))
@@ -112,12 +114,14 @@ def prepare_run(
     try:
         adopted: list[Path] = []
         if settings.save_dir is not None:
-            store = build_store(settings, pm, ranks)
+            store = build_store(settings, pm, ranks, host)
             created = chief and not os.path.lexists(store.directory)
             store.open()  # the chief takes the lock now, not after the build
             if chief:
                 adopted = [c.path for c in adopt(store, cwd=settings.cwd)]
         ctx = settings.resolve_context(chief=chief) if chief else None
+        if ctx is not None and store is not None:
+            ctx = replace(ctx, storage=store.storage, verifier=None)
         specs = {"init_model": init_model, "restart": restart, "finetune": finetune}
         resolved: dict[str, str | None] = dict.fromkeys(HANDLES)
         resumed_from = None
@@ -138,6 +142,8 @@ def prepare_run(
                 store.protect_resumed(found.path, continues=continues)
                 archives = not continues and _inside(found.path, store.directory)
             if chief:
+                for warning in found.warnings:
+                    log.warning("%s", warning)
                 log.info(
                     "%s",
                     restart_line(
@@ -165,6 +171,7 @@ def prepare_run(
             report=report,
             stop=stop,
             adopted=adopted,
+            host=host,
         )
     except BaseException:
         stop.restore()
@@ -205,12 +212,12 @@ def load_input(input_file: str) -> dict[str, Any]:
 
 
 def build_store(
-    settings: RunSettings, pm: pluggy.PluginManager, ranks: Ranks
+    settings: RunSettings, pm: pluggy.PluginManager, ranks: Ranks, host: str
 ) -> CheckpointStore:
     """The store of ``save_dir``, with the families :class:`RunSettings` describes."""
     return CheckpointStore(
         settings.save_dir,
-        format="torch",
+        format=descriptor(host).format,
         pm=pm,
         families=settings.family_configs(),
         ranks=ranks,

@@ -139,7 +139,7 @@ def periodic_policy(
     window = policy_from_training(training, num_steps=num_steps, ema=ema)
     retention = retention or {}
     spec: dict[str, Any] = {
-        "max_ckpt_keep": window.count,
+        "keep_last": window.count,
         "keep_every_n_steps": retention.get("keep_every_n_steps"),
     }
     if not ema:

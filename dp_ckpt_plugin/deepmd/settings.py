@@ -8,6 +8,7 @@ seconds rather than after the data and model are built.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass, field
@@ -23,8 +24,8 @@ from ..store import FamilyConfig
 from .argcheck import PluginOptions, check_save_dir, plugin_options
 from .naming import ema_family
 
-#: Suffix of deepmd-kit's PyTorch checkpoints (the torch format's).
-SUFFIX = ".pt"
+log = logging.getLogger("dp_ckpt_plugin")
+
 #: deepmd-kit's latest pointer in the working directory.
 WORKDIR_POINTER = "checkpoint"
 
@@ -45,6 +46,8 @@ class RunSettings:
         The raw ``training`` section (retention keys are read from it).
     cwd : Path
         The working directory of the run.
+    suffix : str
+        The suffix of the host's checkpoints (its descriptor's).
     """
 
     save_dir: Path | None
@@ -52,11 +55,12 @@ class RunSettings:
     options: PluginOptions
     training: dict[str, Any] = field(default_factory=dict)
     cwd: Path = field(default_factory=Path.cwd)
+    suffix: str = ".pt"
 
     @property
     def family(self) -> Family:
         """The periodic family (the one ``latest`` means)."""
-        return Family(self.save_ckpt.name, SUFFIX)
+        return Family(self.save_ckpt.name, self.suffix)
 
     @property
     def prefix_dir(self) -> Path:
@@ -128,7 +132,9 @@ def restart_context(
     )
 
 
-def read_settings(config: dict[str, Any], *, cwd: Path | None = None) -> RunSettings:
+def read_settings(
+    config: dict[str, Any], *, suffix: str, cwd: Path | None = None
+) -> RunSettings:
     """Validate and take out the plugin's part of a loaded training input.
 
     The deprecated top-level ``dp_ckpt`` section, if any, is removed from
@@ -163,6 +169,7 @@ def read_settings(config: dict[str, Any], *, cwd: Path | None = None) -> RunSett
         options=options,
         training=training,
         cwd=cwd or Path.cwd(),
+        suffix=suffix,
     )
 
 
@@ -186,7 +193,7 @@ def normalized_spec(spec: str, cwd: Path | None = None) -> str:
 _PLUGIN_SPEC = re.compile(r"[A-Za-z][A-Za-z0-9_-]*(:.*)?", re.DOTALL)
 
 
-def resolve_for_reading(pm, spec: str, *, cwd: Path | None = None):
+def resolve_for_reading(pm, spec: str, *, suffix: str, cwd: Path | None = None):
     """Resolve the model handle of a reading command (freeze, change-bias).
 
     ``latest`` and the working directory read deepmd-kit's ``checkpoint``
@@ -200,9 +207,12 @@ def resolve_for_reading(pm, spec: str, *, cwd: Path | None = None):
 
     cwd = cwd or Path.cwd()
     spec = normalized_spec(str(spec), cwd)
-    family = Family("model.ckpt", SUFFIX)
+    family = Family("model.ckpt", suffix)
     directory = Path(spec)
     if spec != "latest" and directory.is_dir():
-        family = primary_family_in(directory, SUFFIX, family)
+        family = primary_family_in(directory, suffix, family)
     context = restart_context(family, cwd=cwd, digest=True, quarantine=False)
-    return resolve_restart(pm, spec, context)
+    found = resolve_restart(pm, spec, context)
+    for warning in found.warnings:
+        log.warning("%s", warning)
+    return found

@@ -30,15 +30,6 @@ import sys
 PLUGIN_OFF_ENV = "DP_CKPT_DISABLE"
 #: The deepmd-kit release series (major, minor) the plugin supports.
 SUPPORTED = (3, 2)
-#: The deepmd-kit backends taken over: host folder to (deepmd-kit module, class, keys).
-HOSTS = {
-    "pt_expt": (
-        "deepmd.backend.pt_expt",
-        "PyTorchExportableBackend",
-        ("pt-expt", "pytorch-exportable"),
-    ),
-    "pt": ("deepmd.backend.pytorch", "PyTorchBackend", ("pt", "pytorch")),
-}
 
 
 def disabled() -> bool:
@@ -76,11 +67,11 @@ def unsupported_note(version: str) -> str:
     )
 
 
-def _backend_class(host: str) -> type:
-    """A subclass of deepmd-kit's backend whose train and freeze go through the host."""
+def _backend_class(host) -> type:
+    """A subclass of deepmd-kit's backend whose train and freeze go through ``host``."""
     import importlib
 
-    module, name, _ = HOSTS[host]
+    module, name = host.backend
     base = getattr(importlib.import_module(module), name)
 
     class CheckpointingBackend(base):
@@ -92,7 +83,7 @@ def _backend_class(host: str) -> type:
         def entry_point_hook(self):
             from .cli import main
 
-            return functools.partial(main, host=host)
+            return functools.partial(main, host=host.name)
 
     CheckpointingBackend.__name__ = CheckpointingBackend.__qualname__ = (
         f"Checkpointing{name}"
@@ -104,12 +95,14 @@ def _register() -> dict[str, type]:
     """Register every host's backend class under deepmd-kit's keys; return them."""
     from deepmd.backend.backend import Backend
 
+    from .host import descriptors
+
     registered = {}
-    for host, (_, _, keys) in HOSTS.items():
+    for host in descriptors():
         cls = _backend_class(host)
-        for key in keys:
+        for key in host.keys:
             Backend.register(key)(cls)
-        registered[host] = cls
+        registered[host.name] = cls
     return registered
 
 

@@ -13,10 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import pluggy
-
-from ..errors import ConfigError
-
 
 @dataclass(frozen=True)
 class FormatInfo:
@@ -42,22 +38,15 @@ class FormatInfo:
     check: Callable[[Any], None] | None = None
 
 
-def available_formats(pm: pluggy.PluginManager) -> dict[str, FormatInfo]:
-    """Return every registered format by name."""
-    found: dict[str, FormatInfo] = {}
-    for infos in pm.hook.register_formats():
-        for info in infos or ():
-            found.setdefault(info.name, info)
-    return found
+def available_formats(pm) -> dict[str, FormatInfo]:
+    """Return every registered format by name (see :meth:`Hooks.formats`)."""
+    from ..hooks import Hooks
+
+    return Hooks.of(pm).formats()
 
 
-def get_format(pm: pluggy.PluginManager, name: str) -> FormatInfo:
+def get_format(pm, name: str) -> FormatInfo:
     """Return the format called ``name`` or raise a :class:`ConfigError`."""
-    formats = available_formats(pm)
-    try:
-        return formats[name]
-    except KeyError:
-        known = ", ".join(sorted(formats)) or "none"
-        raise ConfigError(
-            f"unknown checkpoint format {name!r}; available: {known}"
-        ) from None
+    from ..hooks import Hooks
+
+    return Hooks.of(pm).format(name)

@@ -9,9 +9,10 @@ freezes a resolved checkpoint (a TorchScript ``.pth``). Resolving ``-c``
 from __future__ import annotations
 
 from ...hookspecs import hookimpl
+from . import DESCRIPTOR
 
 #: The name ``on_freeze`` implementations see in ``options["host"]``.
-HOST = "pt"
+HOST = DESCRIPTOR.name
 
 
 @hookimpl(trylast=True)

@@ -24,10 +24,11 @@ from ..checkpointing import HostRun
 from ..cli import prepare_training
 from ..prepare import PreparedRun
 from ..runtime import GroupAlreadyUp, start_process_group, swapped
+from . import DESCRIPTOR
 from .trainer import make_trainer_class
 
 #: This host's name, as :mod:`dp_ckpt_plugin.deepmd.takeover` registers it.
-HOST = "pt"
+HOST = DESCRIPTOR.name
 
 
 def train(flags, prepared: PreparedRun | None) -> None:

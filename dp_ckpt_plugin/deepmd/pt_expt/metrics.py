@@ -26,7 +26,6 @@ from ...layout import Family
 from ...store import FamilyConfig
 from ..checkpointing import HostRun
 from ..retention_args import best_policy, display_metrics
-from ..settings import SUFFIX
 
 log = logging.getLogger("dp_ckpt_plugin.deepmd")
 
@@ -76,7 +75,7 @@ class MetricsMixin:
                 continue  # the user named a place: deepmd-kit's own files there
             store.add_family(
                 FamilyConfig(
-                    Family(prefix, SUFFIX, f"checkpoint.{prefix}"),
+                    Family(prefix, store.primary.suffix, f"checkpoint.{prefix}"),
                     best_policy(validator.max_best_ckpt, validator.metric_name),
                 )
             )

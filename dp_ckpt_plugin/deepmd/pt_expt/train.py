@@ -33,10 +33,11 @@ from ..checkpointing import HostRun
 from ..cli import prepare_training
 from ..prepare import PreparedRun
 from ..runtime import start_process_group, swapped
+from . import DESCRIPTOR
 from .trainer import make_trainer_class
 
 #: This host's name, as :mod:`dp_ckpt_plugin.deepmd.takeover` registers it.
-HOST = "pt_expt"
+HOST = DESCRIPTOR.name
 
 
 def train(flags, prepared: PreparedRun | None) -> None:

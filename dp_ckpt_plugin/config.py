@@ -1,0 +1,31 @@
+"""How a store treats one family: its names, retention policy and mirrors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .layout import Family
+from .publish import Mirror
+from .retention import KeepLast, RetentionPolicy
+
+
+@dataclass
+class FamilyConfig:
+    """How a store treats one family.
+
+    Attributes
+    ----------
+    family : Family
+        Names of the family.
+    policy : RetentionPolicy
+        Which committed checkpoints to keep.
+    mirrors : tuple of Mirror
+        Pointers and aliases outside the store to keep up to date too (a
+        host's compatibility files), each holding a path relative to its own
+        directory. Pointer mirrors are also where ``latest`` looks when the
+        store itself names nothing.
+    """
+
+    family: Family
+    policy: RetentionPolicy = field(default_factory=lambda: KeepLast(5))
+    mirrors: tuple[Mirror, ...] = ()

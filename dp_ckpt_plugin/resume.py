@@ -1,0 +1,69 @@
+"""What a run starts from, as far as its store's retention and archive care.
+
+A run that restarts from (or is initialized from) a checkpoint of its own
+store directory must not lose that checkpoint to retention before it has
+committed a newer one (rule 12), and a run that *continues* from one keeps
+the store's checkpoints up to that step in place while archiving those above
+it (rule 14). :class:`ResumeState` holds those two facts, and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from .layout import Family
+
+
+class ResumeState:
+    """The checkpoint a run starts from, and what it protects.
+
+    Attributes
+    ----------
+    start : Path or None
+        The checkpoint inside the store the run starts from.
+    continues : bool
+        Whether the run goes on from that checkpoint's step (a restart), as
+        opposed to starting its own count (an initialization).
+    """
+
+    def __init__(self) -> None:
+        self.start: Path | None = None
+        self.continues = False
+        self._protected: dict[str, Path] = {}
+
+    def note(self, path: Path, families: Iterable[Family], *, continues: bool) -> None:
+        """The run starts from ``path`` (a checkpoint of the store)."""
+        self.start, self.continues = path, continues
+        self._protected.clear()
+        self.apply(families)
+
+    def apply(self, families: Iterable[Family]) -> None:
+        """Protect the start in whichever of ``families`` it belongs to."""
+        if self.start is None:
+            return
+        for family in families:
+            if family.step_of(self.start.name) is not None:
+                self._protected[family.prefix] = self.start
+
+    @property
+    def continues_from(self) -> Path | None:
+        """The checkpoint the run continues from, if it does."""
+        return self.start if self.continues else None
+
+    def protected(self, family: Family) -> Path | None:
+        """The checkpoint of ``family`` retention must keep, if any."""
+        return self._protected.get(family.prefix)
+
+    def committed(self, family: Family, step: int) -> None:
+        """A checkpoint of ``step`` was committed: protection ends at or past the start."""
+        start = self._protected.get(family.prefix)
+        if start is not None and step >= (family.step_of(start.name) or 0):
+            del self._protected[family.prefix]
+
+    def moved(self, names: Iterable[str], dest: Path) -> None:
+        """Checkpoints went into the archive ``dest``: follow the start there."""
+        names = set(names)
+        for prefix, path in list(self._protected.items()):
+            if path.name in names:
+                self._protected[prefix] = dest / path.name

@@ -1,0 +1,646 @@
+"""The POSIX storage: atomic, durable, link-safe file operations.
+
+Every write follows one pattern: create a new temporary name in the
+destination directory (``O_CREAT | O_EXCL | O_NOFOLLOW``: never an existing
+file, never through a link), write, flush and fsync it, ``os.replace`` it onto
+the final name, then fsync the directory. A failure at any step removes the
+temporary file and raises :class:`~dp_ckpt_plugin.errors.CheckpointWriteError`
+naming the path and the cause, leaving whatever the final name held untouched.
+
+The system calls are made by the small ``_sys_*`` methods and nowhere else, so
+that a test can record them (the crash-state explorer) or make one fail (the
+fault injectors) by overriding those methods in a subclass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import stat
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import BinaryIO
+
+from ..errors import CheckpointWriteError, UnreadableFileError, describe_os_error
+from ..layout import temp_name, temp_target
+from . import SMALL_FILE_LIMIT, Entry
+
+#: Errors meaning "this filesystem makes no symlinks", not "something broke".
+_NO_SYMLINK_ERRNOS = frozenset(
+    {errno.EPERM, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
+)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_KINDS = (
+    (stat.S_ISREG, "file"),
+    (stat.S_ISDIR, "dir"),
+    (stat.S_ISLNK, "link"),
+    (stat.S_ISFIFO, "fifo"),
+    (stat.S_ISSOCK, "socket"),
+    (stat.S_ISCHR, "device"),
+    (stat.S_ISBLK, "device"),
+)
+_A_KIND = {
+    "dir": "a directory",
+    "link": "a symbolic link",
+    "fifo": "a FIFO",
+    "socket": "a socket",
+    "device": "a device",
+    "other": "not a regular file",
+}
+
+
+def kind_of(mode: int) -> str:
+    """The kind of a file from its ``st_mode``."""
+    for test, kind in _KINDS:
+        if test(mode):
+            return kind
+    return "other"
+
+
+def _entry(st: os.stat_result) -> Entry:
+    return Entry(kind_of(st.st_mode), st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino)
+
+
+def _fail(what: str, path: object, exc: BaseException) -> CheckpointWriteError:
+    err = CheckpointWriteError(f"could not {what} {path}: {describe_os_error(exc)}")
+    if isinstance(exc, OSError):
+        err.errno = exc.errno
+    return err
+
+
+class LocalStorage:
+    """Files on a local (POSIX) file system.
+
+    Parameters
+    ----------
+    root : str or Path, optional
+        The store directory. When given, every change lands inside it (its
+        real path, links resolved), or on one of ``mirrors``; anything else is
+        refused with :class:`~dp_ckpt_plugin.errors.CheckpointWriteError`.
+    mirrors : iterable of Path
+        Files outside ``root`` this storage may write (and their temporary
+        names): a host's compatibility pointer and alias.
+    """
+
+    def __init__(
+        self, root: str | os.PathLike | None = None, *, mirrors: Iterable[Path] = ()
+    ) -> None:
+        self.root = Path(os.path.abspath(root)) if root is not None else None
+        self.mirrors = {Path(os.path.abspath(m)) for m in mirrors}
+        #: How many times each kind of call was made (``fsync``, ``fsync_dir``,
+        #: ``small_read``, ``small_bytes``, ``payload_open``, ...).
+        self.counts: Counter[str] = Counter()
+        self._count_lock = threading.Lock()
+
+    def count(self, what: str, n: int = 1) -> None:
+        """Add ``n`` to :attr:`counts` ``[what]``."""
+        with self._count_lock:
+            self.counts[what] += n
+
+    # -- the system calls (one method each, for tests to override) ------------
+    def _sys_open(self, path: Path, flags: int, mode: int = 0o644) -> int:
+        return os.open(path, flags, mode)
+
+    def _sys_fsync(self, fd: int, path: Path) -> None:
+        self.count("fsync")
+        os.fsync(fd)
+
+    def _sys_fsync_dir(self, directory: Path) -> None:
+        self.count("fsync_dir")
+        fd = os.open(directory, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _sys_rename(self, source: Path, dest: Path) -> None:
+        os.replace(source, dest)
+
+    def _sys_unlink(self, path: Path) -> None:
+        os.unlink(path)
+
+    def _sys_mkdir(self, path: Path) -> None:
+        os.mkdir(path)
+
+    def _sys_rmdir(self, path: Path) -> None:
+        os.rmdir(path)
+
+    def _sys_symlink(self, target: str, path: Path) -> None:
+        os.symlink(target, path)
+
+    def _sys_link(self, source: Path, dest: Path) -> None:
+        os.link(source, dest, follow_symlinks=False)
+
+    def _wrap_handle(self, handle: BinaryIO, path: Path) -> BinaryIO:
+        """The file object a writer gets (a test may wrap it to fail writes)."""
+        return handle
+
+    # -- containment ------------------------------------------------------------
+    def contains(self, path: Path) -> bool:
+        """Whether this storage may change ``path`` (see the class docs)."""
+        if self.root is None:
+            return True
+        path = Path(os.path.abspath(path))
+        if path in self.mirrors:
+            return True
+        target = temp_target(path.name)
+        if target is not None and path.parent / target in self.mirrors:
+            return True
+        root = os.path.realpath(self.root)
+        parent = os.path.realpath(path.parent)
+        return parent == root or parent.startswith(root.rstrip(os.sep) + os.sep)
+
+    def _check(self, path: Path, what: str) -> None:
+        if not self.contains(path):
+            raise CheckpointWriteError(
+                f"refusing to {what} {path}: it lies outside the checkpoint "
+                f"directory {self.root} (a link in it leads elsewhere)"
+            )
+
+    # -- reading -----------------------------------------------------------------
+    def entry(self, path: Path, *, follow: bool = False) -> Entry | None:
+        """What ``path`` is (``None`` when absent); ``follow`` follows links.
+
+        A link that dangles or loops is ``None`` with ``follow``.
+
+        Raises
+        ------
+        UnreadableFileError
+            When the system refuses to say (``EACCES``, ``EIO``).
+        """
+        try:
+            st = os.stat(path) if follow else os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            if follow and exc.errno == errno.ELOOP:
+                return None
+            raise UnreadableFileError(
+                path, f"cannot be read: {describe_os_error(exc)}"
+            ) from None
+        return _entry(st)
+
+    def names(self, directory: Path) -> list[tuple[str, str]]:
+        """The entries of ``directory`` as ``(name, kind)``, links not followed.
+
+        Empty when ``directory`` is absent or not a directory.
+
+        Raises
+        ------
+        UnreadableFileError
+            When it cannot be listed (``EACCES``, ``EIO``).
+        """
+        found = []
+        try:
+            with os.scandir(directory) as entries:
+                for e in entries:
+                    if e.is_symlink():
+                        kind = "link"
+                    elif e.is_dir(follow_symlinks=False):
+                        kind = "dir"
+                    elif e.is_file(follow_symlinks=False):
+                        kind = "file"
+                    else:
+                        kind = "other"
+                    found.append((e.name, kind))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as exc:
+            raise UnreadableFileError(
+                directory, f"cannot be listed: {describe_os_error(exc)}"
+            ) from None
+        return found
+
+    def read_small(self, path: Path, limit: int = SMALL_FILE_LIMIT) -> bytes | None:
+        """The content of a small regular file; ``None`` when absent.
+
+        Never opens anything but a regular file (no link is followed, no FIFO
+        or device opened) and reads at most ``limit`` bytes.
+
+        Raises
+        ------
+        UnreadableFileError
+            When it is not a regular file, is larger than ``limit``, or
+            cannot be read.
+        """
+        found = self.entry(path)
+        if found is None:
+            return None
+        if not found.is_file:
+            raise UnreadableFileError(path, f"is {_A_KIND[found.kind]}, not a file")
+        if found.size > limit:
+            raise UnreadableFileError(
+                path, f"holds {found.size} bytes, more than the {limit} it may"
+            )
+        try:
+            fd = self._sys_open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise UnreadableFileError(
+                path, f"cannot be read: {describe_os_error(exc)}"
+            ) from None
+        try:
+            now = os.fstat(fd)
+            if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (
+                found.dev,
+                found.ino,
+            ):
+                raise UnreadableFileError(path, "changed while it was opened")
+            chunks, size = [], 0
+            while size <= limit:
+                chunk = os.read(fd, limit + 1 - size)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+        except OSError as exc:
+            raise UnreadableFileError(
+                path, f"cannot be read: {describe_os_error(exc)}"
+            ) from None
+        finally:
+            os.close(fd)
+        if size > limit:
+            raise UnreadableFileError(path, f"holds more than the {limit} bytes it may")
+        self.count("small_read")
+        self.count("small_bytes", size)
+        return b"".join(chunks)
+
+    def link_target(self, path: Path) -> str | None:
+        """A symbolic link's target as written, or ``None`` if it is no link."""
+        try:
+            return os.readlink(path)
+        except OSError:
+            return None
+
+    def real(self, path: Path) -> Path:
+        """``path`` with every link resolved (as far as they resolve)."""
+        return Path(os.path.realpath(path))
+
+    def open_payload(self, path: Path) -> BinaryIO:
+        """Open a checkpoint file for reading; only a regular file is opened.
+
+        Raises
+        ------
+        FileNotFoundError
+            When it is gone.
+        UnreadableFileError
+            When it is not a regular file or cannot be opened.
+        """
+        found = self.entry(path, follow=True)
+        if found is None:
+            raise FileNotFoundError(
+                errno.ENOENT, "No such file or directory", str(path)
+            )
+        if not found.is_file:
+            raise UnreadableFileError(path, f"is {_A_KIND[found.kind]}, not a file")
+        try:
+            fd = self._sys_open(path, os.O_RDONLY | _NONBLOCK | _CLOEXEC)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise UnreadableFileError(
+                path, f"cannot be read: {describe_os_error(exc)}"
+            ) from None
+        now = os.fstat(fd)
+        if not stat.S_ISREG(now.st_mode):
+            os.close(fd)
+            raise UnreadableFileError(path, "changed while it was opened")
+        os.set_blocking(fd, True)
+        self.count("payload_open")
+        return os.fdopen(fd, "rb")
+
+    def free_bytes(self, directory: Path) -> int | None:
+        """The bytes available to this user under ``directory``, if known."""
+        try:
+            return shutil.disk_usage(directory).free
+        except OSError:
+            return None
+
+    # -- writing -----------------------------------------------------------------
+    def _create(self, path: Path) -> int:
+        """Create ``path`` new (never an existing file, never through a link)."""
+        return self._sys_open(
+            path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o644
+        )
+
+    def write_temp(
+        self, path: Path, writer: Callable[[BinaryIO], object], *, durable: bool
+    ) -> Path:
+        """Write a file through ``writer`` under a new temporary name beside ``path``.
+
+        Returns the temporary path, its content flushed (and fsynced if
+        ``durable``). Any failure of the writer, a format's own errors
+        included (``torch.save`` raises ``RuntimeError`` on a full disk),
+        removes the temporary file and raises :class:`CheckpointWriteError`
+        naming ``path`` and the cause; a :class:`TypeError` (a value the
+        format refuses) is passed on as it is.
+        """
+        tmp = path.parent / temp_name(path.name)
+        self._check(tmp, "write")
+        step = "create"
+        recorder = None
+        try:
+            fd = self._create(tmp)
+            with os.fdopen(fd, "w+b") as handle:
+                step = "write"
+                recorder = _ErrorRecorder(self._wrap_handle(handle, tmp))
+                writer(recorder)
+                handle.flush()
+                if durable:
+                    step = "fsync"
+                    self._sys_fsync(handle.fileno(), tmp)
+        except BaseException as exc:
+            if step != "create":
+                self.remove_quietly(tmp)
+            cause = _os_cause(exc)
+            if step == "write" and recorder is not None and recorder.error is not None:
+                cause = recorder.error
+            if cause is not None:
+                raise _fail(step, path, cause) from exc
+            if isinstance(exc, Exception) and not isinstance(
+                exc, (TypeError, CheckpointWriteError)
+            ):
+                raise CheckpointWriteError(
+                    f"could not {step} {path}: {type(exc).__name__}: {exc}"
+                ) from exc
+            raise
+        return tmp
+
+    def move_into_place(self, tmp: Path, path: Path, *, durable: bool) -> None:
+        """Rename a written temporary file onto ``path``, then fsync the directory.
+
+        On failure of the rename the temporary file is removed; on failure of
+        the directory fsync the file is in place but its name may not
+        survive a power loss. Either raises :class:`CheckpointWriteError`.
+        """
+        self._check(path, "write")
+        try:
+            self._sys_rename(tmp, path)
+        except OSError as exc:
+            self.remove_quietly(tmp)
+            raise _fail("move into place", path, exc) from exc
+        if durable:
+            try:
+                self._sys_fsync_dir(path.parent)
+            except OSError as exc:
+                raise _fail("fsync the directory of", path, exc) from exc
+
+    def rename(self, source: Path, dest: Path) -> bool:
+        """Rename ``source`` onto ``dest``; ``False`` when ``source`` is gone."""
+        self._check(source, "move")
+        self._check(dest, "move a file to")
+        try:
+            self._sys_rename(source, dest)
+        except FileNotFoundError:
+            if self.entry(source) is None:
+                return False
+            raise _fail(
+                "move",
+                f"{source} to {dest}",
+                FileNotFoundError(errno.ENOENT, "No such file or directory"),
+            ) from None
+        except OSError as exc:
+            raise _fail("move", f"{source} to {dest}", exc) from exc
+        return True
+
+    def write_atomic(
+        self, path: Path, data: bytes, *, durable: bool, sync_dir: bool = True
+    ) -> None:
+        """Replace ``path`` with ``data`` atomically (and durably)."""
+        tmp = self.write_temp(path, lambda handle: handle.write(data), durable=durable)
+        self.move_into_place(tmp, path, durable=durable and sync_dir)
+
+    def make_link(
+        self, path: Path, target: str, *, durable: bool, sync_dir: bool = True
+    ) -> str:
+        """Point ``path`` at ``target`` atomically; return how it was done.
+
+        A symlink is made under a temporary name and renamed onto ``path``,
+        so at every instant ``path`` is the old link or the new one. Where
+        symlinks cannot be made (some shared file systems), a hard link is
+        tried, then a copy, each published the same atomic way.
+
+        Returns
+        -------
+        str
+            ``"symlink"``, ``"hardlink"`` or ``"copy"``.
+        """
+        directory = path.parent
+        tmp = directory / temp_name(path.name)
+        self._check(path, "update the alias")
+        how = "symlink"
+        try:
+            try:
+                self._sys_symlink(target, tmp)
+            except OSError as exc:
+                if exc.errno not in _NO_SYMLINK_ERRNOS:
+                    raise
+                how = "hardlink"
+                source = self.real(directory / target)
+                try:
+                    self._sys_link(source, tmp)
+                except OSError:
+                    how = "copy"
+                    with self.open_payload(source) as src:
+                        tmp = self.write_temp(
+                            path,
+                            lambda out: shutil.copyfileobj(src, out),
+                            durable=durable,
+                        )
+            self._sys_rename(tmp, path)
+        except (OSError, CheckpointWriteError) as exc:
+            self.remove_quietly(tmp)
+            if isinstance(exc, CheckpointWriteError):
+                raise
+            raise _fail("update the alias", path, exc) from exc
+        if durable and sync_dir:
+            self.sync_dir(directory, holding=[path])
+        return how
+
+    def remove(self, path: Path) -> bool:
+        """Remove a file (a link itself, never its target); ``False`` if gone."""
+        self._check(path, "remove")
+        try:
+            self._sys_unlink(path)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise _fail("remove", path, exc) from exc
+        return True
+
+    def remove_quietly(self, path: Path) -> None:
+        """Remove a leftover of a failed step; any error is ignored."""
+        with contextlib.suppress(OSError, CheckpointWriteError):
+            self.remove(path)
+
+    def sync_dir(self, directory: Path, *, holding: Iterable[Path] = ()) -> None:
+        """Make the entries of ``directory`` durable; ``holding`` for messages."""
+        try:
+            self._sys_fsync_dir(directory)
+        except OSError as exc:
+            names = ", ".join(str(p) for p in holding) or str(directory)
+            raise _fail("fsync the directory holding", names, exc) from exc
+
+    def make_dirs(self, directory: Path, *, durable: bool) -> None:
+        """Create ``directory`` and its missing parents, each durable in its parent.
+
+        A new directory's own entry lives in its parent: without an fsync of
+        the parent, the directory and everything in it can vanish in a power
+        loss even after the files inside were fsynced. A name on the way that
+        exists but is not a directory (a file, a dangling link) is an error.
+        """
+        directory = Path(os.path.abspath(directory))
+        missing = []
+        for candidate in (directory, *directory.parents):
+            found = self.entry(candidate, follow=True)
+            if found is not None and found.is_dir:
+                break
+            if found is not None or self.entry(candidate) is not None:
+                raise CheckpointWriteError(
+                    f"could not create directory {directory}: {candidate} exists "
+                    "and is not a directory"
+                )
+            missing.append(candidate)
+        for new in reversed(missing):
+            if self.root is not None and not (
+                new == self.root or new in self.root.parents
+            ):
+                self._check(new, "create the directory")
+            try:
+                self._sys_mkdir(new)
+            except FileExistsError:
+                if not (self.entry(new, follow=True) or Entry("", 0, 0, 0, 0)).is_dir:
+                    raise CheckpointWriteError(
+                        f"could not create directory {new}: it exists and is not one"
+                    ) from None
+                continue
+            except OSError as exc:
+                raise _fail("create the directory", new, exc) from exc
+            if durable:
+                self.sync_dir(new.parent, holding=[new])
+
+    def make_dir(self, path: Path, *, durable: bool) -> bool:
+        """Create one new directory; ``False`` if the name is taken."""
+        self._check(path, "create the directory")
+        try:
+            self._sys_mkdir(path)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            raise _fail("create the directory", path, exc) from exc
+        if durable:
+            self.sync_dir(path.parent, holding=[path])
+        return True
+
+    def remove_dir(self, path: Path) -> bool:
+        """Remove an empty directory; ``False`` if it is gone or not empty."""
+        self._check(path, "remove the directory")
+        try:
+            self._sys_rmdir(path)
+        except OSError:
+            return False
+        return True
+
+    def open_lock(self, path: Path) -> int:
+        """Open (creating it if need be) the lock file ``path``; return its descriptor.
+
+        Never through a link and never anything but a regular file: a link
+        or a FIFO planted at the lock's name is refused.
+        """
+        self._check(path, "create the lock file")
+        try:
+            fd = self._sys_open(
+                path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _NONBLOCK | _CLOEXEC, 0o644
+            )
+        except OSError as exc:
+            found = self.entry(path)
+            if found is not None and not found.is_file:
+                raise CheckpointWriteError(
+                    f"could not lock {path.parent}: {path} is {_A_KIND[found.kind]}, "
+                    "not the store's lock file; remove it"
+                ) from None
+            raise _fail("open the lock file", path, exc) from exc
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise CheckpointWriteError(
+                f"could not lock {path.parent}: {path} is not a regular file; remove it"
+            )
+        return fd
+
+    def is_open_file(self, path: Path, fd: int) -> bool:
+        """Whether ``path`` names the file open as ``fd`` (same device and inode)."""
+        try:
+            now = os.fstat(fd)
+            found = os.lstat(path)
+        except OSError:
+            return False
+        return (found.st_dev, found.st_ino) == (now.st_dev, now.st_ino)
+
+
+class _ErrorRecorder:
+    """A file object that remembers the first OS error its methods raised.
+
+    Serialization libraries report a failed write of the file they were given
+    in their own words (h5py: ``Unable to create file (truncated file...)``,
+    torch: ``RuntimeError: unexpected pos``), sometimes dropping the original
+    error; the store still reports the real cause (``No space left on device``).
+    """
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self._handle = handle
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        """Write to the file, remembering an OS error (the hot path: no wrapper)."""
+        try:
+            return self._handle.write(data)
+        except OSError as exc:
+            self._note(exc)
+            raise
+
+    def _note(self, exc: OSError) -> None:
+        if self.error is None and exc.errno is not None:
+            self.error = exc
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._handle, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            try:
+                return attr(*args, **kwargs)
+            except OSError as exc:
+                self._note(exc)
+                raise
+
+        return call
+
+
+def _os_cause(exc: BaseException) -> OSError | None:
+    """Return the OS error behind ``exc``, looking through wrapping errors.
+
+    Serialization libraries wrap the error of a failed write in their own:
+    h5py raises ``OSError("File close failed")`` without an errno, torch a
+    ``RuntimeError``; the ``ENOSPC`` or ``EIO`` may be further down the chain.
+    """
+    first = None
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, CheckpointWriteError):
+            return None
+        if isinstance(exc, OSError):
+            if exc.errno is not None:
+                return exc
+            first = first or exc
+        exc = exc.__cause__ or exc.__context__
+    return first
