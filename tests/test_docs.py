@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
 import html
 import importlib.util
 import json
@@ -25,6 +27,7 @@ from dp_ckpt_plugin.errors import (
 from dp_ckpt_plugin.plugins import BLOCK_PLUGINS_ENV, CORE_PLUGINS, ENTRY_POINT_GROUP
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
+TESTS = Path(__file__).resolve().parent
 HOOKS = sorted(
     name for name in dir(hookspecs) if hasattr(getattr(hookspecs, name), "dp_ckpt_spec")
 )
@@ -128,6 +131,86 @@ def test_json_snippets_are_valid_inputs(tmp_path, monkeypatch):
         config = json.loads(snippet)
         plugin_options(config)
         check_save_dir(config.get("training", {}).get("save_dir"))
+
+
+# -- the guarantees and the test map ------------------------------------------------
+
+#: The pages written for users: they say what is promised, in plain words.
+USER_PAGES = [
+    DOCS.parent / "README.md",
+    DOCS / "guarantees.md",
+    DOCS / "options.rst",
+    DOCS / "command.md",
+    DOCS / "hooks.md",
+    DOCS / "index.md",
+]
+#: What a user page never says: text the user cannot see, or a test's name.
+NOT_FOR_USERS = re.compile(
+    r"shared\s+contract|shared\s+text|\btest_\w+(?![\w.])", flags=re.IGNORECASE
+)
+
+
+def rule_numbers(path: Path) -> list[int]:
+    """The numbers of a page's top-level numbered items (``12. ...``), in order."""
+    text = path.read_text("utf-8")
+    return [int(n) for n in re.findall(r"^(\d+)\. ", text, flags=re.MULTILINE)]
+
+
+@functools.cache
+def functions_defined(path: Path) -> frozenset[str]:
+    """The names of the functions a Python file defines, at any depth."""
+    tree = ast.parse(path.read_text("utf-8"), filename=str(path))
+    return frozenset(
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    )
+
+
+def test_guarantees_and_test_map_number_the_same_rules():
+    rules = rule_numbers(DOCS / "guarantees.md")
+    assert len(rules) >= 34
+    assert rules == list(range(1, len(rules) + 1)), "one list, numbered 1, 2, 3, ..."
+    assert rule_numbers(DOCS / "test-map.md") == rules
+
+
+def test_every_test_the_map_names_exists():
+    text = (DOCS / "test-map.md").read_text("utf-8")
+    named = set(re.findall(r"\b(test_\w+\.py)::(\w+)", text))
+    assert len(named) > 100
+    missing = sorted(
+        f"{file}::{function}"
+        for file, function in named
+        if not (TESTS / file).is_file()
+        or function not in functions_defined(TESTS / file)
+    )
+    assert missing == []
+    files = set(re.findall(r"\b(test_\w+\.py)\b", text))
+    assert sorted(f for f in files if not (TESTS / f).is_file()) == []
+
+
+def test_user_pages_name_no_test_and_no_text_users_cannot_see():
+    found = []
+    for page in USER_PAGES:
+        text = page.read_text("utf-8")
+        found += [
+            f"{page.name}:{text.count(chr(10), 0, m.start()) + 1}: {m.group()}"
+            for m in NOT_FOR_USERS.finditer(text)
+        ]
+    assert found == []
+
+
+def test_the_checks_see_what_they_look_for():
+    """The user-page pattern catches each kind of mistake (so it can fail)."""
+    for text in (
+        "as the shared\ncontract says",
+        "the Shared Text",
+        "held by `test_store.py::test_commit_record_fields`",
+        "see test_commit_record_fields",
+    ):
+        assert NOT_FOR_USERS.search(text), text
+    for text in ("bash scripts/test.sh", "the test map", "docs/test-map.md"):
+        assert not NOT_FOR_USERS.search(text), text
 
 
 # -- the examples -----------------------------------------------------------------

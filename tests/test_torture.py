@@ -131,7 +131,7 @@ def start_child(directory, backend, max_keep, stderr, background=False):
 def retention_bound(max_keep, reported_now, held_before):
     """The most committed checkpoints a kill may leave in the family.
 
-    Derived from rules 11-13 of ``docs/semantics.md``. Pruning is the last
+    Derived from rules 11-13 of ``docs/guarantees.md``. Pruning is the last
     step of a save (rule 13); once it ran, the family holds at most
     ``max(window, number protected)`` (rule 12), and then the new checkpoint
     is the only one protected: the pointer and the alias name it, and the

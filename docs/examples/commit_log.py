@@ -29,12 +29,12 @@ class CommitLog:
         self.committed: list[tuple[int, Path]] = []
 
     @hookimpl
-    def on_commit(self, store, checkpoint):
+    def on_commit(self, checkpoint):
         """Note the checkpoint; never fail, so that training goes on."""
         self.committed.append((checkpoint.step, checkpoint.path))
         log.info(
-            "step %d committed to %s (sha256 %s)",
+            "step %d committed to %s (%s)",
             checkpoint.step,
             checkpoint.path,
-            checkpoint.record.sha256[:12],
+            checkpoint.record.digest[:19],
         )
