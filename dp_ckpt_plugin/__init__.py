@@ -40,7 +40,7 @@ _EXPORTS = {
     "Mirror": "publish",
     "ResolveContext": "resolution",
     "Resolved": "resolution",
-    "resolve": "resolution",
+    "resolve": "rules",
     "resolve_restart": "resolution",
     "AnyOf": "retention",
     "KeepAll": "retention",

@@ -82,10 +82,11 @@ def new_archive_folder(
     root = directory / ARCHIVE_DIR
     found = storage.entry(root)
     if found is not None and not found.is_dir:
+        what = "a link" if found.kind == "link" else f"a {found.kind}"
         raise CheckpointWriteError(
-            f"could not archive the earlier run in {directory}: {root} is "
-            f"{'a link' if found.kind == 'link' else 'not a directory'}, and the "
-            "store moves nothing outside its own directory; move it away"
+            f"could not archive the earlier run in {directory}: {root} exists and "
+            f"is {what}, not a directory of the store (the store moves nothing "
+            "outside its own directory); move it away"
         )
     if found is None:
         storage.make_dir(root, durable=durable)

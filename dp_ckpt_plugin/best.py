@@ -14,7 +14,7 @@ than its newest. This built-in plugin (registered as ``best``) answers
 The store's manifest (:mod:`~dp_ckpt_plugin.manifest`) says which family is
 ranked and by which metric; the ranking itself is read from the commit
 records, so a lost or stale pointer does not matter. Each candidate, best
-first, is checked like any restart (:func:`~dp_ckpt_plugin.resolution.resolve`
+first, is checked like any restart (:func:`~dp_ckpt_plugin.rules.resolve`
 on the file); a corrupt one is moved aside into ``quarantine/`` (when the
 context allows) and the next best is tried, with a warning naming both.
 """
@@ -30,8 +30,9 @@ from .hookspecs import hookimpl
 from .layout import Family
 from .manifest import read_manifest
 from .quarantine import quarantine
-from .resolution import ResolveContext, Resolved, resolve
+from .resolution import ResolveContext, Resolved
 from .retention import KeepBest, ranking_of
+from .rules import resolve
 from .storage import Storage
 
 #: The restart specification this plugin answers.

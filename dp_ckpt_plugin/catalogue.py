@@ -137,6 +137,14 @@ class Catalogue:
         """Forget a checkpoint removed or moved away."""
         self.of(family).pop(name, None)
 
+    def candidates(self, family: Family, up_to: int | None = None) -> list:
+        """The committed checkpoints as retention sees them, oldest first."""
+        return [
+            c.candidate()
+            for c in sorted(self.of(family).values(), key=lambda c: c.step)
+            if up_to is None or c.step <= up_to
+        ]
+
     def newest(self, family: Family) -> Checkpoint | None:
         """The committed checkpoint of the highest step, or ``None``."""
         return max(self.of(family).values(), key=lambda c: c.step, default=None)

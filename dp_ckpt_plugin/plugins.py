@@ -30,7 +30,7 @@ CORE_PLUGINS: Mapping[str, str] = {
     "hdf5": "dp_ckpt_plugin.formats.hdf5",
     "torch": "dp_ckpt_plugin.formats.torch",
     "best": "dp_ckpt_plugin.best",
-    "resolve": "dp_ckpt_plugin.resolution",
+    "resolve": "dp_ckpt_plugin.rules",
 }
 
 

@@ -213,17 +213,11 @@ class CheckpointStore:
     ) -> Path:
         """Write, commit, publish, observe and retain one checkpoint.
 
-        Returns its path, the same on every rank; see :meth:`save_all`.
-
-        Raises
-        ------
-        TypeError
-            When ``step`` is not an int, or the payload holds a value the
-            format cannot read back exactly (naming its key path); nothing
-            is created.
-        CheckpointWriteError
-            Naming the path and the cause; temporary files are removed and
-            the previous checkpoint, pointer and alias are untouched.
+        Returns its path, the same on every rank; see :meth:`save_all`. A
+        ``TypeError`` (a step that is no int, a value the format cannot read
+        back, naming its key path) comes before any file is created; a
+        ``CheckpointWriteError`` names the path and the cause, and leaves the
+        previous checkpoint, pointer and alias as they were.
         """
         family = family or self.primary.prefix
         reported = None if metrics is None else {family: metrics}
@@ -299,7 +293,7 @@ class CheckpointStore:
         checkpoint = Checkpoint(path, step, fam.prefix, record)
         self.catalogue.add(fam, checkpoint)
         published = self.publisher.publish(
-            cfg, checkpoint, self.candidates(fam, up_to=step)
+            cfg, checkpoint, self.catalogue.candidates(fam, up_to=step)
         )
         self.describer.describe(
             self.format.name, [(c.family, c.policy) for c in self.families.values()]
@@ -337,19 +331,6 @@ class CheckpointStore:
         if dest is not None:
             self.resume.moved([c.name for c in doomed], dest)
         return dest
-
-    # -- retention ----------------------------------------------------------
-    def candidates(self, family: Family, up_to: int | None = None) -> list:
-        """The family's committed checkpoints as retention sees them, oldest first."""
-        return [
-            c.candidate()
-            for c in sorted(self.catalogue.of(family).values(), key=_by_step)
-            if up_to is None or c.step <= up_to
-        ]
-
-    def protected(self, family: Family, current: Path | None = None) -> set[str]:
-        """Names retention must not remove in ``family``."""
-        return self.pruner.protected(family, current)
 
     def prune(self, checkpoint: Checkpoint) -> list[Path]:
         """Apply retention after ``checkpoint`` was committed and published."""
@@ -421,7 +402,3 @@ class CheckpointStore:
         return committed(
             self.directory, self.family(family).family, storage=self.storage
         )
-
-
-def _by_step(checkpoint: Checkpoint) -> int:
-    return checkpoint.step

@@ -299,6 +299,17 @@ def test_the_checkers_see_what_they_look_for(tmp_path):
 
 
 def test_the_store_reads_in_one_sitting():
-    """The store's class stays small: its jobs live in their own modules."""
-    lines = (PACKAGE / "store.py").read_text("utf-8").count("\n")
-    assert lines <= 430, f"store.py has {lines} lines"
+    """The store stays small (about 300 lines of code besides its docstrings):
+    writing, publishing, pruning, resuming and describing live in their own
+    modules."""
+    source = (PACKAGE / "store.py").read_text("utf-8")
+    tree = ast.parse(source)
+    documented = [
+        node.body[0]
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef))
+        and ast.get_docstring(node)
+    ]
+    docs = sum(d.end_lineno - d.lineno + 1 for d in documented)
+    code = source.count("\n") - docs
+    assert code <= 310, f"store.py has {code} lines besides its docstrings"

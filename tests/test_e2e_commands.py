@@ -81,7 +81,7 @@ def test_ls_says_what_keeps_each_file_of_a_real_run(trained, capsys):
     assert list(families) == ["model.ckpt", "model_ema.ckpt", "best.ckpt"]
     periodic = families["model.ckpt"]
     assert periodic["policy"] == {
-        "max_ckpt_keep": 2,
+        "keep_last": 2,
         **RETENTION,
         "best_mode": "min",
     }
@@ -105,7 +105,7 @@ def test_ls_says_what_keeps_each_file_of_a_real_run(trained, capsys):
         "reason": "best 1 by rmse_val (lowest)",
     } in best_by_rmse["kept_by"]
     ema = families["model_ema.ckpt"]
-    assert ema["policy"] == {"max_ckpt_keep": 2, "keep_every_n_steps": 10}
+    assert ema["policy"] == {"keep_last": 2, "keep_every_n_steps": 10}
     assert [c["step"] for c in ema["checkpoints"]] == [10, 15, 20]
     assert data["uncommitted"] == [] and data["quarantine"] == []
     assert stray_files(trained) == []
@@ -117,7 +117,7 @@ def test_best_validation_checkpoints_are_a_family_in_save_dir(trained, capsys):
     _, data = dp_ckpt_json(capsys, "ls", models)
     best = next(f for f in data["families"] if f["prefix"] == "best.ckpt")
     assert best["policy"] == {
-        "max_ckpt_keep": None,
+        "keep_last": None,
         "keep_best": 2,
         "best_metric": "e:mae",
         "best_mode": "min",

@@ -12,7 +12,8 @@ from helpers import fill_store, make_payload, open_manager, payload_mismatches
 
 from dp_ckpt_plugin import CorruptCheckpointError, RestartNotFoundError
 from dp_ckpt_plugin.layout import Family
-from dp_ckpt_plugin.resolution import ResolveContext, resolve
+from dp_ckpt_plugin.resolution import ResolveContext
+from dp_ckpt_plugin.rules import resolve
 
 FAM = Family("model.ckpt", ".h5")
 

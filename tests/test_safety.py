@@ -34,6 +34,7 @@ from helpers import (
 from dp_ckpt_plugin import (
     CheckpointWriteError,
     Family,
+    Hooks,
     ResolveContext,
     RestartNotFoundError,
     resolve,
@@ -356,7 +357,9 @@ def test_an_explicit_file_is_hashed_once(tmp_path, monkeypatch):
     # through the front door, which checks what the rule checked: still once
     calls.clear()
     found = resolve_restart(
-        plugin_manager(), str(d / "model.ckpt-1.h5"), ResolveContext(FAM, digest=True)
+        Hooks(plugin_manager()),
+        str(d / "model.ckpt-1.h5"),
+        ResolveContext(FAM, digest=True),
     )
     assert found.checked == "digest" and calls == [d / "model.ckpt-1.h5"]
 

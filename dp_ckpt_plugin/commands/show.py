@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RestartNotFoundError
+from ..hooks import Hooks
 from ..plugins import get_plugin_manager
 from ..resolution import ResolveContext, Resolved, resolve_restart
 from . import add_digest_flag, output, store_directory
@@ -88,7 +89,7 @@ def resolve_in(directory: Path, spec: str, *, digest: bool) -> Resolved:
         digest=digest,
         quarantine=False,
     )
-    return resolve_restart(get_plugin_manager(), spec, context)
+    return resolve_restart(Hooks(get_plugin_manager()), spec, context)
 
 
 def as_json(found: Resolved, spec: str) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from typing import Any
 import pluggy
 
 from ..errors import ConfigError
+from ..hooks import Hooks
 from ..ranks import Ranks
 from ..resolution import ResolveContext, resolve_restart
 from ..store import CheckpointStore
@@ -130,7 +131,9 @@ def prepare_run(
             if spec is None:
                 continue
             spec_path = normalized_spec(spec, settings.cwd)
-            found = resolve_restart(pm, spec_path, _context_for(spec_path, ctx), ranks)
+            found = resolve_restart(
+                Hooks.of(pm), spec_path, _context_for(spec_path, ctx), ranks
+            )
             resolved[key] = str(found.path)
             resumed_from = found.path
             continues = key == "restart"

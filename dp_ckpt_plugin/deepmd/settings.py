@@ -202,6 +202,7 @@ def resolve_for_reading(pm, spec: str, *, suffix: str, cwd: Path | None = None):
     prefix its alias. Candidates are hashed; nothing is moved aside, since
     another run may be writing the directory.
     """
+    from ..hooks import Hooks
     from ..resolution import resolve_restart
     from .naming import primary_family_in
 
@@ -212,7 +213,7 @@ def resolve_for_reading(pm, spec: str, *, suffix: str, cwd: Path | None = None):
     if spec != "latest" and directory.is_dir():
         family = primary_family_in(directory, suffix, family)
     context = restart_context(family, cwd=cwd, digest=True, quarantine=False)
-    found = resolve_restart(pm, spec, context)
+    found = resolve_restart(Hooks.of(pm), spec, context)
     for warning in found.warnings:
         log.warning("%s", warning)
     return found

@@ -36,17 +36,3 @@ class FormatInfo:
     suffix: str
     description: str = ""
     check: Callable[[Any], None] | None = None
-
-
-def available_formats(pm) -> dict[str, FormatInfo]:
-    """Return every registered format by name (see :meth:`Hooks.formats`)."""
-    from ..hooks import Hooks
-
-    return Hooks.of(pm).formats()
-
-
-def get_format(pm, name: str) -> FormatInfo:
-    """Return the format called ``name`` or raise a :class:`ConfigError`."""
-    from ..hooks import Hooks
-
-    return Hooks.of(pm).format(name)
