@@ -553,3 +553,19 @@ def test_the_key_of_the_previous_release_still_builds_its_policy():
         pytest.raises(ValueError, match="the same key"),
     ):
         policy_from_dict({"max_ckpt_keep": 2, "keep_last": 2})
+
+
+def test_the_manager_argument_of_the_previous_release_still_names_the_format(tmp_path):
+    """``CheckpointManager(backend=...)`` (dp-ckpt-plugin 0.1) is ``format=``, with a warning."""
+    from dp_ckpt_plugin import CheckpointManager
+
+    with pytest.warns(
+        DeprecationWarning, match=r"backend=\.\.\.\) is deprecated; use format="
+    ):
+        manager = CheckpointManager(tmp_path / "models", backend="hdf5", lock=False)
+    try:
+        path = manager.save(3, make_payload(3))
+        assert path.suffix == ".h5"
+        assert manager.restore("latest").step == 3
+    finally:
+        manager.close()
