@@ -102,6 +102,45 @@ def test_configuration_mistakes(tmp_path, run_in, training, message):
         run_in(write_input(tmp_path, **training))
 
 
+@pytest.mark.parametrize("host", ["pt_expt", "pt"])
+def test_keep_best_without_displayed_metrics_is_refused_before_anything(
+    tmp_path, run_in, host
+):
+    retention = {"verify": "size", "retention": {"keep_best": 2}}
+    cfg = write_input(tmp_path, disp_training=False, _dp_ckpt=retention)
+    with pytest.raises(ConfigError, match=r"retention/keep_best.*disp_training"):
+        run_in(cfg, host=host)
+    assert not (tmp_path / "models").exists()
+
+
+def test_a_backend_that_reports_no_metrics_refuses_keep_best_naming_both(
+    tmp_path, run_in, monkeypatch
+):
+    from dataclasses import replace
+
+    from dp_ckpt_plugin.deepmd import host as hosts
+    from dp_ckpt_plugin.deepmd.pt import DESCRIPTOR
+
+    mute = replace(DESCRIPTOR, reports_metrics=False)
+    monkeypatch.setattr(hosts, "descriptor", lambda name: mute)
+    import dp_ckpt_plugin.deepmd.prepare as prepare
+
+    monkeypatch.setattr(prepare, "descriptor", lambda name: mute)
+    cfg = write_input(tmp_path, _dp_ckpt={"retention": {"keep_best": 1}})
+    with pytest.raises(
+        ConfigError, match=r"`training/_dp_ckpt/retention/keep_best`.*dp --pt"
+    ):
+        run_in(cfg, host="pt")
+    assert not (tmp_path / "models").exists()
+
+
+def test_every_backend_reports_metrics():
+    """Both deepmd-kit backends record the displayed learning curve (keep_best works)."""
+    from dp_ckpt_plugin.deepmd.host import descriptors
+
+    assert all(d.reports_metrics for d in descriptors())
+
+
 def test_missing_input(tmp_path, run_in):
     with pytest.raises(ConfigError, match="does not exist"):
         run_in(str(tmp_path / "nope.json"))

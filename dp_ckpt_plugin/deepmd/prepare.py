@@ -33,6 +33,7 @@ from ..store import CheckpointStore
 from .adopt import adopt
 from .host import descriptor
 from .logs import SaveReport, restart_line, startup_line
+from .metrics import check_host_support
 from .naming import primary_family_in
 from .preempt import StopSignals
 from .settings import RunSettings, normalized_spec, read_settings
@@ -106,6 +107,7 @@ def prepare_run(
         A stop signal came meanwhile.
     """
     settings = read_settings(load_input(input_file), suffix=descriptor(host).suffix)
+    check_host_support(descriptor(host), settings.options, settings.training)
     chief = ranks.rank == 0
     if chief:
         log.info("%s", startup_line(settings, host, settings.cwd))

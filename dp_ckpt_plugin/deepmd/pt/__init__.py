@@ -16,5 +16,5 @@ DESCRIPTOR = HostDescriptor(
     deepmd_main="deepmd.pt.entrypoints.main",
     trainer="deepmd.pt.train.training",
     frozen_suffix=".pth",
-    reports_metrics=False,
+    reports_metrics=True,
 )

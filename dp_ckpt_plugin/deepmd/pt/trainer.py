@@ -13,8 +13,11 @@ host enters, and only there:
   deepmd-kit assembled it (``model``, ``optimizer``, EMA state; multi-task
   ``model_dict`` runs included), to the store. The periodic payload waits
   for the EMA one of the same step so that both are one save (one save in
-  flight, as the pt_expt host). Any other path (best-validation files) is
-  written atomically where deepmd-kit put it;
+  flight, as the pt_expt host), with the learning-curve values displayed at
+  that step (``print_on_training``, :class:`~..metrics.ReportsMetrics`). A
+  best-validation file goes to the store's ``best.ckpt`` family; any other
+  path (an explicit ``validating.save_best_dir``) is written atomically
+  where deepmd-kit put it;
 - ``lr_schedule`` is wrapped so that its call at the start of each step asks
   whether a stop signal came (:meth:`~..checkpointing.HostRun.check_stop`).
 
@@ -36,6 +39,7 @@ from typing import Any
 from deepmd.pt.train import training
 
 from ..checkpointing import HostRun, write_torch_atomic
+from ..metrics import ReportsMetrics
 from ..naming import ema_prefix
 
 
@@ -79,7 +83,7 @@ class StoreFamily:
 def make_trainer_class(host_run: HostRun) -> type:
     """Return a subclass of deepmd-kit's ``dp --pt`` ``Trainer`` bound to ``host_run``."""
 
-    class CheckpointingTrainer(training.Trainer):
+    class CheckpointingTrainer(ReportsMetrics, training.Trainer):
         """deepmd-kit's PyTorch trainer writing through dp_ckpt_plugin."""
 
         dp_run = host_run
@@ -99,11 +103,22 @@ def make_trainer_class(host_run: HostRun) -> type:
                 self.ckpt_store = StoreFamily(host_run, primary)
                 self.ema_ckpt_store = StoreFamily(host_run, ema_prefix(primary))
                 self._dp_primary, self._dp_ema = primary, ema
+            self.dp_setup_best(
+                config.get("validating") if isinstance(config, dict) else None,
+                disp_freq=self.disp_freq,
+                save_freq=self.save_freq,
+            )
 
         # -- writing --------------------------------------------------------
         def _write_checkpoint(
             self, save_path: Path, checkpoint_data: dict[str, Any], *, store
         ) -> None:
+            best = self.dp_best_attribute(save_path)
+            if best is not None:
+                if self.rank == 0:
+                    _float_lr(checkpoint_data)
+                self.dp_save_best(*best, checkpoint_data)
+                return
             step = store.step_of(save_path) if isinstance(store, StoreFamily) else None
             if step is None:
                 self._write_file(Path(save_path), checkpoint_data, store)
@@ -133,7 +148,7 @@ def make_trainer_class(host_run: HostRun) -> type:
             wanted = {self._dp_primary, self._dp_ema} - {None}
             if set(states) >= wanted or prefix != self._dp_primary:
                 self._dp_pending = None
-                host_run.save(step, states, chief=self.rank == 0)
+                self._dp_commit(step, states)
             else:
                 self._dp_pending = (step, states)
 
@@ -141,7 +156,20 @@ def make_trainer_class(host_run: HostRun) -> type:
             if self._dp_pending is not None:
                 step, states = self._dp_pending
                 self._dp_pending = None
-                host_run.save(step, states, chief=self.rank == 0)
+                self._dp_commit(step, states)
+
+        def _dp_commit(self, step: int, states: dict[str, Any]) -> None:
+            metrics = {self._dp_primary: self.dp_metrics(step)}
+            host_run.save(step, states, chief=self.rank == 0, metrics=metrics)
+
+        def print_on_training(
+            self, fout, step_id, cur_lr, train_results, valid_results
+        ) -> None:
+            # the row of lcurve.out, on the chief, before that step's save
+            super().print_on_training(
+                fout, step_id, cur_lr, train_results, valid_results
+            )
+            self.dp_note_shown(step_id, train_results, valid_results)
 
         # -- the loop ---------------------------------------------------------
         def run(self) -> None:

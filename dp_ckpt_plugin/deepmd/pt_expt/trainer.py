@@ -49,7 +49,11 @@ def make_trainer_class(host_run: HostRun) -> type:
             )
             host_run.started(self.num_steps)
             config = args[0] if args else kwargs.get("config", {})
-            self.dp_setup_best((config or {}).get("validating"))
+            self.dp_setup_best(
+                (config or {}).get("validating"),
+                disp_freq=self.trainer_config.disp_freq,
+                save_freq=self.trainer_config.save_freq,
+            )
 
         # -- the payload --------------------------------------------------
         def _checkpoint_payload(
