@@ -41,6 +41,7 @@ from deepmd.pt.train import training
 from ..checkpointing import HostRun, write_torch_atomic
 from ..metrics import ReportsMetrics
 from ..naming import ema_prefix
+from ..optimizer_state import load_optimizer_state
 
 
 class StoreFamily:
@@ -107,6 +108,17 @@ def make_trainer_class(host_run: HostRun) -> type:
                 config.get("validating") if isinstance(config, dict) else None,
                 disp_freq=self.disp_freq,
                 save_freq=self.save_freq,
+            )
+
+        def _load_optimizer_state(self, optimizer_state_dict) -> None:
+            # re-keyed across zero_stage forms; FSDP2 without deepmd-kit's bug
+            if optimizer_state_dict is None or not self.restart_training:
+                return
+            load_optimizer_state(
+                self,
+                optimizer_state_dict,
+                module=self._get_inner_module(),
+                load=super()._load_optimizer_state,
             )
 
         # -- writing --------------------------------------------------------

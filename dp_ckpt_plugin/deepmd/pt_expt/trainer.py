@@ -32,6 +32,7 @@ from deepmd.pt_expt.train import training
 from deepmd.pt_expt.train.ema import EMA_CHECKPOINT_KEY
 
 from ..checkpointing import HostRun, write_torch_atomic
+from ..optimizer_state import load_optimizer_state
 from .metrics import MetricsMixin
 
 
@@ -53,6 +54,15 @@ def make_trainer_class(host_run: HostRun) -> type:
                 (config or {}).get("validating"),
                 disp_freq=self.trainer_config.disp_freq,
                 save_freq=self.trainer_config.save_freq,
+            )
+
+        def _load_optimizer_state(self, optimizer_state_dict) -> None:
+            # re-keyed across zero_stage forms; FSDP2 without deepmd-kit's bug
+            load_optimizer_state(
+                self,
+                optimizer_state_dict,
+                module=self._unwrapped,
+                load=super()._load_optimizer_state,
             )
 
         # -- the payload --------------------------------------------------
