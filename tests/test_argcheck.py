@@ -39,7 +39,7 @@ DEFAULTS = {
     "check_free_space": True,
     "compat_links": True,
     "async_save": False,
-    "stop_signals": ("SIGTERM", "SIGUSR1"),
+    "stop_signals": ("SIGTERM", "SIGUSR1", "SIGINT"),
     "retention": {},
 }
 OTHER_VALUES = {
@@ -50,7 +50,7 @@ OTHER_VALUES = {
     "check_free_space": False,
     "compat_links": False,
     "async_save": True,
-    "stop_signals": ("SIGINT",),
+    "stop_signals": ("SIGUSR2",),
 }
 
 

@@ -6,6 +6,7 @@ rules, with real signals sent to this process.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 
@@ -118,3 +119,128 @@ def test_non_chief_ranks_do_not_claim_the_commit():
             4, start_step=0, save=lambda step: None, chief=False
         )
     assert info.value.path is None
+
+
+# -- Ctrl-C ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def ctrl_c():
+    handlers = StopSignals(["SIGINT", "SIGTERM"]).install()
+    yield handlers
+    handlers.restore()
+
+
+def test_a_second_ctrl_c_aborts_at_once(ctrl_c):
+    ctrl_c.in_loop = True
+    os.kill(os.getpid(), signal.SIGINT)
+    assert ctrl_c.received == signal.SIGINT  # the first only notes it
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "aborts"),
+    [
+        (signal.SIGINT, signal.SIGTERM, True),  # torchrun: a second Ctrl-C
+        (signal.SIGTERM, signal.SIGINT, True),  # a person after the scheduler
+        (signal.SIGTERM, signal.SIGTERM, False),  # the save goes on
+    ],
+)
+def test_what_a_second_signal_does(ctrl_c, first, second, aborts):
+    ctrl_c.in_loop = True
+    os.kill(os.getpid(), first)
+    if aborts:
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), second)
+    else:
+        os.kill(os.getpid(), second)
+    assert ctrl_c.received == first
+
+
+def test_a_ctrl_c_the_parent_ignores_stays_ignored():
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        handlers = StopSignals(["SIGINT", "SIGTERM"]).install()
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == handlers._handle
+        handlers.restore()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_sigint_is_a_stop_signal_by_default():
+    from dp_ckpt_plugin.deepmd.argcheck import plugin_options
+
+    options = plugin_options({"training": {}})
+    assert options.stop_signals == ("SIGTERM", "SIGUSR1", "SIGINT")
+
+
+def test_workers_leave_the_stop_signals_to_the_trainer():
+    from dp_ckpt_plugin.deepmd.preempt import ignore_in_worker
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGUSR2)}
+    seen = []
+    try:
+        ignore_in_worker((signal.SIGUSR1, signal.SIGUSR2), 3, then=seen.append)
+        assert all(
+            signal.getsignal(s) == signal.SIG_IGN
+            for s in (signal.SIGUSR1, signal.SIGUSR2)
+        )
+        assert seen == [3]  # deepmd-kit's own worker_init_fn still runs
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+# -- how dp ends ------------------------------------------------------------------
+
+
+@pytest.fixture
+def ending(monkeypatch):
+    """Run ``cli.main`` with a command that raises; return how it ended."""
+    pytest.importorskip("deepmd")
+    from dp_ckpt_plugin.deepmd import cli
+
+    died = []
+
+    def die_by(signum):
+        died.append(signum)
+        raise SystemExit(128 + signum)
+
+    monkeypatch.setattr(cli, "die_by", die_by)
+    # cli.main sends the plugin's records where deepmd-kit's go: undo it after
+    loggers = [logging.getLogger(name) for name in ("deepmd", "dp_ckpt_plugin")]
+    for logger in loggers:
+        monkeypatch.setattr(logger, "handlers", list(logger.handlers))
+        monkeypatch.setattr(logger, "propagate", logger.propagate)
+        monkeypatch.setattr(logger, "level", logger.level)
+
+    def end(error):
+        def command(flags, host):
+            raise error
+
+        monkeypatch.setattr(cli, "run_train", command)
+        with pytest.raises(SystemExit) as info:
+            cli.main(["--pt", "train", "input.json"], host="pt")
+        return info.value.code, died
+
+    return end
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "by_signal"),
+    [
+        (Stopped(signal.SIGINT, 7, "models/model.ckpt-7.pt"), 130, [signal.SIGINT]),
+        (Stopped(signal.SIGINT), 130, [signal.SIGINT]),
+        (KeyboardInterrupt(), 130, [signal.SIGINT]),
+        (Stopped(signal.SIGTERM, 7, "models/model.ckpt-7.pt"), 143, []),
+        (Stopped(signal.SIGUSR1), 138, []),
+    ],
+    ids=["ctrl-c", "ctrl-c-before-loop", "ctrl-c-twice", "sigterm", "sigusr1-early"],
+)
+def test_ctrl_c_ends_dp_by_sigint_other_signals_by_status(
+    ending, error, status, by_signal
+):
+    assert ending(error) == (status, by_signal)

@@ -57,7 +57,7 @@ OLD_SECTION = "dp_ckpt"
 #: Ways a checkpoint can be checked before it is used.
 VERIFY_CHOICES = ("size", "digest", "sha256")
 #: Signals that stop training with a checkpoint, unless the input says others.
-DEFAULT_STOP_SIGNALS = ("SIGTERM", "SIGUSR1")
+DEFAULT_STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
 
 _KEY_IN_MESSAGE = re.compile(r"key `([^`]+)`")
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -137,14 +137,17 @@ DOC_ASYNC_SAVE = (
 DOC_STOP_SIGNALS = (
     "Signals that stop training cleanly, as clusters end jobs (Slurm sends "
     "``SIGTERM``, or ``SIGUSR1`` ahead of the wall time when asked with "
-    "``--signal``). On such a signal the current training step finishes, a "
-    "checkpoint of that step is committed through the store (the run waits "
-    "for a background save), and ``dp`` exits with status 128 + the signal "
-    "number (143 for ``SIGTERM``, 138 for ``SIGUSR1``); ``--restart latest`` "
-    "continues from that step. Under ``torchrun`` every rank stops after the "
-    "same step. A second signal while stopping is ignored, so it cannot cut "
-    "the save short. Names with or without ``SIG``, any case; ``[]`` leaves "
-    "every signal's default action in place."
+    "``--signal``) and as a person does (Ctrl-C, ``SIGINT``). On such a signal "
+    "the current training step finishes, a checkpoint of that step is "
+    "committed through the store (the run waits for a background save), and "
+    "``dp`` exits with status 128 + the signal number (143 for ``SIGTERM``, "
+    "138 for ``SIGUSR1``); after Ctrl-C it ends by ``SIGINT`` itself (130), so "
+    "a calling script stops too. ``--restart latest`` continues from that "
+    "step. Under ``torchrun`` every rank stops after the same step. A second "
+    "``SIGTERM`` or ``SIGUSR1`` while stopping is ignored, so it cannot cut "
+    "the save short; a second Ctrl-C aborts at once, keeping the last "
+    "committed checkpoint. Names with or without ``SIG``, any case; ``[]`` "
+    "leaves every signal's default action in place."
 )
 DOC_SAVE_DIR = (
     "Directory for checkpoints, in the ``training`` section of the input "

@@ -9,15 +9,20 @@ A mistake of the user's (a bad ``save_dir``, an unknown option, a restart
 handle that names nothing, a directory another run holds) ends with one
 message and exit status 1, never a traceback. A stop signal ends training
 with a checkpoint and exit status 128 + the signal number
-(:mod:`.preempt`).
+(:mod:`.preempt`). Ctrl-C (``SIGINT``) ends the process by ``SIGINT`` itself,
+once the store is closed, as Python does for an uncaught
+``KeyboardInterrupt``: a shell reports 130, and a script that ran ``dp``
+stops too (a shell goes on after a child that merely exited 130).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -59,7 +64,36 @@ def main(args: list[str] | argparse.Namespace | None = None, *, host: str) -> No
         sys.exit(1)
     except Stopped as stop:
         log.warning("%s", stopped_line(stop))
+        if stop.signum == signal.SIGINT:
+            die_by(signal.SIGINT)
         sys.exit(stop.status)
+    except KeyboardInterrupt:
+        log.warning("%s", ABORTED)
+        die_by(signal.SIGINT)
+
+
+#: What ``dp`` says when Ctrl-C aborted a command (a second one while stopping).
+ABORTED = (
+    "SIGINT: aborted; the steps since the last committed checkpoint are not "
+    "saved, nothing half-written is visible, and --restart latest continues "
+    "from the last committed checkpoint (exit status 130)"
+)
+
+
+def die_by(signum: int) -> None:
+    """End this process by ``signum`` with its default action (the store is closed).
+
+    Log handlers and the standard streams are flushed first; the slow
+    interpreter teardown (seconds with torch's DataLoader) is skipped.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+    os.kill(os.getpid(), signum)
+    sys.exit(128 + signum)  # only if the signal could not end the process
 
 
 def host_module(host: str, name: str):

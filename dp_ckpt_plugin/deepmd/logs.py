@@ -72,6 +72,8 @@ def startup_line(settings, host: str, cwd: Path | None = None) -> str:
         if options.stop_signals
         else "no stop signals"
     )
+    if "SIGINT" in options.stop_signals:
+        stop += " (a second Ctrl-C aborts)"
     if settings.save_dir is None:
         return (
             f"{head}: no save_dir, deepmd-kit's own layout beside "

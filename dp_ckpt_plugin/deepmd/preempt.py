@@ -15,8 +15,20 @@ after its ``KillWait``), or ``SIGUSR1`` ahead of the wall time when asked with
 
 A signal that comes before the training loop starts (while data and model
 are built) has nothing to save: :class:`Stopped` is raised at once, so the
-run ends and its lock is released. A second signal while stopping is noted
-and ignored: it cannot cut the save short.
+run ends and its lock is released. A second ``SIGTERM`` or ``SIGUSR1`` while
+stopping is ignored: it cannot cut the save short. Ctrl-C (``SIGINT``, a stop
+signal by default) is a person at a terminal: a second one, or any second
+signal after it (``torchrun`` turns a second Ctrl-C into ``SIGTERM`` for its
+ranks), aborts at once with ``KeyboardInterrupt``; nothing half-written
+becomes visible (the store's temporary files are swept at the next start)
+and the previous committed checkpoint stays published. A ``SIGINT`` the
+parent process set to be ignored (a shell does so for a background job)
+stays ignored.
+
+Processes that are not the trainer's, started while training (deepmd-kit's
+torch ``DataLoader`` workers), get the same process group, and with it a
+terminal's Ctrl-C or a ``kill`` of the group: :func:`ignore_in_worker` makes
+them leave the stop signals to the trainer.
 
 The all-reduce of each step is started asynchronously and read at the next
 step, so it overlaps a training step instead of adding a round trip to it;
@@ -30,7 +42,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 log = logging.getLogger("dp_ckpt_plugin")
 
@@ -90,6 +102,8 @@ class StopSignals:
         if threading.current_thread() is not threading.main_thread():
             return self
         for sig in self.signals:
+            if sig == signal.SIGINT and signal.getsignal(sig) == signal.SIG_IGN:
+                continue  # a background job's: the shell wants it ignored
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
@@ -107,7 +121,11 @@ class StopSignals:
 
     def _handle(self, signum, frame) -> None:
         if self.received is not None:
-            return  # a second signal while stopping: the save goes on
+            if signal.SIGINT in (signum, self.received):
+                # Ctrl-C again (torchrun sends its ranks SIGTERM for it): abort
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                raise KeyboardInterrupt
+            return  # a second SIGTERM or SIGUSR1 while stopping: the save goes on
         self.received = signum
         if not self.in_loop:
             raise Stopped(signum)
@@ -159,3 +177,20 @@ def _distributed():
     if dist is not None and dist.is_available() and dist.is_initialized():
         return dist
     return None
+
+
+def ignore_in_worker(
+    signums: tuple[int, ...], worker_id: int, then: Callable[[int], None] | None = None
+) -> None:
+    """A ``worker_init_fn``: leave the stop signals to the trainer, then ``then``.
+
+    torch's worker re-raises ``SIGTERM``'s default action, and the trainer
+    then dies of "DataLoader worker ... is killed by signal" wherever it is
+    (inside a checkpoint's fsync, say) instead of stopping with a checkpoint.
+    Runs after torch has set its own handlers in the worker. A worker whose
+    trainer is gone exits by itself (torch's parent watchdog).
+    """
+    for signum in signums:
+        signal.signal(signum, signal.SIG_IGN)
+    if then is not None:
+        then(worker_id)

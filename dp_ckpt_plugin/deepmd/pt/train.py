@@ -10,10 +10,17 @@ overridable steps as pt_expt's is; it is called as it is, with:
   before deepmd-kit's strict check (``training._dp_ckpt`` needs nothing);
 - under ``torchrun``, the process group started first (gloo without a GPU)
   and deepmd-kit's own ``init_process_group`` keeping it
-  (:class:`~..runtime.GroupAlreadyUp`).
+  (:class:`~..runtime.GroupAlreadyUp`);
+- ``training.DataLoader`` replaced by one whose workers ignore the stop
+  signals (:func:`~..preempt.ignore_in_worker`): a signal to the process
+  group (a terminal's Ctrl-C, ``kill -TERM -<pgid>``, Slurm, ``torchrun``)
+  would otherwise kill them and, with them, the trainer in mid-save.
 """
 
 from __future__ import annotations
+
+import functools
+import signal
 
 from deepmd.pt.entrypoints import main as pt_main
 from deepmd.pt.train import training
@@ -22,6 +29,7 @@ from ...ranks import current_ranks
 from ..argcheck import strip_old_section
 from ..checkpointing import HostRun
 from ..cli import prepare_training
+from ..preempt import ignore_in_worker
 from ..prepare import PreparedRun
 from ..runtime import GroupAlreadyUp, start_process_group, swapped
 from . import DESCRIPTOR
@@ -43,6 +51,11 @@ def train(flags, prepared: PreparedRun | None) -> None:
             swapped(training, "Trainer", make_trainer_class(run)),
             swapped(pt_main, "j_loader", lambda path: strip_old_section(loader(path))),
             swapped(pt_main, "dist", GroupAlreadyUp(pt_main.dist)),
+            swapped(
+                training,
+                "DataLoader",
+                quiet_workers(training.DataLoader, prepared.settings.options),
+            ),
         ):
             pt_main.train(
                 input_file=flags.INPUT,
@@ -60,3 +73,17 @@ def train(flags, prepared: PreparedRun | None) -> None:
             run.store.wait()  # the last background save, before anything ends
     finally:
         prepared.close()
+
+
+def quiet_workers(loader: type, options) -> type:
+    """deepmd-kit's ``DataLoader`` class, its workers ignoring the stop signals."""
+    signums = tuple(signal.Signals[name] for name in options.stop_signals)
+    if not signums:
+        return loader
+
+    class QuietWorkersDataLoader(loader):
+        def __init__(self, *args, worker_init_fn=None, **kwargs) -> None:
+            init = functools.partial(ignore_in_worker, signums, then=worker_init_fn)
+            super().__init__(*args, worker_init_fn=init, **kwargs)
+
+    return QuietWorkersDataLoader
