@@ -129,6 +129,7 @@ def run_freeze(flags: argparse.Namespace, host: str):
     found = resolve_for_reading(
         pm, flags.checkpoint_folder, suffix=descriptor(host).suffix
     )
+    refuse_fallback("freeze -c", flags.checkpoint_folder, found)
     log.info(
         "freezing %s, %s; %s",
         shown(found.path),
@@ -156,6 +157,7 @@ def run_change_bias(flags: argparse.Namespace, host: str) -> None:
         found = resolve_for_reading(
             plugin_manager(host), spec, suffix=descriptor(host).suffix
         )
+        refuse_fallback("change-bias", spec, found)
         log.info(
             "change-bias %s: %s, %s; %s",
             spec,
@@ -176,6 +178,49 @@ def run_change_bias(flags: argparse.Namespace, host: str) -> None:
         model_branch=flags.model_branch,
         output=flags.output,
     )
+
+
+#: Set to a true value, ``freeze`` and ``change-bias`` use an older checkpoint
+#: when the newest one a handle names is unusable (with a warning).
+ALLOW_FALLBACK_ENV = "DP_CKPT_ALLOW_FALLBACK"
+
+
+def refuse_fallback(command: str, spec: str, found) -> None:
+    """Refuse a model that is not the one ``spec`` names (``Resolved.fell_back``).
+
+    A freeze or change-bias makes a file that scripts deploy or test: an
+    older checkpoint in place of a corrupt or uncommitted newest one must not
+    pass for success. Naming the older file (or ``DP_CKPT_ALLOW_FALLBACK=1``)
+    uses it; the warnings said above name what was skipped and why.
+
+    Raises
+    ------
+    CheckpointError
+        When resolution fell back and no fallback is allowed.
+    """
+    if not found.fell_back:
+        return
+    step = f" (step {found.step})" if found.step is not None else ""
+    if _truthy(os.environ.get(ALLOW_FALLBACK_ENV)):
+        log.warning(
+            "%s %s: using the older %s%s in place of the newest, as %s is set",
+            command,
+            spec,
+            shown(found.path),
+            step,
+            ALLOW_FALLBACK_ENV,
+        )
+        return
+    raise CheckpointError(
+        f"{command} {spec}: the newest checkpoint it names is unusable (see the "
+        f"warnings above), and the plugin does not put the older "
+        f"{shown(found.path)}{step} in its place without being asked: name that "
+        f"file instead of {spec} to use it, or set {ALLOW_FALLBACK_ENV}=1"
+    )
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 def stopped_line(stop: Stopped) -> str:
