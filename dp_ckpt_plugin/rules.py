@@ -24,6 +24,9 @@ naming both. Nothing found raises an error listing every place looked at.
 
 from __future__ import annotations
 
+import difflib
+import itertools
+import re
 from pathlib import Path
 
 from .catalogue import committed, uncommitted
@@ -163,9 +166,40 @@ class _Search:
     def fail(self) -> RestartNotFoundError:
         places = "\n".join(f"  - {p}" for p in self.looked) or "  (nowhere)"
         extra = "".join(f"\n{w}" for w in self.warnings)
+        close = self.suggestion()
+        hint = f" (did you mean {close}?)" if close else ""
         return RestartNotFoundError(
-            f"no checkpoint found for restart {self.spec!r}; looked at:\n{places}{extra}"
+            f"no checkpoint found for restart {self.spec!r}{hint}; "
+            f"looked at:\n{places}{extra}"
         )
+
+    def suggestion(self) -> str | None:
+        """A handle close to a mistyped one: ``latest``, ``best`` or a name beside it.
+
+        Only for a specification that names nothing on disk (a typo), never
+        for one that exists and holds no checkpoint.
+        """
+        spec = str(self.spec).rstrip("/")
+        head, slash, tail = spec.rpartition("/")
+        parent = _absolute(Path(head + slash or "."), self.ctx.cwd)
+        if not tail or _entry(self.storage, parent / tail) is not None:
+            return None
+        words = [] if slash else ["latest", "best"]
+        try:
+            listed = self.storage.names(parent)
+        except UnreadableFileError:
+            listed = []
+        suffix = self.ctx.family.suffix
+        names = []
+        for name, _ in itertools.islice(listed, 2000):
+            if not name.startswith("."):
+                names.append(name)
+                if name.endswith(suffix) and len(name) > len(suffix):
+                    names.append(name[: -len(suffix)])  # an alias's prefix
+        found = difflib.get_close_matches(tail, words + names, n=1, cutoff=0.75)
+        if not found or _digits_apart(tail, found[0]):
+            return None  # another step of a checkpoint is not a typo
+        return f"{head}{slash}{found[0]}"
 
     def found(
         self, path: Path, record: CommitRecord | None, checked: str, how: str, rule: str
@@ -400,3 +434,17 @@ def _provably_committed(path: Path, storage: Storage) -> bool:
 
 def _absolute(path: Path, cwd: Path) -> Path:
     return path if path.is_absolute() else cwd / path
+
+
+_STEP_NAME = re.compile(r"(.*-)([0-9]+)((?:\.[^.]*)?)")
+
+
+def _digits_apart(a: str, b: str) -> bool:
+    """Whether two names are two steps of one family (``x-99.pt``, ``x-9.pt``)."""
+    found_a, found_b = _STEP_NAME.fullmatch(a), _STEP_NAME.fullmatch(b)
+    return bool(
+        found_a
+        and found_b
+        and (found_a[1], found_a[3]) == (found_b[1], found_b[3])
+        and found_a[2] != found_b[2]
+    )

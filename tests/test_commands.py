@@ -361,6 +361,58 @@ def test_resolve_uses_the_working_directory_by_default(store, capsys, monkeypatc
     assert "model.ckpt-9.h5" in out and "found by" in out
 
 
+@pytest.mark.parametrize("spec", ["latest", "best", "models/model.ckpt-4.h5"])
+def test_resolve_path_prints_the_path_alone(store, capsys, monkeypatch, spec):
+    monkeypatch.chdir(store.parent)
+    status, out, err = dp_ckpt(capsys, "resolve", spec, "--dir", store, "--path")
+    assert status == 0 and err == ""
+    (line,) = out.splitlines()
+    assert Path(line).is_absolute() and Path(line).is_file()
+    expected = {"latest": 9, "best": 5}.get(spec, 4)
+    assert line == str(store / f"model.ckpt-{expected}.h5")
+
+
+def test_resolve_path_of_nothing_is_one_line_on_stderr(store, capsys):
+    status, out, err = dp_ckpt(capsys, "resolve", store / "nope", "--path")
+    assert (status, out) == (1, "")
+    assert len(err.splitlines()) == 1 and err.startswith("dp-ckpt: error: ")
+
+
+def test_resolve_path_says_warnings_on_stderr(store, capsys):
+    (store / "model.ckpt-9.h5").write_bytes(b"torn")  # the newest, torn
+    status, out, err = dp_ckpt(capsys, "resolve", "latest", "--dir", store, "--path")
+    assert status == 0 and out == f"{store / 'model.ckpt-8.h5'}\n"
+    assert err.startswith("dp-ckpt: warning: ") and "model.ckpt-9.h5" in err
+
+
+@pytest.mark.parametrize(
+    ("spec", "close"),
+    [
+        ("lastest", "latest"),
+        ("latset", "latest"),
+        ("bset", "best"),
+        ("modles", "models"),
+        ("models/model.ckpt-9.h6", "models/model.ckpt-9.h5"),
+        ("models/modle.ckpt", "models/model.ckpt"),
+    ],
+)
+def test_a_mistyped_handle_gets_a_suggestion(store, capsys, monkeypatch, spec, close):
+    monkeypatch.chdir(store.parent)
+    status, _, err = dp_ckpt(capsys, "resolve", spec, "--dir", store, "--path")
+    assert status == 1
+    assert f"(did you mean {close}?)" in err
+
+
+@pytest.mark.parametrize("spec", ["elsewhere", "models/model.ckpt-99.h5", "empty"])
+def test_no_suggestion_for_a_name_that_exists_or_has_no_neighbour(
+    store, capsys, monkeypatch, spec
+):
+    monkeypatch.chdir(store.parent)
+    (store.parent / "empty").mkdir()
+    status, _, err = dp_ckpt(capsys, "resolve", spec, "--dir", store)
+    assert status == 1 and "did you mean" not in err
+
+
 # -- inspect ---------------------------------------------------------------------------
 
 

@@ -5,6 +5,9 @@ directory, a file or a prefix; ``--dir`` is the store (the working directory
 by default). The same resolution as ``dp-ckpt show D SPEC`` (which stays as
 an alias with the store first): the rule that found it (pointer, alias,
 newest, file, prefix), how it was checked, and the warnings. Read-only.
+``--path`` prints the path alone (for ``$(dp-ckpt resolve latest --path)``):
+nothing else on standard output, the warnings on standard error, and when
+nothing is found exit status 1 with one line on standard error.
 """
 
 from __future__ import annotations
@@ -34,6 +37,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=store_directory,
         default=".",
         help="the store (save_dir); the working directory by default",
+    )
+    parser.add_argument(
+        "--path",
+        dest="path_only",
+        action="store_true",
+        help="print only the checkpoint's path (warnings go to standard error)",
     )
     add_digest_flag(parser)
 

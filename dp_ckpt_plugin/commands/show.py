@@ -12,6 +12,7 @@ corrupt candidate is skipped and reported, never quarantined.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from ..errors import RestartNotFoundError
 from ..hooks import Hooks
 from ..plugins import get_plugin_manager
 from ..resolution import ResolveContext, Resolved, resolve_restart
-from . import add_digest_flag, output, store_directory
+from . import UsageError, add_digest_flag, one_line, output, store_directory
 from .inventory import read_inventory
 
 HELP = "the checkpoint a restart would use (resolve, with the store first)"
@@ -45,6 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Resolve and show; exit status 1 when nothing is found."""
     found = resolve_in(args.directory, args.spec, digest=args.digest)
+    if getattr(args, "path_only", False):
+        if args.json:
+            raise UsageError("--path and --json do not go together: choose one")
+        for warning in found.warnings:
+            sys.stderr.write(f"dp-ckpt: warning: {one_line(warning)}\n")
+        sys.stdout.write(f"{found.path}\n")
+        return 0
     if args.json:
         output.print_json(as_json(found, args.spec))
         return 0
