@@ -11,21 +11,30 @@ abandoned branch of a longer run) the same way.
 
 Each checkpoint's payload moves before its record; a kill in between leaves a
 record whose payload is in the archive, which the next open moves after it
-(:mod:`.sweep`). Moves use ``os.replace`` into a folder made for this archive,
+(``sweep.py``). Moves use ``os.replace`` into a folder made for this archive,
 so nothing is ever overwritten.
+
+Archives are kept until someone removes them: :func:`archive_folders` says
+what each holds and its size, :func:`archives_beyond` which a count or an age
+would remove, and :func:`remove_archive` removes one folder through the
+storage (``dp-ckpt prune --archives``, holding the store's lock; a store
+built with ``max_archives`` at the start of each run, after archiving).
 """
 
 from __future__ import annotations
 
+import calendar
 import logging
+import re
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .catalogue import Catalogue
 from .checkpoint import Checkpoint
-from .errors import CheckpointWriteError
-from .layout import ARCHIVE_DIR, Family
+from .errors import CheckpointWriteError, UnreadableFileError
+from .layout import ARCHIVE_DIR, Family, record_name
 from .pointers import link_or_pointer_target
 from .records import record_path
 from .storage import Storage
@@ -180,3 +189,170 @@ def archive_earlier_run(
     for checkpoint in doomed:
         catalogue.discard(by_prefix[checkpoint.family], checkpoint.name)
     return dest, doomed
+
+
+# -- keeping archives in bounds -----------------------------------------------------
+
+#: An archive folder's name: its UTC time, and ``-n`` when that time was taken.
+_FOLDER_NAME = re.compile(r"(\d{8}T\d{6}Z)(?:-(\d+))?")
+
+
+@dataclass
+class ArchiveFolder:
+    """One folder of ``D/archive/``: what an earlier run left.
+
+    Attributes
+    ----------
+    name : str
+        Its name (``20261130T161500Z``, ``...-1``).
+    path : Path
+        The folder.
+    created : float
+        When it was made (Unix time): from its name, else its modification
+        time.
+    size : int
+        Bytes of the files in it (checkpoints, records, pointers).
+    checkpoints : list of str
+        The checkpoints in it (the files with a commit record beside them).
+    """
+
+    name: str
+    path: Path
+    created: float
+    size: int = 0
+    checkpoints: list[str] = field(default_factory=list)
+
+
+def archive_folders(directory: Path, *, storage: Storage) -> list[ArchiveFolder]:
+    """The archive folders of ``directory``, oldest first.
+
+    Nothing when ``D/archive`` is absent, or is a link or a file (the store
+    never follows it).
+    """
+    root = directory / ARCHIVE_DIR
+    found = storage.entry(root)
+    if found is None or not found.is_dir:
+        return []
+    folders = []
+    for name, kind in storage.names(root):
+        if kind != "dir":
+            continue
+        path = root / name
+        listed = _listed(path, storage)
+        entry = storage.entry(path)
+        folders.append(
+            ArchiveFolder(
+                name,
+                path,
+                _created(name, entry.mtime_ns if entry else 0),
+                sum(size for _, size in listed.values()),
+                sorted(
+                    n
+                    for n, (kind, _) in listed.items()
+                    if kind == "file" and record_name(n) in listed
+                ),
+            )
+        )
+    return sorted(folders, key=lambda f: (f.created, _order(f.name)))
+
+
+def archives_beyond(
+    folders: list[ArchiveFolder],
+    *,
+    keep_last: int | None = None,
+    older_than_days: float | None = None,
+    now: float | None = None,
+) -> list[ArchiveFolder]:
+    """The folders (oldest first) a count or an age removes.
+
+    ``keep_last`` keeps the newest that many; ``older_than_days`` removes
+    those made longer ago than that. Given both, a folder goes when either
+    removes it; given neither, none goes.
+    """
+    now = time.time() if now is None else now
+    doomed = set()
+    if keep_last is not None:
+        doomed |= {f.name for f in folders[: max(len(folders) - keep_last, 0)]}
+    if older_than_days is not None:
+        limit = now - older_than_days * 86400
+        doomed |= {f.name for f in folders if f.created < limit}
+    return [f for f in folders if f.name in doomed]
+
+
+def remove_archive(
+    folder: ArchiveFolder, *, storage: Storage, durable: bool = True
+) -> bool:
+    """Remove an archive folder and what the store put in it.
+
+    Payloads go first, then records, pointers and aliases (a link itself,
+    never its target), then the folder. Something else inside (a directory)
+    is left, and so is the folder: ``False``.
+    """
+    listed = _listed(folder.path, storage)
+    payloads = [n for n in folder.checkpoints if n in listed]
+    rest = [n for n, (kind, _) in listed.items() if kind in ("file", "link")]
+    for name in [*payloads, *(n for n in rest if n not in payloads)]:
+        storage.remove(folder.path / name)
+    if durable:
+        storage.sync_dir(folder.path)
+    gone = storage.remove_dir(folder.path)
+    if gone and durable:
+        storage.sync_dir(folder.path.parent, holding=[folder.path])
+    return gone
+
+
+def prune_archives(
+    directory: Path,
+    keep_last: int,
+    storage: Storage,
+    spare: Iterable[Path] = (),
+    durable: bool = True,
+) -> list[ArchiveFolder]:
+    """Remove the archive folders beyond the newest ``keep_last``; return them.
+
+    A folder in ``spare`` (the one holding the checkpoint a run starts from)
+    is never removed.
+    """
+    spare = {storage.real(p) for p in spare}
+    doomed = [
+        f
+        for f in archives_beyond(
+            archive_folders(directory, storage=storage), keep_last=keep_last
+        )
+        if storage.real(f.path) not in spare
+    ]
+    removed = [f for f in doomed if remove_archive(f, storage=storage, durable=durable)]
+    if removed:
+        log.info(
+            "removed %d archive(s) of earlier runs beyond the newest %d (%s), %.1f MB",
+            len(removed),
+            keep_last,
+            ", ".join(f.name for f in removed),
+            sum(f.size for f in removed) / 1e6,
+        )
+    return removed
+
+
+def _listed(folder: Path, storage: Storage) -> dict[str, tuple[str, int]]:
+    """Name to (kind, size) of the entries of ``folder``; links not followed."""
+    found = {}
+    try:
+        names = storage.names(folder)
+    except UnreadableFileError:
+        return {}
+    for name, kind in names:
+        entry = storage.entry(folder / name)
+        found[name] = (kind, entry.size if entry is not None and kind == "file" else 0)
+    return found
+
+
+def _created(name: str, mtime_ns: int) -> float:
+    found = _FOLDER_NAME.fullmatch(name)
+    if found:
+        return float(calendar.timegm(time.strptime(found[1], "%Y%m%dT%H%M%SZ")))
+    return mtime_ns / 1e9
+
+
+def _order(name: str) -> int:
+    found = _FOLDER_NAME.fullmatch(name)
+    return int(found[2] or 0) if found else 0

@@ -25,9 +25,13 @@ class ResumeState:
     continues : bool
         Whether the run goes on from that checkpoint's step (a restart), as
         opposed to starting its own count (an initialization).
+    origin : Path or None
+        The checkpoint the run starts from, wherever it is (an archive of the
+        store, another directory).
     """
 
     def __init__(self) -> None:
+        self.origin: Path | None = None
         self.start: Path | None = None
         self.continues = False
         self._protected: dict[str, Path] = {}
@@ -60,6 +64,11 @@ class ResumeState:
         start = self._protected.get(family.prefix)
         if start is not None and step >= (family.step_of(start.name) or 0):
             del self._protected[family.prefix]
+
+    def paths(self) -> set[Path]:
+        """Where what the run starts from is (its start, followed into an archive)."""
+        found = (self.origin, self.start, *self._protected.values())
+        return {p for p in found if p is not None}
 
     def moved(self, names: Iterable[str], dest: Path) -> None:
         """Checkpoints went into the archive ``dest``: follow the start there."""

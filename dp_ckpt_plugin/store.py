@@ -32,7 +32,7 @@ from typing import Any
 
 import pluggy
 
-from .archive import archive_earlier_run
+from .archive import archive_earlier_run, prune_archives
 from .background import BackgroundWriter
 from .catalogue import Catalogue, committed
 from .checkpoint import Checkpoint, Commit
@@ -83,6 +83,11 @@ class CheckpointStore:
     storage : Storage, optional
         How files are touched; the local file system, confined to ``D`` and
         the families' mirrors, by default.
+    max_archives : int, optional
+        Keep at most this many archives of earlier runs (``D/archive/<UTC>``):
+        at the start of each run, after archiving, older ones are removed
+        (never the one holding the checkpoint the run starts from). ``None``
+        keeps them all.
     """
 
     def __init__(
@@ -97,8 +102,10 @@ class CheckpointStore:
         lock: bool = True,
         check_free_space: bool = True,
         storage: Storage | None = None,
+        max_archives: int | None = None,
     ) -> None:
         self.directory = Path(os.path.abspath(directory))
+        self.max_archives = max_archives
         self.hooks = Hooks.of(pm)
         self.pm = self.hooks.pm
         self.format = self.hooks.format(format)
@@ -330,6 +337,11 @@ class CheckpointStore:
         )
         if dest is not None:
             self.resume.moved([c.name for c in doomed], dest)
+        if self.max_archives is not None:
+            spare = {p.parent for p in self.resume.paths()}
+            prune_archives(
+                self.directory, self.max_archives, self.storage, spare, self.durable
+            )
         return dest
 
     def prune(self, checkpoint: Checkpoint) -> list[Path]:
@@ -386,7 +398,7 @@ class CheckpointStore:
         initialization): only the first keeps ``D``'s checkpoints up to that
         step in place (rule 14).
         """
-        path = Path(path)
+        path = self.resume.origin = Path(path)
         if self.storage.real(path.parent) != self.storage.real(self.directory):
             return
         families = [c.family for c in self.families.values()]

@@ -40,6 +40,7 @@ DEFAULTS = {
     "compat_links": True,
     "async_save": False,
     "stop_signals": ("SIGTERM", "SIGUSR1", "SIGINT"),
+    "max_archives": None,
     "retention": {},
 }
 OTHER_VALUES = {
@@ -51,6 +52,7 @@ OTHER_VALUES = {
     "compat_links": False,
     "async_save": True,
     "stop_signals": ("SIGUSR2",),
+    "max_archives": 3,
 }
 
 

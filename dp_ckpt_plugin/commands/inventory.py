@@ -5,7 +5,8 @@ its commit records and pointers), each family's committed checkpoints, its
 pointer and alias targets, the numbered files that are not committed, and what
 lies in ``D/quarantine/`` and ``D/archive/``. Nothing is moved, hashed or
 locked: the commands that change a store (``prune``) or read every byte
-(``verify``) build on it.
+(``verify``) build on it. Each checkpoint's size on disk is compared with its
+record (one ``lstat``), so a file cut short shows as such without reading it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..archive import ArchiveFolder, archive_folders
 from ..checkpoint import Checkpoint
 from ..errors import InvalidRecordError, UnreadableFileError, UnsafePointerError
 from ..layout import ARCHIVE_DIR, POINTER_NAME, QUARANTINE_DIR, Family, record_target
@@ -48,6 +50,9 @@ class FamilyView:
         The file name its pointer names.
     alias : str or None
         The file name its alias leads to.
+    on_disk : dict of str to int
+        The size on disk of each checkpoint, by name (its record says what
+        it should be).
     """
 
     family: Family
@@ -56,6 +61,12 @@ class FamilyView:
     checkpoints: list[Checkpoint] = field(default_factory=list)
     pointer: str | None = None
     alias: str | None = None
+    on_disk: dict[str, int] = field(default_factory=dict)
+
+    def torn(self, checkpoint: Checkpoint) -> bool:
+        """Whether its size on disk is not the one its record says (cut short)."""
+        size = self.on_disk.get(checkpoint.name)
+        return size is not None and not checkpoint.record.accepts(size)
 
     def protections(self) -> dict[str, str]:
         """The names retention never removes, each with why."""
@@ -129,9 +140,9 @@ class Inventory:
     quarantined : list of Path
         Files in ``D/quarantine/`` (corrupt checkpoints moved aside), records
         excluded.
-    archived : dict of str to list of Path
-        Each folder of ``D/archive/`` (an earlier run) and the checkpoints in
-        it, records excluded.
+    archives : list of dp_ckpt_plugin.archive.ArchiveFolder
+        Each folder of ``D/archive/`` (an earlier run), oldest first: its
+        checkpoints and its size.
     warnings : list of str
         What could not be read.
     """
@@ -141,7 +152,7 @@ class Inventory:
     families: list[FamilyView]
     strays: list[Stray]
     quarantined: list[Path]
-    archived: dict[str, list[Path]]
+    archives: list[ArchiveFolder]
     warnings: list[str]
 
     @property
@@ -181,18 +192,18 @@ def read_inventory(directory: Path, *, storage: Storage | None = None) -> Invent
     strays = _find_families(directory, listing, views, storage)
     for view in views.values():
         _fill(directory, view, strays, listing, storage)
-    archive = directory / ARCHIVE_DIR
+    try:
+        archives = archive_folders(directory, storage=storage)
+    except UnreadableFileError as exc:
+        archives = []
+        warnings.append(f"{directory / ARCHIVE_DIR}: {exc}")
     return Inventory(
         directory=directory,
         manifest=manifest,
         families=_ordered(directory, views, manifest, storage),
         strays=sorted(strays.values(), key=lambda s: (s.family or "", s.step or 0)),
         quarantined=_payloads(directory / QUARANTINE_DIR, storage),
-        archived={
-            name: _payloads(archive / name, storage, numbered=True)
-            for name, kind in _listdir(archive, storage).items()
-            if kind == "dir"
-        },
+        archives=archives,
         warnings=warnings,
     )
 
@@ -286,6 +297,10 @@ def _fill(
             )
         else:
             view.checkpoints.append(Checkpoint(path, step, fam.prefix, record))
+            with contextlib.suppress(UnreadableFileError):
+                found = storage.entry(path)
+                if found is not None:
+                    view.on_disk[path.name] = found.size
     view.checkpoints.sort(key=lambda c: c.step)
     pointers = [fam.pointer]
     if fam.pointer == POINTER_NAME:  # found without a manifest: any pointer naming it

@@ -3,8 +3,11 @@
 For each family: its committed checkpoints (step, size, time, metrics) and,
 for each, what keeps it: the pointer or alias naming it, and the retention
 policies (from the store's manifest) that keep it. A checkpoint no policy
-keeps goes at the next save. Then the numbered files that are not committed,
-and what lies in ``quarantine/`` and ``archive/``.
+keeps goes at the next save; one whose size on disk is not its record's is
+shown as cut short. A family without checkpoints (the EMA family of a run
+without EMA) is one line, its table only with ``--all``. Then the numbered
+files that are not committed, what lies in ``quarantine/``, and the archives
+of earlier runs with their sizes and their total.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--all",
         action="store_true",
-        help="also list every file in quarantine/ and archive/",
+        help="also list every file in quarantine/ and archive/, and the "
+        "tables of families without checkpoints",
     )
 
 
@@ -91,6 +95,9 @@ def show(inventory: Inventory, families: list[FamilyView], *, everything: bool) 
     for view in families:
         policy = view.reason or "unknown (no manifest)"
         title = f"{view.family.prefix}  kept by: {policy}"
+        if not view.checkpoints and not everything:
+            out.print(f"{title}: no committed checkpoints")
+            continue
         rows = output.table(
             title,
             ["step", "file", "size", "saved (UTC)", "metrics", "kept by"],
@@ -102,13 +109,18 @@ def show(inventory: Inventory, families: list[FamilyView], *, everything: bool) 
             shown = c.record.metrics or {}
             if ranking is not None:  # the one that ranks (--json has them all)
                 shown = {k: v for k, v in shown.items() if k == ranking.metric}
+            kept = describe_kept(found.get(c.name), view.policy is not None)
+            size = output.size(c.record.size)
+            if view.torn(c):
+                size = f"{output.size(view.on_disk[c.name])} of {size}"
+                kept = f"CUT SHORT (its record says {c.record.size} bytes); {kept}"
             rows.add_row(
                 str(c.step),
                 c.name,
-                output.size(c.record.size),
+                size,
                 output.utc(c.record.created),
                 output.metrics(shown),
-                describe_kept(found.get(c.name), view.policy is not None),
+                kept,
             )
         out.print(rows)
     strays = [
@@ -128,15 +140,28 @@ def show(inventory: Inventory, families: list[FamilyView], *, everything: bool) 
         if everything:
             for path in inventory.quarantined:
                 out.print(f"  {path.name}  {output.size(_size(path))}")
-    if inventory.archived:
-        count = sum(len(v) for v in inventory.archived.values())
-        out.print(
-            f"archive/: {len(inventory.archived)} earlier run(s), {count} checkpoint(s)"
+    if inventory.archives:
+        show_archives(out, inventory.archives, everything=everything)
+
+
+def show_archives(out, archives, *, everything: bool) -> None:
+    """The archives of earlier runs: one row each, then the total."""
+    count = sum(len(a.checkpoints) for a in archives)
+    total = sum(a.size for a in archives)
+    rows = output.table(
+        f"archive/: {len(archives)} earlier run(s), {count} checkpoint(s), "
+        f"{output.size(total)} in all",
+        ["folder", "checkpoints", "size", "made (UTC)"],
+        right=("checkpoints", "size"),
+    )
+    for a in archives:
+        rows.add_row(
+            a.name, str(len(a.checkpoints)), output.size(a.size), output.utc(a.created)
         )
-        if everything:
-            for folder, paths in inventory.archived.items():
-                names = ", ".join(p.name for p in paths) or "(empty)"
-                out.print(f"  {folder}: {names}")
+    out.print(rows)
+    if everything:
+        for a in archives:
+            out.print(f"  {a.name}: {', '.join(a.checkpoints) or '(empty)'}")
 
 
 def as_json(inventory: Inventory, families: list[FamilyView]) -> dict[str, Any]:
@@ -164,12 +189,15 @@ def as_json(inventory: Inventory, families: list[FamilyView]) -> dict[str, Any]:
         ],
         "archive": [
             {
-                "folder": folder,
-                "path": str(inventory.directory / "archive" / folder),
-                "checkpoints": [p.name for p in paths],
+                "folder": a.name,
+                "path": str(a.path),
+                "checkpoints": a.checkpoints,
+                "size": a.size,
+                "created": a.created,
             }
-            for folder, paths in inventory.archived.items()
+            for a in inventory.archives
         ],
+        "archive_size": sum(a.size for a in inventory.archives),
         "warnings": inventory.warnings,
     }
 
@@ -188,6 +216,8 @@ def family_json(view: FamilyView) -> dict[str, Any]:
                 "path": str(c.path),
                 "step": c.step,
                 "size": c.record.size,
+                "size_on_disk": view.on_disk.get(c.name),
+                "torn": view.torn(c),
                 "created": c.record.created or None,
                 "format": c.record.format,
                 "metrics": c.record.metrics,

@@ -8,13 +8,21 @@ the newest one are never removed, and each removal takes the payload before
 its record. The store's lock is held throughout: a store a run is writing is
 refused, naming the run. ``--dry-run`` shows what would go and removes
 nothing.
+
+``--archives`` prunes the archives of earlier runs (``D/archive/<UTC>/``)
+instead: ``--keep-archives N`` keeps the newest N, ``--older-than DAYS``
+removes those made longer ago; given both, an archive goes when either says
+so. The same lock, the same ``--dry-run``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 from typing import Any
 
+from ..archive import archive_folders, archives_beyond, remove_archive
 from ..commit import remove
 from ..lock import StoreLock
 from ..retention import (
@@ -63,6 +71,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dry-run", action="store_true", help="show what would go; remove nothing"
     )
+    parser.add_argument(
+        "--archives",
+        action="store_true",
+        help="prune the archives of earlier runs (D/archive/) instead of checkpoints",
+    )
+    parser.add_argument(
+        "--keep-archives",
+        type=_nonnegative,
+        metavar="N",
+        help="with --archives: keep the newest N archives",
+    )
+    parser.add_argument(
+        "--older-than",
+        type=_days,
+        metavar="DAYS",
+        help="with --archives: remove the archives made more than DAYS days ago",
+    )
     for key, doc in OPTIONS.items():
         flags = ["--" + key.replace("_", "-")]
         if key in ALIASES:
@@ -93,8 +118,28 @@ def policy_for(view: FamilyView, args: argparse.Namespace) -> RetentionPolicy:
         raise UsageError(str(exc)) from None
 
 
+def _nonnegative(value: str) -> int:
+    found = _count(value)
+    if found is None or found < 0:
+        raise argparse.ArgumentTypeError(f"expected a count (0 or more), got {value!r}")
+    return found
+
+
+def _days(value: str) -> float:
+    try:
+        days = float(value)
+    except ValueError:
+        days = -1.0
+    if not days >= 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"expected days (0 or more), got {value!r}")
+    return days
+
+
 def run(args: argparse.Namespace) -> int:
     """Plan, and unless ``--dry-run`` remove; exit status 1 if the store is held."""
+    archive_flags = args.keep_archives is not None or args.older_than is not None
+    if args.archives or archive_flags:
+        return run_archives(args)
     inventory = read_inventory(args.directory)
     families = select_families(inventory, args.family)
     policies = {v.family.prefix: policy_for(v, args) for v in families}
@@ -185,3 +230,73 @@ def _kept(verdict: Verdict) -> dict[str, Any]:
         "name": verdict.name,
         "kept_by": [{"policy": p, "reason": r} for p, r in verdict.kept_by],
     }
+
+
+def run_archives(args: argparse.Namespace) -> int:
+    """``prune --archives``: remove archives of earlier runs by count or age."""
+    if not args.archives:
+        raise UsageError("--keep-archives and --older-than go with --archives")
+    if args.keep_archives is None and args.older_than is None:
+        raise UsageError(
+            "--archives needs --keep-archives N or --older-than DAYS (or both)"
+        )
+    if args.family is not None or any(hasattr(args, k) for k in OPTIONS):
+        raise UsageError(
+            "--archives prunes archives only: give the checkpoint options "
+            "(--family, --keep-last, ...) in another call"
+        )
+    directory = Path(os.path.abspath(args.directory))
+    storage = local_storage(directory)
+    lock = None if args.dry_run else StoreLock(directory, storage=storage)
+    if lock is not None:
+        lock.acquire()  # StoreLockedError names the run holding it
+    try:
+        folders = archive_folders(directory, storage=storage)
+        doomed = archives_beyond(
+            folders, keep_last=args.keep_archives, older_than_days=args.older_than
+        )
+        left = []
+        if lock is not None:
+            left = [f for f in doomed if not remove_archive(f, storage=storage)]
+    finally:
+        if lock is not None:
+            lock.release()
+    removed = [f for f in doomed if f not in left]
+    freed = sum(f.size for f in removed)
+    if args.json:
+        output.print_json(
+            {
+                "directory": str(directory),
+                "dry_run": args.dry_run,
+                "archives": {
+                    "removed": [f.name for f in removed],
+                    "kept": [f.name for f in folders if f not in doomed],
+                    "left": [f.name for f in left],
+                },
+                "freed": freed,
+            }
+        )
+        return 1 if left else 0
+    out = output.console()
+    rows = output.table(
+        "archive/",
+        ["folder", "checkpoints", "size", "made (UTC)", "outcome"],
+        right=("checkpoints", "size"),
+    )
+    for f in folders:
+        outcome = "kept"
+        if f in left:
+            outcome = "left: it holds something the store did not put there"
+        elif f in doomed:
+            outcome = "would be removed" if args.dry_run else "removed"
+        rows.add_row(
+            f.name,
+            str(len(f.checkpoints)),
+            output.size(f.size),
+            output.utc(f.created),
+            outcome,
+        )
+    out.print(rows)
+    verb = "would remove" if args.dry_run else "removed"
+    out.print(f"{verb} {len(removed)} archive(s), {output.size(freed)}")
+    return 1 if left else 0

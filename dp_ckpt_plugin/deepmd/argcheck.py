@@ -149,6 +149,16 @@ DOC_STOP_SIGNALS = (
     "committed checkpoint. Names with or without ``SIG``, any case; ``[]`` "
     "leaves every signal's default action in place."
 )
+DOC_MAX_ARCHIVES = (
+    "Keep at most this many archives of earlier runs in "
+    "``<save_dir>/archive/`` (a new run that does not continue the one it "
+    "finds there moves that run's checkpoints into a new archive instead of "
+    "deleting them). Applied at the start of each run, after its archiving: "
+    "the oldest archives beyond this number are removed, never the one "
+    "holding the checkpoint the run starts from. ``null`` (the default) keeps "
+    "every archive; ``dp-ckpt ls`` shows them with their sizes and "
+    "``dp-ckpt prune --archives`` removes them by hand."
+)
 DOC_SAVE_DIR = (
     "Directory for checkpoints, in the ``training`` section of the input "
     "(DeePMD-kit's own key). Numbered checkpoints go to "
@@ -224,6 +234,15 @@ def plugin_args() -> Argument:
                 "async_save", bool, optional=True, default=False, doc=DOC_ASYNC_SAVE
             ),
             stop_signals_args(),
+            Argument(
+                "max_archives",
+                [int, None],
+                optional=True,
+                default=None,
+                doc=DOC_MAX_ARCHIVES,
+                extra_check=lambda value: value is None or value >= 0,
+                extra_check_errmsg="It must be a count (0 or more) or null.",
+            ),
             retention_args(),
         ],
         optional=True,
@@ -295,6 +314,8 @@ class PluginOptions:
     stop_signals : tuple of str
         Canonical names (``"SIGTERM"``) of the signals that stop training
         with a checkpoint.
+    max_archives : int or None
+        How many archives of earlier runs to keep (``None``: all).
     retention : dict
         Retention beyond deepmd-kit's window (:mod:`.retention_args`).
     """
@@ -307,6 +328,7 @@ class PluginOptions:
     compat_links: bool = True
     async_save: bool = False
     stop_signals: tuple[str, ...] = DEFAULT_STOP_SIGNALS
+    max_archives: int | None = None
     retention: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
 

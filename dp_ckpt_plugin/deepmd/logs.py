@@ -59,8 +59,24 @@ def describe_retention(training: Mapping[str, Any]) -> str:
     return text
 
 
-def startup_line(settings, host: str, cwd: Path | None = None) -> str:
-    """The one line a training run starts with."""
+def describe_archive(folders: Iterable, max_archives: int | None) -> str:
+    """What ``save_dir/archive/`` holds, in words (empty when nothing to say)."""
+    folders = list(folders)
+    keep = "" if max_archives is None else f"keep the newest {max_archives}"
+    if not folders:
+        return f"archive: {keep}" if keep else ""
+    size = human_size(sum(f.size for f in folders))
+    text = f"archive: {len(folders)} earlier run(s), {size}"
+    return f"{text} ({keep})" if keep else text
+
+
+def startup_line(
+    settings, host: str, cwd: Path | None = None, *, archived: Iterable = ()
+) -> str:
+    """The one line a training run starts with.
+
+    ``archived`` are the archive folders of ``save_dir`` (earlier runs).
+    """
     from .. import __version__
 
     options = settings.options
@@ -81,11 +97,13 @@ def startup_line(settings, host: str, cwd: Path | None = None) -> str:
             f"training.save_dir for commit records, verified restarts and "
             f"retention by the plugin); {stop}"
         )
+    archive = describe_archive(archived, options.max_archives)
     return (
         f"{head}: save_dir {shown(settings.save_dir, cwd)}, "
         f"{describe_retention(settings.training)}, verify {options.verify}, "
         f"lock {'on' if options.lock else 'off'}, "
-        f"async_save {'on' if options.async_save else 'off'}, {stop}"
+        f"async_save {'on' if options.async_save else 'off'}, "
+        f"{archive + ', ' if archive else ''}{stop}"
     )
 
 

@@ -25,10 +25,12 @@ from typing import Any
 
 import pluggy
 
-from ..errors import ConfigError
+from ..archive import archive_folders
+from ..errors import CheckpointError, ConfigError
 from ..hooks import Hooks
 from ..ranks import Ranks
 from ..resolution import ResolveContext, resolve_restart
+from ..storage import default_storage
 from ..store import CheckpointStore
 from .adopt import adopt
 from .host import descriptor
@@ -110,7 +112,10 @@ def prepare_run(
     check_host_support(descriptor(host), settings.options, settings.training)
     chief = ranks.rank == 0
     if chief:
-        log.info("%s", startup_line(settings, host, settings.cwd))
+        log.info(
+            "%s",
+            startup_line(settings, host, settings.cwd, archived=_archived(settings)),
+        )
     stop = StopSignals(settings.options.stop_signals).install()
     store = None
     created = False
@@ -188,6 +193,18 @@ def prepare_run(
         raise
 
 
+def _archived(settings: RunSettings) -> list:
+    """The archives of earlier runs in ``save_dir``, for the start-up line."""
+    if settings.save_dir is None:
+        return []
+    try:
+        return archive_folders(
+            settings.cwd / settings.save_dir, storage=default_storage()
+        )
+    except CheckpointError:
+        return []  # unreadable: the store says so when it opens
+
+
 def _context_for(spec: str, ctx: ResolveContext | None) -> ResolveContext | None:
     """The context for ``spec``: a directory is read with its own family.
 
@@ -229,4 +246,5 @@ def build_store(
         durable=settings.options.fsync,
         lock=settings.options.lock,
         check_free_space=settings.options.check_free_space,
+        max_archives=settings.options.max_archives,
     )
