@@ -11,9 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import make_payload, open_manager
 
+from dp_ckpt_plugin import get_plugin_manager
 from dp_ckpt_plugin.commands import main, one_line
 from dp_ckpt_plugin.layout import MANIFEST_NAME
 from dp_ckpt_plugin.lock import StoreLock
@@ -168,6 +170,41 @@ def test_ls_reports_files_that_are_not_committed(store, capsys):
     assert problems["model.ckpt-8.h5"].startswith("malformed commit record")
     steps = [c["step"] for c in data["families"][0]["checkpoints"]]
     assert steps == [4, 5, 9]
+
+
+def test_ls_shows_a_checkpoint_cut_short_by_its_size(store, capsys):
+    path = store / "model.ckpt-8.h5"
+    full = path.stat().st_size
+    with open(path, "r+b") as handle:
+        handle.truncate(full // 2)
+    status, out, _ = dp_ckpt(capsys, "ls", store)
+    (row,) = [line for line in out.splitlines() if "model.ckpt-8.h5" in line]
+    assert status == 0
+    assert f"{full // 2 / 1000:.1f} kB of {full / 1000:.1f} kB" in row
+    assert f"CUT SHORT (its record says {full} bytes)" in row
+    _, data = as_json(capsys, "ls", store)
+    found = {c["name"]: c for c in data["families"][0]["checkpoints"]}
+    assert found["model.ckpt-8.h5"]["torn"] is True
+    assert found["model.ckpt-8.h5"]["size_on_disk"] == full // 2
+    assert found["model.ckpt-9.h5"]["torn"] is False
+
+
+def test_ls_says_in_one_line_that_a_family_has_no_checkpoints(tmp_path, capsys):
+    from helpers import make_store
+
+    from dp_ckpt_plugin.manifest import read_manifest
+
+    d = tmp_path / "models"
+    with make_store(get_plugin_manager(), d) as store:  # EMA family, never saved
+        store.save(1, make_payload(1))
+    assert len(read_manifest(d).families) == 2
+    status, out, _ = dp_ckpt(capsys, "ls", d)
+    assert status == 0
+    (line,) = [line for line in out.splitlines() if "model_ema.ckpt" in line]
+    assert line.endswith(": no committed checkpoints")
+    assert out.count(" step ") == 1  # one table
+    _, out, _ = dp_ckpt(capsys, "ls", d, "--all")
+    assert out.count(" step ") == 2  # the empty table, asked for
 
 
 # -- show ---------------------------------------------------------------------------
@@ -464,6 +501,42 @@ def test_inspect_a_torch_checkpoint_with_nested_values(tmp_path, capsys):
     assert by["/model/weights"]["bytes"] == weights.numel() * weights.element_size()
     assert by["/opt"]["type"] == "list" and by["/opt/1/lr"]["type"] == "float"
     assert isinstance(torch.zeros(1), torch.Tensor)
+
+
+def test_inspect_counts_a_shared_storage_once(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    weights = torch.arange(1000, dtype=torch.float64)
+    payload = {"model": {"w": weights, "tied": weights, "view": weights[:10]}}
+    with open_manager(tmp_path / "t", "torch") as m:
+        path = m.save(1, payload)
+    status, data = as_json(capsys, "inspect", path)
+    assert status == 0
+    assert data["payload_bytes"] == 8000  # not 8000 + 8000 + 80
+    by = {e["key"]: e for e in data["entries"]}
+    assert (by["/model/w"]["bytes"], by["/model/w"]["shares"]) == (8000, None)
+    assert by["/model/tied"]["shares"] == "/model/w"
+    assert (by["/model/view"]["bytes"], by["/model/view"]["shares"]) == (80, "/model/w")
+    _, out, _ = dp_ckpt(capsys, "inspect", path)
+    assert "80 (storage of /model/w)" in out and "8.0 kB in arrays/values" in out
+
+
+def test_inspect_lists_down_to_a_depth_and_says_what_was_cut(tmp_path, capsys):
+    nested = {"a": {"b": {"c": {"d": {"e": {"f": {"g": {"h": 1}}}}}}}}
+    with open_manager(tmp_path / "t", "hdf5") as m:
+        path = m.save(1, {**nested, "x": np.ones(3)})
+    _, data = as_json(capsys, "inspect", path)
+    assert (data["depth"], data["levels_cut"]) == (6, 2)
+    assert max(e["key"].count("/") for e in data["entries"]) == 6
+    assert data["payload_bytes"] == 24  # every leaf counts, listed or not
+    _, data = as_json(capsys, "inspect", path, "--depth", "1")
+    assert [e["key"] for e in data["entries"]] == ["/", "/a", "/x"]
+    assert data["levels_cut"] == 7
+    _, out, _ = dp_ckpt(capsys, "inspect", path, "--depth", "1")
+    assert "1 level(s); 7 deeper level(s) not listed (--depth N to see them)" in out
+    _, data = as_json(capsys, "inspect", path, "--depth", "20")
+    assert data["levels_cut"] == 0
+    status, _, err = dp_ckpt(capsys, "inspect", path, "--depth", "0")
+    assert status == 2 and "expected a depth of 1 or more" in err
 
 
 def test_inspect_imports_torch_only_for_a_torch_file(store):

@@ -2,10 +2,13 @@
 
 Its step, format, size and the state of its commit record (and, with
 ``--digest``, of its digest), then the structure of its payload: every key
-path with its type, shape, dtype and size in bytes. The payload is read
-through the ``on_load_step`` hook of its format: the one its commit record
-names, else the registered format whose suffix the file has. Nothing heavy is
-imported unless the format needs it (torch only for a torch checkpoint).
+path with its type, shape, dtype and size in bytes, down to ``--depth``
+levels (how many levels lie below is said). Tensors that share storage (views,
+tied weights) are counted once in the payload's total, as the file holds them
+once. The payload is read through the ``on_load_step`` hook of its format:
+the one its commit record names, else the registered format whose suffix the
+file has. Nothing heavy is imported unless the format needs it (torch only
+for a torch checkpoint).
 """
 
 from __future__ import annotations
@@ -31,15 +34,38 @@ DESCRIPTION = (
 )
 
 
+#: How many levels of the payload are listed unless ``--depth`` says otherwise.
+DEFAULT_DEPTH = 6
+
+
+def _depth(value: str) -> int:
+    try:
+        depth = int(value)
+    except ValueError:
+        depth = -1
+    if depth < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a depth of 1 or more, got {value!r}"
+        )
+    return depth
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``inspect``."""
     parser.add_argument("path", type=Path, help="a checkpoint file")
+    parser.add_argument(
+        "--depth",
+        type=_depth,
+        default=DEFAULT_DEPTH,
+        metavar="N",
+        help=f"list key paths down to N levels (default {DEFAULT_DEPTH})",
+    )
     add_digest_flag(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """Inspect; exit status 1 when the file does not load or disagrees with its record."""
-    found = inspect_file(args.path, digest=args.digest)
+    found = inspect_file(args.path, digest=args.digest, depth=args.depth)
     if args.json:
         output.print_json(found)
     else:
@@ -47,7 +73,9 @@ def run(args: argparse.Namespace) -> int:
     return 0 if found["loaded"] and found["record"] in {"ok", "none"} else FAILURE
 
 
-def inspect_file(path: Path, *, digest: bool) -> dict[str, Any]:
+def inspect_file(
+    path: Path, *, digest: bool, depth: int = DEFAULT_DEPTH
+) -> dict[str, Any]:
     """The ``--json`` form (documented in docs/command.md)."""
     storage = default_storage()
     path = storage.real(Path(path).absolute())
@@ -77,10 +105,10 @@ def inspect_file(path: Path, *, digest: bool) -> dict[str, Any]:
     step = (
         record.step if record is not None else (int(match["step"]) if match else None)
     )
-    entries: list[dict[str, Any]] = []
+    walk = Walk(depth)
     error = None
     try:
-        describe(hooks.load_step(fmt, path), "", entries)
+        walk.describe(hooks.load_step(fmt, path), "", 0)
     except Exception as exc:  # whatever a format raises on a broken file
         error = why_not(exc)
     return {
@@ -98,8 +126,10 @@ def inspect_file(path: Path, *, digest: bool) -> dict[str, Any]:
         "metrics": record.metrics if record is not None else None,
         "loaded": error is None,
         "load_error": error,
-        "payload_bytes": sum(e["bytes"] or 0 for e in entries if e["leaf"]),
-        "entries": entries,
+        "payload_bytes": walk.payload_bytes,
+        "depth": depth,
+        "levels_cut": max(walk.deepest - depth, 0),
+        "entries": walk.entries,
     }
 
 
@@ -115,22 +145,64 @@ def _format_by_suffix(hooks: Hooks, path: Path) -> str:
     )
 
 
-def describe(value: Any, where: str, entries: list[dict[str, Any]]) -> None:
-    """Append one entry per key path of ``value`` (containers, then their items)."""
-    if isinstance(value, dict):
-        entries.append(
-            _entry(where or "/", "dict", None, None, None, False, len(value))
-        )
-        for key, item in value.items():
-            describe(item, f"{where}/{key}", entries)
-        return
-    if isinstance(value, list | tuple):
-        kind = type(value).__name__
-        entries.append(_entry(where or "/", kind, None, None, None, False, len(value)))
-        for i, item in enumerate(value):
-            describe(item, f"{where}/{i}", entries)
-        return
-    entries.append(_leaf(value, where or "/"))
+class Walk:
+    """The entries of a payload, down to ``depth`` levels, and its total bytes.
+
+    Every leaf is visited (the total and the depth below the limit count
+    all of them); entries are kept down to ``depth`` levels. A storage
+    shared by several tensors (a view, tied weights) counts once in
+    :attr:`payload_bytes`; each tensor still shows its own bytes, and a
+    tensor sharing an earlier one's storage names it in ``shares``.
+    """
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+        self.entries: list[dict[str, Any]] = []
+        self.deepest = 0
+        self.payload_bytes = 0
+        self._storages: dict[Any, str] = {}
+
+    def describe(self, value: Any, where: str, level: int) -> None:
+        """Visit ``value`` at key path ``where``, ``level`` levels down."""
+        self.deepest = max(self.deepest, level)
+        shown = level <= self.depth
+        if isinstance(value, dict | list | tuple):
+            kind = "dict" if isinstance(value, dict) else type(value).__name__
+            if shown:
+                self.entries.append(
+                    _entry(where or "/", kind, None, None, None, False, len(value))
+                )
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                self.describe(item, f"{where}/{key}", level + 1)
+            return
+        entry = _leaf(value, where or "/")
+        storage = _storage_of(value)
+        if storage is None:
+            self.payload_bytes += entry["bytes"] or 0
+        else:
+            key, nbytes = storage
+            if key in self._storages:
+                entry["shares"] = self._storages[key]
+            else:
+                self._storages[key] = entry["key"]
+                self.payload_bytes += nbytes
+        if shown:
+            self.entries.append(entry)
+
+
+def _storage_of(value: Any) -> tuple[Any, int] | None:
+    """The memory a tensor or array lives in (identity, bytes), if it has one."""
+    untyped = getattr(value, "untyped_storage", None)
+    if callable(untyped) and hasattr(value, "element_size"):  # a torch tensor
+        found = untyped()
+        return ("torch", found.data_ptr(), found.nbytes()), int(found.nbytes())
+    base = value
+    while getattr(base, "base", None) is not None:  # a NumPy view
+        base = base.base
+    if base is not value and hasattr(base, "nbytes"):
+        return ("numpy", id(base)), int(base.nbytes)
+    return None
 
 
 def _leaf(value: Any, where: str) -> dict[str, Any]:
@@ -160,6 +232,7 @@ def _entry(where, kind, shape, dtype, nbytes, leaf, length=None) -> dict[str, An
         "bytes": nbytes,
         "length": length,
         "leaf": leaf,
+        "shares": None,
     }
 
 
@@ -182,6 +255,14 @@ def show(found: dict[str, Any]) -> None:
     if found["metrics"]:
         rows.append(("metrics", output.metrics(found["metrics"])))
     rows.append(("payload", output.size(found["payload_bytes"]) + " in arrays/values"))
+    if found["levels_cut"]:
+        rows.append(
+            (
+                "listed",
+                f"{found['depth']} level(s); {found['levels_cut']} deeper level(s) "
+                "not listed (--depth N to see them)",
+            )
+        )
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         out.print(f"{key:<{width}}  {value}")
@@ -198,11 +279,8 @@ def show(found: dict[str, Any]) -> None:
             shape = f"{e['length']} item(s)"
         else:
             shape = "-"
-        table.add_row(
-            e["key"],
-            e["type"],
-            shape,
-            e["dtype"] or "-",
-            "-" if e["bytes"] is None else str(e["bytes"]),
-        )
+        nbytes = "-" if e["bytes"] is None else str(e["bytes"])
+        if e["shares"]:
+            nbytes += f" (storage of {e['shares']})"
+        table.add_row(e["key"], e["type"], shape, e["dtype"] or "-", nbytes)
     out.print(table)
