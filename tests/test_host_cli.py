@@ -89,3 +89,44 @@ def test_an_explicit_no_does_not_allow_it(store, monkeypatch):
     monkeypatch.setenv(ALLOW_FALLBACK_ENV, "0")
     with pytest.raises(CheckpointError):
         refuse_fallback("freeze -c", "models", found_for("models"))
+
+
+# -- multi-task checkpoints and --head ----------------------------------------------
+
+
+def deepmd_like(path, model_params):
+    import torch
+
+    torch.save(
+        {"model": {"w": torch.ones(2), "_extra_state": {"model_params": model_params}}},
+        path,
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    ("head", "message"),
+    [
+        (None, "multi-task checkpoint with the heads head_a, head_b: say which"),
+        ("head_c", "--head head_c: .* has no such head; its heads are head_a, head_b"),
+    ],
+)
+def test_a_multi_task_checkpoint_needs_one_of_its_heads(tmp_path, head, message):
+    from dp_ckpt_plugin.deepmd.heads import check_head
+
+    path = deepmd_like(tmp_path / "m.pt", {"model_dict": {"head_a": {}, "head_b": {}}})
+    with pytest.raises(CheckpointError, match=message) as info:
+        check_head(path, head, command="dp --pt-expt freeze -c models")
+    assert "\n" not in str(info.value)
+    check_head(path, "head_b", command="dp --pt-expt freeze -c models")
+
+
+def test_a_single_task_or_unreadable_checkpoint_is_left_to_deepmd(tmp_path):
+    from dp_ckpt_plugin.deepmd.heads import check_head, heads_of
+
+    single = deepmd_like(tmp_path / "s.pt", {"descriptor": {}})
+    assert heads_of(single) is None
+    check_head(single, None, command="dp --pt freeze")
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a checkpoint")
+    assert heads_of(junk) is None

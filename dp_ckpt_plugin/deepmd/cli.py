@@ -137,6 +137,13 @@ def run_freeze(flags: argparse.Namespace, host: str):
         describe_checked(found.checked),
     )
     options = {"host": host, **host_module(host, "freeze").freeze_options(flags)}
+    from .heads import check_head
+
+    check_head(
+        found.path,
+        options.get("head"),
+        command=f"dp {descriptor(host).flag} freeze -c {flags.checkpoint_folder}",
+    )
     from ..hooks import Hooks
 
     return Hooks(pm).freeze(found.checkpoint, flags.output, options)
