@@ -76,15 +76,17 @@ def adopt(
     if adopted:
         store.catalogue.invalidate()
         steps = sorted({c.step for c in adopted})
-        log.info(
-            "adopted %d checkpoint(s) that plain deepmd-kit wrote in %s (steps %s): "
-            "each loads with torch and now has a commit record, so it counts for "
-            "--restart latest and for retention",
-            len(adopted),
-            shown(store.directory, cwd),
-            ", ".join(map(str, steps)),
-        )
+        log.info("%s", adopted_line(len(adopted), shown(store.directory, cwd), steps))
     return adopted
+
+
+def adopted_line(count: int, directory: str, steps: list[int]) -> str:
+    """What a run says when it adopted the files plain deepmd-kit wrote."""
+    return (
+        f"adopted {count} checkpoint(s) that plain deepmd-kit wrote in {directory} "
+        f"(steps {', '.join(map(str, steps))}): each loads with torch and now has "
+        "a commit record, so it counts for --restart latest and for retention"
+    )
 
 
 def _publish_if_newer(store: CheckpointStore, cfg, newest: Checkpoint) -> None:

@@ -222,21 +222,40 @@ class SaveReport:
         seconds = max(time.monotonic() - save.start, 1e-6)
         size = sum(c.record.size for c in save.done if c.record is not None)
         first, *rest = save.done
-        names = " + ".join([shown(first.path, self.cwd), *(c.path.name for c in rest)])
-        how = ""
-        if save.background:
-            paused = f"{save.paused:.3f}" if save.paused is not None else "?"
-            how = f" in the background (training paused {paused} s)"
+        names = [shown(first.path, self.cwd), *(c.path.name for c in rest)]
+        paused = save.paused if save.background else None
         log.info(
-            "saved step %d: %s, %s in %.3f s%s, %.1f MB/s",
-            checkpoint.step,
-            names,
-            human_size(size),
-            seconds,
-            how,
-            size / seconds / 1e6,
+            "%s",
+            save_line(
+                checkpoint.step,
+                names,
+                size,
+                seconds,
+                background=save.background,
+                paused=paused,
+            ),
         )
         self.last = (checkpoint.step, first.path)
+
+
+def save_line(
+    step: int,
+    names: Iterable[str],
+    size: int,
+    seconds: float,
+    *,
+    background: bool = False,
+    paused: float | None = None,
+) -> str:
+    """The line of one save: its files, size, time and rate."""
+    how = ""
+    if background:
+        pause = f"{paused:.3f}" if paused is not None else "?"
+        how = f" in the background (training paused {pause} s)"
+    return (
+        f"saved step {step}: {' + '.join(names)}, {human_size(size)} in "
+        f"{seconds:.3f} s{how}, {size / seconds / 1e6:.1f} MB/s"
+    )
 
 
 def finished_line(report: SaveReport | None, store, cwd: Path | None = None) -> str:
