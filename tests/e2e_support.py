@@ -580,9 +580,19 @@ def dp_as_version(version: str, *args: str | os.PathLike) -> list[str]:
 
 
 def start(
-    args: Sequence[str | os.PathLike], cwd: Path, log: Path, **extra_env: str
+    args: Sequence[str | os.PathLike],
+    cwd: Path,
+    log: Path,
+    *,
+    session: bool = False,
+    **extra_env: str,
 ) -> subprocess.Popen:
-    """Start a command in the background, its output going to ``log``."""
+    """Start a command in the background, its output going to ``log``.
+
+    With ``session``, in a process group of its own, as a terminal starts a
+    foreground job (:func:`signal_group` signals it as a terminal does), with
+    ``SIGINT`` at its default action (not ignored, as for a background job).
+    """
     handle = open(log, "w")  # noqa: SIM115 - closed by the child's exit
     return subprocess.Popen(
         [str(a) for a in args],
@@ -591,7 +601,21 @@ def start(
         stdout=handle,
         stderr=subprocess.STDOUT,
         text=True,
+        start_new_session=session,
+        preexec_fn=_default_sigint if session else None,
     )
+
+
+def _default_sigint() -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def signal_group(proc: subprocess.Popen, signum: int) -> None:
+    """Send ``signum`` to the process group of ``proc`` (started with ``session``),
+    as a terminal's Ctrl-C, ``kill -TERM -<pgid>`` or a scheduler does."""
+    os.killpg(proc.pid, signum)
 
 
 def wait_for(log: Path, pattern: str, proc: subprocess.Popen, timeout: float = 240):

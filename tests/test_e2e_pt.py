@@ -67,6 +67,7 @@ from e2e_support import (
     resumed_from,
     run,
     saved_steps,
+    signal_group,
     start,
     steps,
     stray_files,
@@ -398,6 +399,8 @@ def test_two_cpu_ranks(base, data):
 
 
 def test_sigterm_stops_with_a_checkpoint_and_restart_continues(base, data):
+    """SIGTERM to the whole process group (Slurm, ``kill -TERM -<pgid>``): it also
+    reaches deepmd-kit's DataLoader workers, which leave it to the trainer."""
     workdir = make_workdir(
         base,
         "preempted",
@@ -406,10 +409,10 @@ def test_sigterm_stops_with_a_checkpoint_and_restart_continues(base, data):
     )
     log = workdir / "train.log"
     began = time.monotonic()
-    proc = start(pt("train", "input.json"), workdir, log)
+    proc = start(pt("train", "input.json"), workdir, log, session=True)
     try:
         wait_for(log, r"Batch\s+3:", proc)
-        proc.send_signal(signal.SIGTERM)
+        signal_group(proc, signal.SIGTERM)
         status = proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
@@ -507,4 +510,11 @@ def test_multitask_restarts_and_freezes_a_head(base, multitask):
     ).check()
     assert "freezing models/model.ckpt-15.pt" in frozen.output
     assert (workdir / "head_b.pth").is_file()
+    headless = run(pt("freeze", "-c", "models", "-o", "which"), workdir)
+    assert headless.returncode == 1, headless.describe()
+    assert_no_traceback(headless)
+    assert (
+        "models/model.ckpt-15.pt is a multi-task checkpoint with the heads head_a, "
+        "head_b: say which to freeze with --head"
+    ) in headless.output
     shutil.rmtree(workdir / "data")
