@@ -429,3 +429,8 @@ def test_multitask_restarts_and_freezes_one_head(base, multitask):
     assert (workdir / "head_b.pte").is_file()
     assert unmatched_variables(workdir / "head_b.pte", models / "model.ckpt-6.pt") == []
     assert not os.path.exists(workdir / "which.pte")
+    # a corrupt newest checkpoint: refused, not replaced by the older one
+    corrupt(models / "model.ckpt-6.pt")
+    refused = run(dp("freeze", "-c", "models", "--head", "head_a"), workdir)
+    assert refused.returncode == 1, refused.describe()
+    assert "does not put the older models/model.ckpt-4.pt (step 4)" in refused.output

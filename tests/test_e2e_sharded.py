@@ -10,8 +10,8 @@ Plain deepmd-kit 3.2 cannot restart stages 2 and 3 of ``dp --pt`` (a strict
 optimizer load refuses the zero-size compression placeholders that never
 get state) and loses work when a restart changes between stages 0/1 and 2/3
 (the state is keyed by position or by name); the plugin re-keys and loads
-what this stage needs (``deepmd/optimizer_state.py``). One run crosses from
-stage 1 to stage 3.
+what this stage needs (``deepmd/optimizer_state.py``). Two runs change stage:
+``dp --pt`` from 1 to 3, ``dp --pt-expt`` from 2 to one process.
 
 Run with ``pytest tests/test_e2e_sharded.py -s`` to see the wall time of each command.
 """
@@ -200,3 +200,19 @@ def test_a_restart_that_changes_stage_goes_on(base, sharded):
     assert adam_step(final) > adam_step(models / f"model.ckpt-{stopped + 2}.pt")
     keys = load_payload(final)["optimizer"]["param_groups"][0]["params"]
     assert all(isinstance(k, str) for k in keys)  # FSDP2's form, by name
+
+
+def test_a_sharded_checkpoint_restarts_in_one_process(base, sharded):
+    """``dp --pt-expt``: stage 2 records the state by name, one process by position."""
+    source, stopped, _ = sharded("pt-expt", 2)
+    workdir = copy_tree(source, base / "pt_expt_stage2_to_0")
+    write_config(workdir / "input.json", config(0, stopped + 4))
+    run(
+        dp("train", "input.json", "--restart", "latest", backend="pt-expt"), workdir
+    ).check()
+    models = workdir / "models"
+    final = models / f"model.ckpt-{stopped + 4}.pt"
+    assert_committed(final, step=stopped + 4, family="model.ckpt")
+    assert adam_step(final) > adam_step(models / f"model.ckpt-{stopped + 2}.pt")
+    keys = load_payload(final)["optimizer"]["param_groups"][0]["params"]
+    assert all(isinstance(k, int) for k in keys)  # by position
