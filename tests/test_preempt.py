@@ -217,13 +217,19 @@ def ending(monkeypatch):
         monkeypatch.setattr(logger, "propagate", logger.propagate)
         monkeypatch.setattr(logger, "level", logger.level)
 
-    def end(error):
-        def command(flags, host):
+    def end(error, command="train"):
+        def fail(flags, host):
             raise error
 
-        monkeypatch.setattr(cli, "run_train", command)
+        monkeypatch.setattr(cli, "run_train", fail)
+        monkeypatch.setattr(cli, "run_freeze", fail)
+        args = (
+            ["--pt", "train", "input.json"]
+            if command == "train"
+            else ["--pt", "freeze"]
+        )
         with pytest.raises(SystemExit) as info:
-            cli.main(["--pt", "train", "input.json"], host="pt")
+            cli.main(args, host="pt")
         return info.value.code, died
 
     return end
@@ -244,3 +250,9 @@ def test_ctrl_c_ends_dp_by_sigint_other_signals_by_status(
     ending, error, status, by_signal
 ):
     assert ending(error) == (status, by_signal)
+
+
+def test_ctrl_c_during_freeze_says_interrupted(ending, capsys):
+    assert ending(KeyboardInterrupt(), "freeze") == (130, [signal.SIGINT])
+    captured = capsys.readouterr()
+    assert "SIGINT: interrupted (exit status 130)" in captured.out + captured.err

@@ -68,7 +68,7 @@ def main(args: list[str] | argparse.Namespace | None = None, *, host: str) -> No
             die_by(signal.SIGINT)
         sys.exit(stop.status)
     except KeyboardInterrupt:
-        log.warning("%s", ABORTED)
+        log.warning("%s", ABORTED if flags.command == "train" else INTERRUPTED)
         die_by(signal.SIGINT)
 
 
@@ -78,6 +78,9 @@ ABORTED = (
     "saved, nothing half-written is visible, and --restart latest continues "
     "from the last committed checkpoint (exit status 130)"
 )
+
+#: ... and when it interrupted another command.
+INTERRUPTED = "SIGINT: interrupted (exit status 130)"
 
 
 def die_by(signum: int) -> None:
