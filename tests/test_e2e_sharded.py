@@ -31,6 +31,7 @@ from e2e_support import (
     assert_committed,
     copy_tree,
     dp,
+    dp_env,
     example_config,
     load_payload,
     lock_files,
@@ -216,3 +217,19 @@ def test_a_sharded_checkpoint_restarts_in_one_process(base, sharded):
     assert adam_step(final) > adam_step(models / f"model.ckpt-{stopped + 2}.pt")
     keys = load_payload(final)["optimizer"]["param_groups"][0]["params"]
     assert all(isinstance(k, int) for k in keys)  # by position
+
+
+def test_plain_deepmd_restarts_a_sharded_checkpoint_in_one_process(base, sharded):
+    """The payload stays deepmd-kit's: plain deepmd-kit continues it (stage 2 to one process)."""
+    source, stopped, _ = sharded("pt", 2)
+    workdir = copy_tree(source, base / "pt_stage2_plain")
+    write_config(workdir / "input.json", config(0, stopped + 4))
+    latest = workdir / "models" / f"model.ckpt-{stopped + 2}.pt"
+    result = run(
+        dp("train", "input.json", "--restart", latest, backend="pt"),
+        workdir,
+        env=dp_env(DP_CKPT_DISABLE="1"),
+        label="DP_CKPT_DISABLE=1 dp --pt train --restart <stage-2 checkpoint>",
+    ).check()
+    assert resumed_from(result.output, workdir) == [latest.resolve()]
+    assert (workdir / "models" / f"model.ckpt-{stopped + 4}.pt").is_file()
