@@ -39,7 +39,7 @@ from .errors import (
     UnsafePointerError,
 )
 from .hookspecs import hookimpl
-from .layout import Family
+from .layout import ARCHIVE_DIR, Family
 from .pointers import is_inside, read_pointer
 from .quarantine import quarantine
 from .records import CommitRecord, read_record
@@ -94,6 +94,8 @@ def _dispatch(search: _Search, spec: str, ctx: ResolveContext) -> Resolved | Non
                 if _absolute(pointer, ctx.cwd) != store / fam.pointer:
                     # a store written without records, its pointer elsewhere
                     found = search.pointer(_absolute(pointer, ctx.cwd), [store])
+            if found is None:
+                search.note_archives(store)
             return found
         found = search.pointer(ctx.cwd / fam.pointer, [ctx.cwd])
         if found is None:
@@ -162,6 +164,21 @@ class _Search:
         self.bad: list[Path] = []
         self.skipped: set[Path] = set()
         self.moved: list[Path] = []
+
+    def note_archives(self, store: Path) -> None:
+        """Say where the newest archived run is, when ``latest`` found nothing."""
+        root = store / ARCHIVE_DIR
+        try:
+            folders = sorted(n for n, kind in self.storage.names(root) if kind == "dir")
+        except UnreadableFileError:
+            return
+        if folders:
+            newest = root / folders[-1]
+            self.warnings.append(
+                f"{store} holds no committed checkpoint of its own, but earlier "
+                f"runs are archived in {root} (newest: {newest}); name a "
+                "checkpoint there to restart from it"
+            )
 
     def fail(self) -> RestartNotFoundError:
         places = "\n".join(f"  - {p}" for p in self.looked) or "  (nowhere)"

@@ -238,6 +238,17 @@ def test_show_moves_nothing(store, capsys):
     assert not (store / "quarantine").exists()
 
 
+def test_show_says_each_warning_once(store, capsys, caplog):
+    """The core returns its warnings; ``show`` prints each once (none logged)."""
+    with open(store / "model.ckpt-9.h5", "r+b") as handle:
+        handle.truncate(10)
+    with caplog.at_level("WARNING"):
+        status, out, err = dp_ckpt(capsys, "show", store)
+    assert status == 0
+    said = (out + err + caplog.text).count("model.ckpt-9.h5 has 10 bytes")
+    assert said == 1, out + err + caplog.text
+
+
 def test_show_of_nothing_is_one_line_and_status_1(store, capsys):
     status, out, err = dp_ckpt(capsys, "show", store, "no-such-file")
     assert status == 1 and out == ""

@@ -372,3 +372,17 @@ def test_corrupt_target_met_twice_is_reported_once(tmp_path):
     assert found.step == 1
     assert sum("model.ckpt-2.h5 has" in w for w in found.warnings) == 1
     assert (d / "model.ckpt-2.h5").exists()
+
+
+def test_latest_that_finds_nothing_points_at_the_archive(tmp_path):
+    """A fresh run that archived the earlier one, then failed its first save."""
+    d = tmp_path / "models"
+    fill_store(d, [1, 2])
+    archived = d / "archive" / "20260101T000000Z"
+    archived.mkdir(parents=True)
+    for name in os.listdir(d):
+        if name != "archive":
+            os.replace(d / name, archived / name)
+    with pytest.raises(RestartNotFoundError, match="archived in") as info:
+        resolve("latest", ctx(tmp_path, store_dir=d))
+    assert str(archived) in str(info.value)

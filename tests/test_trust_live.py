@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import time
+from pathlib import Path
 
 import pytest
 from helpers import make_payload
@@ -110,32 +110,48 @@ def opened_here(path):
     return False
 
 
-def test_verify_digest_while_retention_removes_what_it_listed(tmp_path):
-    """While ``verify --digest`` hashes the oldest checkpoint (a big one), the run
-    commits two more: retention removes the one being hashed and the next one
-    ``verify`` listed. Neither is a problem."""
+def test_verify_digest_while_retention_removes_what_it_listed(tmp_path, monkeypatch):
+    """While ``verify --digest`` hashes the oldest checkpoint, the run commits
+    two more: retention removes the one being hashed and the next one
+    ``verify`` listed. Neither is a problem.
+
+    ``verify`` is held, by its storage, just after it opened the oldest
+    checkpoint, until the saves are done: the overlap is certain.
+    """
+    from dp_ckpt_plugin.storage.local import LocalStorage
+
     store = tmp_path / "D"
+    big = store / ckpt_name(1)
+    opened, saved = threading.Event(), threading.Event()
+    real_open = LocalStorage.open_payload
+
+    def open_payload(storage, path):
+        handle = real_open(storage, path)
+        if Path(path) == big and threading.current_thread().name == "verify":
+            opened.set()
+            saved.wait(30)
+        return handle
+
     m = manager(store, max_keep=2)
     try:
         m.save(1, make_payload(1, sizes=HUGE))
         m.save(2, make_payload(2))
-        big = store / ckpt_name(1)
         got = {}
         argv = ["verify", str(store), "--digest", "--json"]
-        reader = threading.Thread(target=lambda: got.update(run=cli(*argv)))
+        reader = threading.Thread(
+            target=lambda: got.update(run=cli(*argv)), name="verify"
+        )
+        monkeypatch.setattr(LocalStorage, "open_payload", open_payload)
         reader.start()
-        deadline = time.monotonic() + 20
-        while (
-            reader.is_alive() and not opened_here(big) and time.monotonic() < deadline
-        ):
-            time.sleep(0.0005)
-        overlapped = reader.is_alive()
+        overlapped = opened.wait(30)
         m.save(3, make_payload(3))  # retention removes step 1 (being hashed)
         m.save(4, make_payload(4))  # and step 2, which verify listed
+        saved.set()
         reader.join(60)
     finally:
+        saved.set()
         m.close()
-    assert overlapped, "verify ended before the saves: the test did not test anything"
+    assert overlapped, "verify never opened the oldest checkpoint"
     assert not (store / ckpt_name(2)).exists(), "retention kept step 2"
     run = got["run"]
     problems = cli_problems(run)
