@@ -31,7 +31,7 @@ from typing import BinaryIO, NoReturn
 from .archive import archive
 from .catalogue import Catalogue, read_record_or_none
 from .checkpoint import Checkpoint
-from .digests import HashingWriter
+from .digests import digest_of_view
 from .errors import CheckpointWriteError
 from .layout import Family
 from .records import CommitRecord, make_record, record_path, write_record
@@ -101,6 +101,9 @@ class Writer:
             "storage": self.storage,
             "metrics": metrics,
         }
+        # publication, next, fsyncs the directory after the pointer and alias
+        # moved: the payload's name is made durable with them
+        fresh = {"sync_name": False}
         if self.storage.entry(path) is not None:
             old = read_record_or_none(path, storage=self.storage)
             if old is not None and path.name in self.written:
@@ -114,7 +117,7 @@ class Writer:
             )
             self.catalogue.discard(family, path.name)
             log.info("moved %s, written before this run, to %s", path, dest)
-        record = write_new(path, serialize, **details)
+        record = write_new(path, serialize, **details, **fresh)
         self.written.add(path.name)
         return record
 
@@ -140,6 +143,7 @@ def write_new(
     durable: bool,
     storage: Storage,
     metrics: Mapping[str, float] | None = None,
+    sync_name: bool = True,
 ) -> CommitRecord:
     """Write and commit the first checkpoint of a step at ``path`` (absent).
 
@@ -147,6 +151,9 @@ def write_new(
     its record is written (durably) before the payload gets its name, so no
     crash can leave a full-size numbered file without a record: a crash
     leaves at most a record naming no file, which the next open sweeps.
+    Without ``sync_name`` the directory is not fsynced after the payload's
+    move: the caller does it (the store's publication fsyncs ``D`` after
+    moving the pointer and alias, one fsync for the three names).
     """
     tmp, record = _described_payload(
         path,
@@ -160,7 +167,7 @@ def write_new(
     )
     try:
         write_record(path, record, durable=durable, storage=storage)
-        storage.move_into_place(tmp, path, durable=durable)
+        storage.move_into_place(tmp, path, durable=durable and sync_name)
     except (OSError, CheckpointWriteError) as exc:
         # nothing of this step may stay: the temporary file, the record, and
         # a payload whose name might not survive (its directory fsync failed)
@@ -244,22 +251,18 @@ def write_hashed(
     durable: bool,
     storage: Storage,
 ) -> tuple[Path, str | None]:
-    """Write a payload to a temporary file beside ``path``, hashing it on the way.
+    """Write a payload to a temporary file beside ``path`` and hash it.
 
-    Returns the temporary path and its digest, or ``None`` when the format
-    did not write sequentially (the file is then hashed once it is written).
+    Returns the temporary path and its digest, computed from the bytes in
+    the page cache while the file is fsynced (``Storage.write_payload``);
+    the format's writes pass through no hashing wrapper. The digest is
+    ``None`` only from a storage without ``write_payload`` (the file is then
+    hashed once written).
     """
-    found: dict[str, str | None] = {}
-
-    def writer(handle):
-        hashing = HashingWriter(handle)
-        try:
-            serialize(hashing)
-        finally:
-            found["digest"] = hashing.digest()
-
-    tmp = storage.write_temp(path, writer, durable=durable)
-    return tmp, found.get("digest")
+    write_payload = getattr(storage, "write_payload", None)
+    if write_payload is None:
+        return storage.write_temp(path, serialize, durable=durable), None
+    return write_payload(path, serialize, durable=durable, digest=digest_of_view)
 
 
 def remove(paths: list[Path], *, durable: bool, storage: Storage) -> None:
@@ -270,11 +273,38 @@ def remove(paths: list[Path], *, durable: bool, storage: Storage) -> None:
     them), never a full-size payload without a record that no rule would
     remove.
     """
+    records: list[Path] = []
+    remove_payloads(paths, durable=durable, storage=storage, left=records)
+    if records:
+        storage.sync_dir(paths[0].parent, holding=paths)
+    remove_records(records, storage=storage)
+    if records:
+        storage.sync_dir(paths[0].parent, holding=paths)
+
+
+def remove_payloads(
+    paths: list[Path], *, durable: bool, storage: Storage, left: list[Path]
+) -> None:
+    """Remove the payloads of committed checkpoints; add their records to ``left``.
+
+    A record may go only once the removal of its payload is durable (a
+    later fsync of the directory); until then it names no file, and nothing
+    counts it. Not durable: the records go at once. A failure leaves in
+    ``left`` the records of the payloads already removed.
+    """
     for path in paths:
         storage.remove(path)
-    if paths and durable:
-        storage.sync_dir(paths[0].parent, holding=paths)
-    for path in paths:
-        storage.remove(record_path(path))
-    if paths and durable:
-        storage.sync_dir(paths[0].parent, holding=paths)
+        if durable:
+            left.append(record_path(path))
+        else:
+            storage.remove(record_path(path))
+
+
+def remove_records(records: list[Path], *, storage: Storage) -> None:
+    """Remove records whose payloads' removal is durable.
+
+    Their own removal needs no fsync: a record that comes back after a power
+    loss names no file, and the next open sweeps it.
+    """
+    for record in records:
+        storage.remove(record)

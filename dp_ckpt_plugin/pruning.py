@@ -3,8 +3,15 @@
 :class:`Pruner` knows what a store must never remove (the checkpoint just
 written, what the pointer and alias name, the checkpoint the run started
 from) and removes what :func:`~dp_ckpt_plugin.retention.plan_prune` says,
-payloads before records (:func:`~dp_ckpt_plugin.commit.remove`). Planning
-reads only the store's catalogue: no record, whatever the number kept.
+payloads before records. Planning reads only the store's catalogue: no
+record, whatever the number kept.
+
+A prune makes no fsync of its own: the payloads go at once, and their
+records once the removal of the payloads is durable, which the directory's
+next fsync (the next save's, or :meth:`Pruner.settle` at close) makes it.
+Until then a record names no file and nothing counts it; a power loss may
+bring a pruned checkpoint back whole (payload and record), never a payload
+without its record.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from pathlib import Path
 
 from .catalogue import Catalogue
 from .checkpoint import Checkpoint
-from .commit import remove
+from .commit import remove_payloads, remove_records
 from .layout import Family
 from .pointers import named_by
 from .resume import ResumeState
@@ -52,6 +59,8 @@ class Pruner:
         self.resume = resume
         self.storage = storage
         self.durable = durable
+        #: Records whose payloads were removed, waiting for a directory fsync.
+        self.pending: list[Path] = []
 
     def protected(self, family: Family, current: Path | None = None) -> set[str]:
         """Names retention must not remove in ``family``."""
@@ -64,8 +73,29 @@ class Pruner:
             names.add(start.name)
         return names
 
+    def settle(self, *, synced: bool) -> None:
+        """Remove the records left by earlier prunes.
+
+        ``synced`` says the store directory was fsynced since those payloads
+        were removed (a save since then did); otherwise it is fsynced first.
+        """
+        if not self.pending:
+            return
+        if not synced:
+            self.storage.sync_dir(self.directory, holding=self.pending)
+        records, self.pending = self.pending, []
+        try:
+            remove_records(records, storage=self.storage)
+        finally:
+            self.pending = [r for r in records if self.storage.entry(r) is not None]
+
     def prune(self, config, checkpoint: Checkpoint) -> list[Path]:
-        """Apply ``config``'s policy after ``checkpoint`` was committed and published."""
+        """Apply ``config``'s policy after ``checkpoint`` was committed and published.
+
+        The records of the previous prune go first: this save fsynced the
+        directory after their payloads' removal.
+        """
+        self.settle(synced=True)
         family = config.family
         self.resume.committed(family, checkpoint.step)
         entries = self.catalogue.of(family)
@@ -81,7 +111,9 @@ class Pruner:
         )
         paths = [self.directory / name for name in doomed]
         try:
-            remove(paths, durable=self.durable, storage=self.storage)
+            remove_payloads(
+                paths, durable=self.durable, storage=self.storage, left=self.pending
+            )
         finally:  # a failed removal leaves its checkpoint in the catalogue
             for path in paths:
                 if self.storage.entry(path) is None:

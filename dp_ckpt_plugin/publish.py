@@ -92,6 +92,8 @@ class Publisher:
             best = leader(candidates)
             chosen = self.directory / best.name if best is not None else chosen
         elif step < last:
+            if self.durable:  # the new payload's name, which publication makes durable
+                self.storage.sync_dir(self.directory, holding=[checkpoint.path])
             return self.directory / family.numbered(last)
         publish(
             chosen,
@@ -163,35 +165,41 @@ def publish(
     CheckpointWriteError
         Naming the target and the cause, after every target was put back.
     """
+    by_directory: dict[Path, list[Mirror]] = {}
+    for target in targets:
+        by_directory.setdefault(target.path.parent, []).append(target)
     done: list[_Before] = []
     try:
-        for target in targets:
-            done.append(_before(target, storage))
-            if target.kind == "pointer":
-                text = pointer_text(checkpoint, target.path)
-                storage.write_atomic(
-                    target.path,
-                    text.encode("utf-8"),
-                    durable=durable and target.sync,
-                    sync_dir=False,
-                )
-            else:
-                rel = os.path.relpath(checkpoint, target.path.parent)
-                storage.make_link(target.path, rel, durable=durable, sync_dir=False)
-        # one fsync per directory, after every move: the moves are atomic one
-        # by one, and each names a committed checkpoint, so their order on
-        # disk does not matter; the fsync makes them survive a power loss
-        if durable:
-            by_directory: dict[Path, list[Path]] = {}
-            for before in done:
-                path = before.target.path
-                by_directory.setdefault(path.parent, []).append(path)
-            for directory, paths in by_directory.items():
-                storage.sync_dir(directory, holding=paths)
+        # directory by directory, in the order given (the store's own first):
+        # its targets move, then one fsync of it. Within a directory the order
+        # on disk does not matter (each move is atomic and names a committed
+        # checkpoint); the fsync of the store directory also makes the new
+        # payload's name durable before any mirror elsewhere names it
+        for directory, group in by_directory.items():
+            for target in group:
+                done.append(_before(target, storage))
+                _move(target, checkpoint, storage=storage, durable=durable)
+            if durable:
+                storage.sync_dir(directory, holding=[t.path for t in group])
     except CheckpointWriteError:
         for before in reversed(done):
             _put_back(before, storage, durable=durable)
         raise
+
+
+def _move(target: Mirror, checkpoint: Path, *, storage: Storage, durable: bool) -> None:
+    """Point one target at ``checkpoint`` (atomic; its directory not fsynced)."""
+    if target.kind == "pointer":
+        text = pointer_text(checkpoint, target.path)
+        storage.write_atomic(
+            target.path,
+            text.encode("utf-8"),
+            durable=durable and target.sync,
+            sync_dir=False,
+        )
+    else:
+        rel = os.path.relpath(checkpoint, target.path.parent)
+        storage.make_link(target.path, rel, durable=durable, sync_dir=False)
 
 
 def _put_back(before: _Before, storage: Storage, *, durable: bool) -> None:

@@ -170,9 +170,12 @@ class CheckpointStore:
             self._background.shutdown()
         finally:
             with self._mutex:
-                if self._lock is not None:
-                    self._lock.release()
-                self._ready = False
+                try:
+                    self.pruner.settle(synced=False)  # the last prune's records
+                finally:
+                    if self._lock is not None:
+                        self._lock.release()
+                    self._ready = False
 
     def __enter__(self) -> CheckpointStore:
         return self
@@ -305,14 +308,9 @@ class CheckpointStore:
         self.describer.describe(
             self.format.name, [(c.family, c.policy) for c in self.families.values()]
         )
+        fams = tuple(self.families)
         self.hooks.commit(
-            Commit(
-                checkpoint,
-                self.directory,
-                self.format.name,
-                published,
-                tuple(self.families),
-            )
+            Commit(checkpoint, self.directory, self.format.name, published, fams)
         )
         self.prune(checkpoint)
         return path

@@ -655,6 +655,9 @@ class Scenario:
 SCENARIOS = [
     Scenario("first-save", save=(1, 0)),
     Scenario("prune", save=(3, 0), before=((1, 0), (2, 0))),
+    # the records of the previous prune (step 1's) go in this save, once the
+    # removal of their payloads is durable
+    Scenario("prune-again", save=(4, 0), before=((1, 0), (2, 0), (3, 0))),
     Scenario("resave", save=(2, 1), before=((1, 0), (2, 0)), max_keep=5),
     Scenario("archive", save=(1, 1), earlier_run=(1, 2, 3)),
     # the background writer: steps 1 and 2 saved and waited for, then
@@ -949,7 +952,16 @@ def test_explorer_catches_a_save_without_directory_fsyncs(tmp_path):
 
 
 def _write_new_named_first(
-    path, serialize, *, step, family, format, durable, storage, metrics=None
+    path,
+    serialize,
+    *,
+    step,
+    family,
+    format,
+    durable,
+    storage,
+    metrics=None,
+    sync_name=True,
 ):
     """:func:`commit.write_new` giving the payload its name before its record.
 
@@ -987,14 +999,15 @@ def _make_dirs_without_parent_fsync(storage):
     return make_dirs
 
 
-def _remove_with_one_fsync(paths, *, durable, storage):
-    """:func:`commit.remove` fsyncing the directory once, after both unlinks."""
+def _remove_records_with_payloads(paths, *, durable, storage, left):
+    """:func:`commit.remove_payloads` unlinking each record right after its payload.
+
+    No fsync between: a crash can keep the record's removal and lose the
+    payload's.
+    """
     for path in paths:
         storage.remove(path)
-    for path in paths:
         storage.remove(record_path(path))
-    if paths and durable:
-        storage.sync_dir(paths[0].parent)
 
 
 def _rewrite_record_first(
@@ -1112,11 +1125,11 @@ BREAKAGES = [
         "latest finds nothing although the save returned",
     ),
     Breakage(
-        "prune-with-one-fsync",
+        "prune-records-with-payloads",
         "prune",
         pruning,
-        "remove",
-        _remove_with_one_fsync,
+        "remove_payloads",
+        _remove_records_with_payloads,
         ("posix",),
         "left without a valid record",
     ),

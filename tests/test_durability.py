@@ -91,12 +91,15 @@ def test_a_save_makes_each_step_durable_before_the_next(tmp_path, monkeypatch):
     i_record_move = ops.index(("replace", f"<tmp:{record}>", record))
     i_payload_move = ops.index(("replace", f"<tmp:{payload}>", payload))
     i_pointer_move = ops.index(("replace", "<tmp:checkpoint>", "checkpoint"))
+    i_alias_move = ops.index(("replace", "<tmp:model.ckpt.h5>", "model.ckpt.h5"))
     # the payload's bytes are durable before anything names them; the record
     # is durable (its directory fsynced) before the payload gets its name; the
-    # payload's name is durable before the pointer moves to it
+    # payload's name, the pointer and the alias are made durable by one fsync
+    # of the directory after the three moves, before the save returns
     assert i_payload_fsync < i_record_move < i_payload_move < i_pointer_move
     assert ("fsync", ".") in ops[i_record_move:i_payload_move]
-    assert ("fsync", ".") in ops[i_payload_move:i_pointer_move]
+    assert ("fsync", ".") not in ops[i_payload_move:i_pointer_move]
+    assert ("fsync", ".") in ops[max(i_pointer_move, i_alias_move) :]
 
 
 def test_pruning_makes_the_payloads_removal_durable_before_the_records(
@@ -107,11 +110,28 @@ def test_pruning_makes_the_payloads_removal_durable_before_the_records(
         m.save(1, make_payload(1))
         rec = Recorder(monkeypatch, d)
         m.save(2, make_payload(2))
+        # the prune makes no fsync: its record waits for the next one
+        assert (d / record_name("model.ckpt-1.h5")).is_file()
+        assert ops_after(rec, ("unlink", "model.ckpt-1.h5")) == []
+        m.save(3, make_payload(3))
+        ops = strip_temp(rec.ops)
+        i_payload = ops.index(("unlink", "model.ckpt-1.h5"))
+        i_record = ops.index(("unlink", record_name("model.ckpt-1.h5")))
+        assert i_payload < i_record
+        assert ("fsync", ".") in ops[i_payload:i_record]
+        # closing removes the last prune's record after an fsync
+        assert (d / record_name("model.ckpt-2.h5")).is_file()
     ops = strip_temp(rec.ops)
-    i_payload = ops.index(("unlink", "model.ckpt-1.h5"))
-    i_record = ops.index(("unlink", record_name("model.ckpt-1.h5")))
-    assert i_payload < i_record
+    i_payload = ops.index(("unlink", "model.ckpt-2.h5"))
+    i_record = ops.index(("unlink", record_name("model.ckpt-2.h5")))
     assert ("fsync", ".") in ops[i_payload:i_record]
+    assert not (d / record_name("model.ckpt-2.h5")).exists()
+
+
+def ops_after(rec, op):
+    """The fsyncs recorded after ``op``."""
+    ops = strip_temp(rec.ops)
+    return [o for o in ops[ops.index(op) :] if o[0] == "fsync"]
 
 
 def test_a_resave_keeps_a_committed_checkpoint_at_every_step(tmp_path, monkeypatch):

@@ -104,6 +104,15 @@ class Storage(Protocol):
         self, path: Path, writer: Callable[[BinaryIO], object], *, durable: bool
     ) -> Path: ...
 
+    def write_payload(
+        self,
+        path: Path,
+        writer: Callable[[BinaryIO], object],
+        *,
+        durable: bool,
+        digest: Callable[[memoryview], str],
+    ) -> tuple[Path, str]: ...
+
     def move_into_place(self, tmp: Path, path: Path, *, durable: bool) -> None: ...
 
     def rename(self, source: Path, dest: Path) -> bool: ...

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import mmap
 import os
 import shutil
 import stat
 import threading
+import traceback
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -37,6 +39,10 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+#: Whether an open file can be named by a path (Linux ``/proc/self/fd``).
+_FD_PATHS = os.path.isdir("/proc/self/fd")
+#: Below this size a payload is hashed inline, not beside its fsync.
+_INLINE_DIGEST = 4 << 20
 _KINDS = (
     (stat.S_ISREG, "file"),
     (stat.S_ISDIR, "dir"),
@@ -343,20 +349,74 @@ class LocalStorage:
         naming ``path`` and the cause; a :class:`TypeError` (a value the
         format refuses) is passed on as it is.
         """
+        return self._write(path, writer, durable=durable, digest=None)[0]
+
+    def write_payload(
+        self,
+        path: Path,
+        writer: Callable[[BinaryIO], object],
+        *,
+        durable: bool,
+        digest: Callable[[memoryview], str],
+    ) -> tuple[Path, str]:
+        """Write a checkpoint under a temporary name; return it and its digest.
+
+        As :meth:`write_temp`, for a payload: the file object ``writer`` gets
+        also carries ``os_path``, a path naming the open temporary file
+        (``/proc/self/fd/<n>``), when the system has one and nothing
+        interposes on the writes, so that a serializer faster with a path
+        than with a Python file object (``torch.save``) writes by name into
+        the file this storage created (``O_EXCL | O_NOFOLLOW``: a name
+        planted meanwhile is never written). A write by path that fails
+        without an OS error (``torch.save`` words its own) is done again
+        through the file object, which reports the cause.
+
+        Once written, ``digest`` reads the bytes where they are, in the page
+        cache (a read-only map of the file, no copy), on a thread of its own
+        while this one waits for the fsync: hashing and flushing overlap.
+        """
+        tmp, found = self._write(path, writer, durable=durable, digest=digest)
+        return tmp, found
+
+    def _write(self, path: Path, writer, *, durable: bool, digest) -> tuple:
         tmp = path.parent / temp_name(path.name)
         self._check(tmp, "write")
         step = "create"
         recorder = None
+        found = None
         try:
             fd = self._create(tmp)
             with os.fdopen(fd, "w+b") as handle:
                 step = "write"
-                recorder = _ErrorRecorder(self._wrap_handle(handle, tmp))
-                writer(recorder)
+                wrapped = self._wrap_handle(handle, tmp)
+                recorder = _ErrorRecorder(wrapped)
+                if digest is not None and wrapped is handle and _FD_PATHS:
+                    recorder.os_path = f"/proc/self/fd/{fd}"
+                try:
+                    writer(recorder)
+                except Exception as exc:
+                    if recorder.os_path is None or _os_cause(exc) is not None:
+                        raise
+                    _release(exc)  # the failed writer's own descriptor
+                    del exc
+                    # the serializer wrote by path and said why in its own
+                    # words: write again through the file, which names the cause
+                    handle.seek(0)
+                    handle.truncate()
+                    recorder.os_path = None
+                    writer(recorder)
                 handle.flush()
-                if durable:
+                if digest is None:
+                    if durable:
+                        step = "fsync"
+                        self._sys_fsync(fd, tmp)
+                else:
                     step = "fsync"
-                    self._sys_fsync(handle.fileno(), tmp)
+                    found = _digest_while(
+                        fd,
+                        digest,
+                        (lambda: self._sys_fsync(fd, tmp)) if durable else None,
+                    )
         except BaseException as exc:
             if step != "create":
                 self.remove_quietly(tmp)
@@ -372,7 +432,7 @@ class LocalStorage:
                     f"could not {step} {path}: {type(exc).__name__}: {exc}"
                 ) from exc
             raise
-        return tmp
+        return tmp, found
 
     def move_into_place(self, tmp: Path, path: Path, *, durable: bool) -> None:
         """Rename a written temporary file onto ``path``, then fsync the directory.
@@ -585,6 +645,62 @@ class LocalStorage:
         return (found.st_dev, found.st_ino) == (now.st_dev, now.st_ino)
 
 
+def _release(exc: BaseException | None) -> None:
+    """Free the locals of the finished frames of ``exc`` and the errors behind it.
+
+    A serializer that failed while writing by path keeps its own descriptor
+    of the file open as long as its frames live; a disk it filled stays full.
+    """
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        exc = exc.__cause__ or exc.__context__
+
+
+def _digest_while(fd: int, digest, fsync) -> str:
+    """``digest`` of the file open as ``fd``, read from a map of it, while ``fsync`` runs.
+
+    The digest runs on a thread of its own (hashlib and blake3 release the
+    GIL) and ``fsync`` on the caller's, so the storage's system calls stay on
+    the thread that asked for them. Small files are hashed inline.
+    """
+    size = os.fstat(fd).st_size
+    if size == 0:
+        if fsync is not None:
+            fsync()
+        return digest(memoryview(b""))
+    mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+    try:
+        view = memoryview(mapped)
+        try:
+            if fsync is None or size < _INLINE_DIGEST:
+                if fsync is not None:
+                    fsync()
+                return digest(view)
+            found: dict = {}
+
+            def run() -> None:
+                try:
+                    found["digest"] = digest(view)
+                except BaseException as exc:  # raised in the caller's thread
+                    found["error"] = exc
+
+            thread = threading.Thread(target=run, name="dp_ckpt-digest")
+            thread.start()
+            try:
+                fsync()
+            finally:
+                thread.join()
+            if "error" in found:
+                raise found["error"]
+            return found["digest"]
+        finally:
+            view.release()
+    finally:
+        mapped.close()
+
+
 class _ErrorRecorder:
     """A file object that remembers the first OS error its methods raised.
 
@@ -597,6 +713,8 @@ class _ErrorRecorder:
     def __init__(self, handle: BinaryIO) -> None:
         self._handle = handle
         self.error: OSError | None = None
+        #: A path naming the open file, for a writer to write by name, or None.
+        self.os_path: str | None = None
 
     def write(self, data) -> int:
         """Write to the file, remembering an OS error (the hot path: no wrapper)."""
