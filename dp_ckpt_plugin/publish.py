@@ -81,15 +81,16 @@ class Publisher:
     def publish(self, config, checkpoint, candidates) -> Path:
         """Publish what ``config``'s family names after ``checkpoint``; return it.
 
-        ``candidates`` are the family's committed checkpoints up to its step,
-        as retention sees them.
+        ``candidates()`` gives the family's committed checkpoints up to its
+        step, as retention sees them; it is called only for a family ranked
+        by a metric (listing them costs in proportion to the number kept).
         """
         family = config.family
         chosen, step = checkpoint.path, checkpoint.step
         last = self._steps.get(family.prefix, -1)
         leader = getattr(config.policy, "leader", None)
         if leader is not None:
-            best = leader(candidates)
+            best = leader(candidates())
             chosen = self.directory / best.name if best is not None else chosen
         elif step < last:
             if self.durable:  # the new payload's name, which publication makes durable

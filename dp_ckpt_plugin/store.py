@@ -303,7 +303,7 @@ class CheckpointStore:
         checkpoint = Checkpoint(path, step, fam.prefix, record)
         self.catalogue.add(fam, checkpoint)
         published = self.publisher.publish(
-            cfg, checkpoint, self.catalogue.candidates(fam, up_to=step)
+            cfg, checkpoint, lambda: self.catalogue.candidates(fam, up_to=step)
         )
         self.describer.describe(
             self.format.name, [(c.family, c.policy) for c in self.families.values()]
