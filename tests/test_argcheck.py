@@ -40,6 +40,7 @@ DEFAULTS = {
     "compat_links": True,
     "async_save": False,
     "stop_signals": ("SIGTERM", "SIGUSR1", "SIGINT"),
+    "exact_resume": True,
     "max_archives": None,
     "retention": {},
 }
@@ -52,6 +53,7 @@ OTHER_VALUES = {
     "compat_links": False,
     "async_save": True,
     "stop_signals": ("SIGUSR2",),
+    "exact_resume": False,
     "max_archives": 3,
 }
 

@@ -29,6 +29,7 @@ from typing import Any
 from ..errors import CheckpointError
 from ..storage import local_storage
 from ..store import CheckpointStore
+from .exact import restart_line
 from .logs import SaveReport, demote_replaced_lines, finished_line
 from .naming import ema_prefix
 from .preempt import Stopped, StopSignals
@@ -61,6 +62,8 @@ class HostRun:
         The ``training._dp_ckpt.retention`` options (milestones, best K).
     host : str or None
         The host folder (``pt_expt``, ``pt``) whose trainer this is.
+    exact_resume : bool
+        ``training._dp_ckpt.exact_resume`` (:mod:`.exact`).
     """
 
     store: CheckpointStore | None
@@ -72,6 +75,7 @@ class HostRun:
     cwd: Path | None = None
     retention: Mapping[str, Any] | None = None
     host: str | None = None
+    exact_resume: bool = True
     #: The step of the last checkpoint this run saved.
     last_saved: int | None = None
 
@@ -90,6 +94,7 @@ class HostRun:
             cwd=prepared.settings.cwd,
             retention=prepared.settings.options.retention,
             host=prepared.host,
+            exact_resume=prepared.settings.options.exact_resume,
         )
 
     # -- set-up ----------------------------------------------------------------------
@@ -120,6 +125,11 @@ class HostRun:
                 f"input: {mismatch}. Nothing was changed; restart from a "
                 "checkpoint of this model, or use --finetune"
             ) from None
+
+    def resumed(self, step: int | None, found, *, chief: bool) -> None:
+        """A restart read its checkpoint: say in one line whether it continues exactly."""
+        if chief:
+            log.info("%s", restart_line(step, found))
 
     def loop_started(self) -> None:
         """The training loop starts: a stop signal now waits for a step boundary."""

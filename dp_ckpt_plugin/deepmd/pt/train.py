@@ -11,10 +11,14 @@ overridable steps as pt_expt's is; it is called as it is, with:
 - under ``torchrun``, the process group started first (gloo without a GPU)
   and deepmd-kit's own ``init_process_group`` keeping it
   (:class:`~..runtime.GroupAlreadyUp`);
-- ``training.DataLoader`` replaced by one whose workers ignore the stop
+- ``training.DataLoader`` replaced (:func:`data_loader`): with
+  ``exact_resume``, by :class:`~.batches.ResumableLoader`, whose position
+  goes into each checkpoint; otherwise by one whose workers ignore the stop
   signals (:func:`~..preempt.ignore_in_worker`): a signal to the process
   group (a terminal's Ctrl-C, ``kill -TERM -<pgid>``, Slurm, ``torchrun``)
-  would otherwise kill them and, with them, the trainer in mid-save.
+  would otherwise kill them and, with them, the trainer in mid-save;
+- Python's and NumPy's generators seeded from ``training.seed``
+  (:func:`~..exact.seed_rngs`; deepmd-kit seeds torch's and its own).
 """
 
 from __future__ import annotations
@@ -29,10 +33,12 @@ from ...ranks import current_ranks
 from ..argcheck import strip_old_section
 from ..checkpointing import HostRun
 from ..cli import prepare_training
+from ..exact import seed_rngs
 from ..preempt import ignore_in_worker
 from ..prepare import PreparedRun
 from ..runtime import GroupAlreadyUp, start_process_group, swapped
 from . import DESCRIPTOR
+from .batches import ResumableLoader, resumable
 from .trainer import make_trainer_class
 
 #: This host's name, as :mod:`dp_ckpt_plugin.deepmd.takeover` registers it.
@@ -54,9 +60,10 @@ def train(flags, prepared: PreparedRun | None) -> None:
             swapped(
                 training,
                 "DataLoader",
-                quiet_workers(training.DataLoader, prepared.settings.options),
+                data_loader(training.DataLoader, prepared.settings.options),
             ),
         ):
+            seed_rngs(prepared.settings.training.get("seed"), current_ranks().rank)
             pt_main.train(
                 input_file=flags.INPUT,
                 init_model=prepared.init_model,
@@ -73,6 +80,27 @@ def train(flags, prepared: PreparedRun | None) -> None:
             run.store.wait()  # the last background save, before anything ends
     finally:
         prepared.close()
+
+
+def data_loader(loader: type, options) -> type:
+    """The class deepmd-kit's trainer builds its data loaders with.
+
+    With ``exact_resume``, a loader over deepmd-kit's ``DpLoaderSet`` is a
+    :class:`~.batches.ResumableLoader` (its position is saved with each
+    checkpoint); any other (LMDB data) is deepmd-kit's, its workers ignoring
+    the stop signals.
+    """
+    quiet = quiet_workers(loader, options)
+    if not options.exact_resume:
+        return quiet
+
+    class ResumableDataLoader(quiet):
+        def __new__(cls, dataset=None, *args, sampler=None, **kwargs):
+            if not args and resumable(dataset, sampler):
+                return ResumableLoader(dataset, sampler, **kwargs)
+            return super().__new__(cls)
+
+    return ResumableDataLoader
 
 
 def quiet_workers(loader: type, options) -> type:

@@ -22,9 +22,12 @@ host enters, and only there:
   whether a stop signal came (:meth:`~..checkpointing.HostRun.check_stop`).
 
 deepmd-kit names numbered files by the steps done (``model.ckpt-20.pt``) but
-records ``train_infos.step`` as the index of the last step (19); the payload
-is left as deepmd-kit makes it, and the store's record takes the step of the
-name.
+records ``train_infos.step`` as the index of the last step (19), so a restart
+runs that step again. The plugin records the steps done (20), as
+``dp --pt-expt`` does: a restart, by the plugin or by plain deepmd-kit,
+starts at the next step. Each payload with the optimizer also carries the
+plugin's entry (:mod:`..exact`): the random states and the position of the
+batches (:mod:`.batches`); at ``--restart`` they are restored.
 
 Without ``save_dir``, deepmd-kit's stores are kept (layout, publication,
 pruning) and only the write itself is made atomic.
@@ -39,9 +42,11 @@ from typing import Any
 from deepmd.pt.train import training
 
 from ..checkpointing import HostRun, write_torch_atomic
+from ..exact import KEY, ExactResume, capture_rngs, read_entry, restore_rngs
 from ..metrics import ReportsMetrics
 from ..naming import ema_prefix
 from ..optimizer_state import load_optimizer_state
+from . import batches
 
 
 class StoreFamily:
@@ -88,6 +93,7 @@ def make_trainer_class(host_run: HostRun) -> type:
         """deepmd-kit's PyTorch trainer writing through dp_ckpt_plugin."""
 
         dp_run = host_run
+        _dp_step = 0
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             with cpu_distributed():
@@ -98,6 +104,20 @@ def make_trainer_class(host_run: HostRun) -> type:
             if isinstance(config, dict) and isinstance(config.get("training"), dict):
                 host_run.training = config["training"]  # normalized: deepmd's defaults
             host_run.started(self.num_steps)
+            self._dp_loaders = batches.loaders_of(self)
+            self._dp_exact = ExactResume(
+                enabled=host_run.exact_resume,
+                rank=self.rank,
+                world_size=self.world_size,
+                unsupported=_unsupported(self, host_run.training),
+            )
+            # a restart from a checkpoint this plugin wrote starts at the step
+            # after its steps done; one plain deepmd-kit wrote runs its last
+            # step again (its train_infos.step is that step's index)
+            self._dp_redoes_step = False
+            restart = kwargs.get("restart_model")
+            if self.restart_training and restart:
+                self._dp_continue(restart)
             self._dp_pending: tuple[int, dict[str, Any]] | None = None
             if host_run.store is not None:
                 primary, ema = host_run.family_names(self.model_ema is not None)
@@ -121,10 +141,47 @@ def make_trainer_class(host_run: HostRun) -> type:
                 load=super()._load_optimizer_state,
             )
 
+        # -- exact resume -----------------------------------------------------
+        def _dp_continue(self, restart: str) -> None:
+            """Put the random generators and the batches where the checkpoint left them."""
+            entry = read_entry(restart)
+            self._dp_redoes_step = not isinstance(entry, dict)
+            found = self._dp_exact.continuation(entry)
+            if found.exact:
+                why = batches.restore(self._dp_loaders, found.state["data"])
+                if why is not None:
+                    found.state, found.reason = None, why
+            if found.exact:
+                restore_rngs(found.state["rng"])
+            host_run.resumed(self.start_step, found, chief=self.rank == 0)
+
+        def _dp_local_state(self) -> dict[str, Any]:
+            return {"rng": capture_rngs(), "data": batches.capture(self._dp_loaders)}
+
+        def save_model(self, save_path, lr=0.0, step=0, **kwargs) -> None:
+            # train_infos.step: the steps done (deepmd-kit passes the last
+            # step's index), so that a restart starts at the next step
+            self._dp_step = step + 1
+            super().save_model(save_path, lr=lr, step=step + 1, **kwargs)
+
+        def save_model_merged(self, save_path, lr=0.0, step=0, **kwargs) -> None:
+            self._dp_step = step + 1
+            super().save_model_merged(save_path, lr=lr, step=step + 1, **kwargs)
+
+        def _dp_add_entry(self, data: dict[str, Any]) -> None:
+            """The plugin's entry, in the payload that carries the optimizer."""
+            if "optimizer" in data:
+                # the ranks of dp --pt draw alike (one seed): the chief's stands for all
+                data[KEY] = self._dp_exact.payload_entry(
+                    self._dp_step, self._dp_local_state
+                )
+
         # -- writing --------------------------------------------------------
         def _write_checkpoint(
             self, save_path: Path, checkpoint_data: dict[str, Any], *, store
         ) -> None:
+            if self.rank == 0:
+                self._dp_add_entry(checkpoint_data)
             best = self.dp_best_attribute(save_path)
             if best is not None:
                 if self.rank == 0:
@@ -196,8 +253,9 @@ def make_trainer_class(host_run: HostRun) -> type:
             host_run.finish(chief=self.rank == 0)
 
         def _dp_check_stop(self, step_id: int) -> None:
-            # a restart re-trains the step it resumed from: that one is done
-            start = self.start_step + 1 if self.restart_training else self.start_step
+            # a restart from plain deepmd-kit's checkpoint re-trains the step it
+            # resumed from: that one is done
+            start = self.start_step + 1 if self._dp_redoes_step else self.start_step
             host_run.check_stop(
                 step_id, start_step=start, save=self._dp_save, chief=self.rank == 0
             )
@@ -209,6 +267,7 @@ def make_trainer_class(host_run: HostRun) -> type:
             schedule = getattr(self.lr_schedule, "schedule", self.lr_schedule)
             lr = schedule.value(display_step - 1)
             self.latest_model = self.ckpt_store.path_for(display_step)
+            # deepmd-kit's loop saves with the last step's index (save_model adds one)
             self.save_model(self.latest_model, lr=lr, step=display_step - 1)
             if self.rank == 0:
                 self.ckpt_store.publish(self.latest_model)
@@ -219,6 +278,18 @@ def make_trainer_class(host_run: HostRun) -> type:
                     self.ema_ckpt_store.publish(self.latest_ema_model)
 
     return CheckpointingTrainer
+
+
+def _unsupported(trainer, training) -> str | None:
+    """Why exact resume cannot work for this ``dp --pt`` run, or ``None``."""
+    if trainer._dp_loaders is None:
+        return "the run reads LMDB data, whose position is not captured"
+    if trainer.world_size > 1 and training.get("seed") is None:
+        return (
+            "dp --pt on several ranks needs training.seed (only the chief saves, "
+            "and without a seed the ranks draw differently)"
+        )
+    return None
 
 
 class StepGate:

@@ -16,7 +16,9 @@ overridden; the rest is inherited:
 ``setup_run`` / ``teardown_run``
     Keep the process group made above; close the store at the end.
 ``run_training``
-    Builds the trainer from :func:`.trainer.make_trainer_class`.
+    Seeds the random generators deepmd-kit leaves unseeded from
+    ``training.seed`` (:func:`~..exact.seed_rngs`), then builds the trainer
+    from :func:`.trainer.make_trainer_class`.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ...ranks import current_ranks
 from ..argcheck import strip_old_section
 from ..checkpointing import HostRun
 from ..cli import prepare_training
+from ..exact import seed_rngs
 from ..prepare import PreparedRun
 from ..runtime import start_process_group, swapped
 from . import DESCRIPTOR
@@ -104,6 +107,7 @@ class CheckpointTrainEntrypoint(PTExptTrainEntrypoint):
 
     def run_training(self, config, options, neighbor_stat) -> None:
         run = HostRun.from_prepared(self.prepared, config["training"])
+        seed_rngs(config["training"].get("seed"), current_ranks().rank)
         with swapped(training, "Trainer", make_trainer_class(run)):
             super().run_training(config, options, neighbor_stat)
         if run.store is not None:

@@ -31,7 +31,9 @@ from typing import Any
 from deepmd.pt_expt.train import training
 from deepmd.pt_expt.train.ema import EMA_CHECKPOINT_KEY
 
+from .. import positions
 from ..checkpointing import HostRun, write_torch_atomic
+from ..exact import KEY, ExactResume, capture_rngs, read_entry, restore_rngs
 from ..optimizer_state import load_optimizer_state
 from .metrics import MetricsMixin
 
@@ -45,10 +47,29 @@ def make_trainer_class(host_run: HostRun) -> type:
         dp_run = host_run
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
+            data = [_arg(args, kwargs, 1, "training_data")]
+            data.append(_arg(args, kwargs, 3, "validation_data"))
+            systems = [s for d in data for s in _systems_of(d)]
+            unsupported = None
+            if not all(positions.supported(s) for s in systems):
+                unsupported = "the run reads LMDB data, whose position is not captured"
+            elif host_run.exact_resume:
+                for system in systems:
+                    positions.track(system)  # before any batch is drawn
+            self._dp_entry: dict[str, Any] | None = None
             host_run.build(
                 lambda: super(CheckpointingTrainer, self).__init__(*args, **kwargs)
             )
             host_run.started(self.num_steps)
+            self._dp_exact = ExactResume(
+                enabled=host_run.exact_resume,
+                rank=self.rank,
+                world_size=self.world_size,
+                unsupported=unsupported,
+            )
+            restart = kwargs.get("restart_model")
+            if self.restart_training and restart and not restart.endswith(".pte"):
+                self._dp_continue(restart)
             config = args[0] if args else kwargs.get("config", {})
             self.dp_setup_best(
                 (config or {}).get("validating"),
@@ -64,6 +85,59 @@ def make_trainer_class(host_run: HostRun) -> type:
                 module=self._unwrapped,
                 load=super()._load_optimizer_state,
             )
+
+        # -- exact resume ---------------------------------------------------
+        @property
+        def checkpoint_is_collective(self) -> bool:
+            # every rank hands its random and data state to the chief's save
+            exact = getattr(self, "_dp_exact", None)
+            return super().checkpoint_is_collective or bool(
+                exact is not None and exact.active and self.is_distributed
+            )
+
+        def _dp_local_state(self) -> dict[str, Any]:
+            return {
+                "rng": capture_rngs(),
+                "data": {
+                    kind: {
+                        key: positions.capture(by_task.get(key))
+                        for key in self.model_keys
+                    }
+                    for kind, by_task in (
+                        ("train", self.training_data_by_task),
+                        ("valid", self.validation_data_by_task),
+                    )
+                },
+            }
+
+        def _dp_gather(self, state: dict[str, Any]) -> list[dict[str, Any]]:
+            if not self.is_distributed:
+                return [state]
+            import torch.distributed as dist
+
+            states: list[Any] = [None] * self.world_size
+            dist.all_gather_object(states, state)
+            return states
+
+        def _dp_continue(self, restart: str) -> None:
+            """Put the random generators and the data where the checkpoint left them."""
+            found = self._dp_exact.continuation(read_entry(restart))
+            if found.exact:
+                for kind, by_task in (
+                    ("train", self.training_data_by_task),
+                    ("valid", self.validation_data_by_task),
+                ):
+                    saved = found.state["data"].get(kind, {})
+                    for key in self.model_keys:
+                        why = positions.restore(by_task.get(key), saved.get(key))
+                        if why is not None:
+                            found.state, found.reason = None, why
+                            break
+                    if not found.exact:
+                        break
+            if found.exact:
+                restore_rngs(found.state["rng"])
+            host_run.resumed(self.start_step, found, chief=self.rank == 0)
 
         # -- the payload --------------------------------------------------
         def _checkpoint_payload(
@@ -96,6 +170,8 @@ def make_trainer_class(host_run: HostRun) -> type:
                 state["optimizer"] = optim_state
             if include_ema_state and self.model_ema is not None:
                 state[EMA_CHECKPOINT_KEY] = self.model_ema.state_dict()
+            if include_optimizer and self._dp_entry is not None:
+                state[KEY] = self._dp_entry
             return state
 
         def _write_checkpoint(
@@ -120,6 +196,16 @@ def make_trainer_class(host_run: HostRun) -> type:
 
         # -- the periodic save ------------------------------------------------
         def save_checkpoint(self, step: int) -> None:
+            # every participating rank, before any payload: the gather is collective
+            self._dp_entry = self._dp_exact.payload_entry(
+                step, self._dp_local_state, self._dp_gather
+            )
+            try:
+                self._dp_save_checkpoint(step)
+            finally:
+                self._dp_entry = None
+
+        def _dp_save_checkpoint(self, step: int) -> None:
             if host_run.store is None:
                 host_run.last_saved = step
                 super().save_checkpoint(step)
@@ -164,3 +250,16 @@ def make_trainer_class(host_run: HostRun) -> type:
             host_run.finish(chief=self.rank == 0)
 
     return CheckpointingTrainer
+
+
+def _arg(args: tuple, kwargs: dict, index: int, name: str) -> Any:
+    return args[index] if len(args) > index else kwargs.get(name)
+
+
+def _systems_of(data: Any) -> list[Any]:
+    """The data systems of a trainer argument (one, or one per task)."""
+    if data is None:
+        return []
+    if isinstance(data, dict):
+        return [d for d in data.values() if d is not None]
+    return [data]
