@@ -17,7 +17,13 @@ trainer can be entered:
   checkpoint is;
 - :class:`~.metrics.MetricsMixin` records the displayed learning-curve values
   with each periodic checkpoint, and writes best-validation checkpoints into
-  ``save_dir`` as the ``best.ckpt`` family.
+  ``save_dir`` as the ``best.ckpt`` family;
+- exact resume (:mod:`..exact`): the constructor has each data system
+  record its frame order (:func:`..positions.track`) before any batch is
+  drawn and, at ``--restart``, puts the generators and the data back where
+  the checkpoint left them; each periodic save gathers every rank's random
+  and data state (every rank then takes part in the save) into the payload
+  with the optimizer.
 
 Without ``save_dir``, deepmd-kit's layout, publication and pruning are kept and
 only the write itself is made atomic.
