@@ -426,7 +426,8 @@ def payload_structure(path: Path) -> dict[str, list[str]]:
     model = payload["model"]
     extra = model["_extra_state"]
     structure = {
-        "top": sorted(payload),
+        # the plugin's entry (exact resume) is a key deepmd-kit does not read
+        "top": sorted(key for key in payload if key != "_dp_ckpt"),
         "model": sorted(model),
         "model_params": sorted(extra.get("model_params", {})),
         "extra_state": sorted(extra),

@@ -23,7 +23,7 @@ works on a copy):
 
 deepmd-kit's ``dp --pt`` records ``train_infos.step`` as the index of the last
 step (19 in ``model.ckpt-20.pt``) and a restart runs that step again; the
-plugin leaves both as deepmd-kit has them.
+plugin records the steps done (20), so a restart starts at the next step.
 
 Run with ``pytest tests/test_e2e_pt.py -s`` to see the wall time of each command.
 """
@@ -107,8 +107,12 @@ def config(**changes):
 
 
 def pt_step(path: Path) -> int:
-    """The step of a ``dp --pt`` checkpoint: ``train_infos.step`` is one less."""
-    return payload_step(path) + 1
+    """The steps done of a ``dp --pt`` checkpoint.
+
+    Plain deepmd-kit records the last step's index (one less); the plugin,
+    whose payload has its ``_dp_ckpt`` entry, the steps done.
+    """
+    return payload_step(path) + (0 if "_dp_ckpt" in load_payload(path) else 1)
 
 
 def batches(text: str) -> list[int]:
@@ -219,7 +223,7 @@ def test_payload_is_deepmds(main_run, plain):
         "model",
         "optimizer",
     ]
-    assert payload_step(main_run.models / "model.ckpt-20.pt") == payload_step(
+    assert pt_step(main_run.models / "model.ckpt-20.pt") == pt_step(
         plain.models / "model.ckpt-20.pt"
     )
 
@@ -236,8 +240,9 @@ def test_restart_latest(restarted):
     assert resumed_from(out, restarted.workdir) == [
         (models / "model.ckpt-20.pt").resolve()
     ]
-    # deepmd-kit's dp --pt runs the last step of a checkpoint again
-    assert min(batches(out)) >= 20
+    # the checkpoint records the steps done: the restart starts at step 21
+    assert min(batches(out)) > 20
+    assert "exact resume at step 20: " in out
     assert steps(models, "model.ckpt") == [25, 30]
     assert pt_step(models / "model.ckpt-30.pt") == 30
     assert_committed(models / "model.ckpt-30.pt", step=30, family="model.ckpt")

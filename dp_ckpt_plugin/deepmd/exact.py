@@ -194,7 +194,7 @@ class ExactResume:
     def payload_entry(
         self,
         step: int,
-        local: Callable[[], dict[str, Any]],
+        local: Callable[[], dict[str, Any]] | None,
         gather: Callable[[dict[str, Any]], Sequence[dict[str, Any]]] | None = None,
     ) -> dict[str, Any]:
         """The value of :data:`KEY` for a checkpoint of ``step`` steps done.
@@ -202,10 +202,12 @@ class ExactResume:
         ``local`` captures this rank's state; ``gather`` (every rank calls
         it, collectively) returns every rank's, in rank order. Without
         ``gather`` the chief's state stands for every rank (a host whose
-        ranks draw the same random numbers by construction).
+        ranks draw the same random numbers by construction). Without
+        ``local`` (a save the chief makes alone, whose ranks' states cannot
+        be gathered) the entry holds the step only.
         """
         entry: dict[str, Any] = {"format": FORMAT, "step": int(step)}
-        if not self.active:
+        if not self.active or local is None:
             return entry
         mine = local()
         ranks = list(gather(mine)) if gather is not None else [mine]

@@ -65,10 +65,13 @@ class _Pass:
         return True
 
     def new_pass(self) -> None:
-        if self._pending is not None:
+        if self._pending is not None and (
+            self._pending[0] is not None or not self.draws_seed()
+        ):
             seed, position = self._pending
             self._pending = None
-        else:
+        else:  # a fresh pass (also in place of one that had not started)
+            self._pending = None
             seed, position = (draw_seed() if self.draws_seed() else None), 0
         self.seed, self.position = seed, position
         self.order = self.order_for(seed)

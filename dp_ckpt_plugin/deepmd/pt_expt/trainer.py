@@ -17,7 +17,13 @@ trainer can be entered:
   checkpoint is;
 - :class:`~.metrics.MetricsMixin` records the displayed learning-curve values
   with each periodic checkpoint, and writes best-validation checkpoints into
-  ``save_dir`` as the ``best.ckpt`` family.
+  ``save_dir`` as the ``best.ckpt`` family;
+- exact resume (:mod:`..exact`): the constructor has each data system
+  record its frame order (:func:`..positions.track`) before any batch is
+  drawn and, at ``--restart``, puts the generators and the data back where
+  the checkpoint left them; each periodic save gathers every rank's random
+  and data state (every rank then takes part in the save) into the payload
+  with the optimizer.
 
 Without ``save_dir``, deepmd-kit's layout, publication and pruning are kept and
 only the write itself is made atomic.
@@ -119,6 +125,11 @@ def make_trainer_class(host_run: HostRun) -> type:
             dist.all_gather_object(states, state)
             return states
 
+        def _change_bias_after_training(self) -> None:
+            # deepmd-kit saves the result on the chief alone: no gather then
+            self._dp_chief_alone = True
+            super()._change_bias_after_training()
+
         def _dp_continue(self, restart: str) -> None:
             """Put the random generators and the data where the checkpoint left them."""
             found = self._dp_exact.continuation(read_entry(restart))
@@ -197,8 +208,11 @@ def make_trainer_class(host_run: HostRun) -> type:
         # -- the periodic save ------------------------------------------------
         def save_checkpoint(self, step: int) -> None:
             # every participating rank, before any payload: the gather is collective
+            alone = self.is_distributed and getattr(self, "_dp_chief_alone", False)
             self._dp_entry = self._dp_exact.payload_entry(
-                step, self._dp_local_state, self._dp_gather
+                step,
+                None if alone else self._dp_local_state,
+                self._dp_gather,
             )
             try:
                 self._dp_save_checkpoint(step)
