@@ -24,19 +24,56 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from .snapshot import Snapshotter
 
 
 class BackgroundWriter:
-    """One worker thread running saves one at a time."""
+    """One worker thread running saves one at a time.
 
-    def __init__(self) -> None:
-        self.snapshots = Snapshotter()
+    Parameters
+    ----------
+    process_root : Path, optional
+        With a store directory, payloads are snapshotted into shared memory
+        and written by a writer process confined to it
+        (:mod:`~dp_ckpt_plugin.writer_process`); the worker thread then
+        only waits for it, and commits.
+    """
+
+    def __init__(self, process_root: Path | None = None, storage=None) -> None:
+        self.process = None
+        if not process_root:
+            self.snapshots = Snapshotter()
+        else:
+            from .shared import SharedSnapshotter
+            from .writer_process import WriterProcess
+
+            self.snapshots = SharedSnapshotter()
+            self.process = WriterProcess(process_root, storage)
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future | None = None
         self._lock = threading.Lock()
+
+    @classmethod
+    def for_store(cls, store, writer: str) -> BackgroundWriter:
+        """The background writer of ``store``, a process or a thread as ``writer`` asks."""
+        from .writer_process import uses_process
+
+        remote = uses_process(writer, store.format.name, store.storage, store.hooks)
+        return cls(store.directory if remote else None, store.storage)
+
+    def take(self, step: int, state: Any) -> Any:
+        """A consistent copy of ``state``, or what the writer process writes."""
+        if self.process is None:
+            return self.snapshots.take(state)
+        from .writer_process import RemotePayload
+
+        self.process.start()  # it imports torch while the snapshot is taken
+        return RemotePayload(
+            self.process, self.snapshots, step, self.snapshots.take(state)
+        )
 
     @property
     def busy(self) -> bool:
@@ -77,3 +114,5 @@ class BackgroundWriter:
                 if self._executor is not None:
                     self._executor.shutdown(wait=True)
                     self._executor = None
+                if self.process is not None:
+                    self.process.close()

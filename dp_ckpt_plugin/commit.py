@@ -23,6 +23,7 @@ cause (rule 8).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -131,6 +132,14 @@ class Writer:
                 f"could not write {path}: not enough space ({free} bytes free, "
                 f"the previous checkpoint took {newest.record.size})"
             )
+
+
+def serializer(hooks, format: str, step: int, state) -> Callable[[BinaryIO], object]:
+    """What writes ``state``: the format's ``on_save_step``, or, for a snapshot
+    in shared memory, the writer process (it has ``write_remotely``)."""
+    if hasattr(state, "write_remotely"):
+        return state
+    return functools.partial(hooks.save_step, format, step, state)
 
 
 def write_new(
@@ -259,6 +268,9 @@ def write_hashed(
     ``None`` only from a storage without ``write_payload`` (the file is then
     hashed once written).
     """
+    remotely = getattr(serialize, "write_remotely", None)
+    if remotely is not None:  # a snapshot the writer process writes
+        return remotely(path, durable=durable)
     write_payload = getattr(storage, "write_payload", None)
     if write_payload is None:
         return storage.write_temp(path, serialize, durable=durable), None

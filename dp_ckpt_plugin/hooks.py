@@ -97,6 +97,13 @@ class Hooks:
         if written is None:
             raise CheckpointWriteError(f"no plugin serialized format {format!r}")
 
+    def serializers(self) -> list[str]:
+        """The modules (or classes) of every ``on_save_step`` implementation."""
+        return [
+            getattr(impl.plugin, "__name__", type(impl.plugin).__qualname__)
+            for impl in self.pm.hook.on_save_step.get_hookimpls()
+        ]
+
     def load_step(self, format: str, path: Path) -> Any:
         """Read a payload through ``on_load_step``.
 

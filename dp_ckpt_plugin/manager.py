@@ -85,6 +85,11 @@ class CheckpointManager:
         Whether :meth:`save` returns once a snapshot of the payload is taken
         and writes in a background thread (at most one save in flight; an
         error surfaces at the next save, :meth:`wait` or :meth:`close`).
+    writer : {"auto", "process", "thread"}, optional
+        Where a background save is serialized and written: ``auto`` uses a
+        writer process fed from shared memory for the torch format (the
+        training loop then shares no interpreter lock with the write), a
+        thread otherwise; see :class:`~dp_ckpt_plugin.store.CheckpointStore`.
     pm : pluggy.PluginManager, optional
         The plugin manager; one is built with
         :func:`~dp_ckpt_plugin.plugins.get_plugin_manager` if not given.
@@ -113,6 +118,7 @@ class CheckpointManager:
         ranks: Ranks | None = None,
         storage: Storage | None = None,
         backend: str | None = None,
+        writer: str = "auto",
     ) -> None:
         if backend is not None:
             warnings.warn(
@@ -142,7 +148,10 @@ class CheckpointManager:
             durable=durable,
             lock=lock,
             storage=storage,
+            writer=writer,
         )
+        if async_save:  # ready (torch imported) by the time the first save comes
+            self.store.start_writer()
 
     @property
     def directory(self) -> Path:

@@ -36,7 +36,7 @@ from .archive import archive_earlier_run, prune_archives
 from .background import BackgroundWriter
 from .catalogue import Catalogue, committed
 from .checkpoint import Checkpoint, Commit
-from .commit import Writer
+from .commit import Writer, serializer
 from .config import FamilyConfig
 from .hooks import Hooks
 from .layout import Family, check_step
@@ -88,6 +88,11 @@ class CheckpointStore:
         at the start of each run, after archiving, older ones are removed
         (never the one holding the checkpoint the run starts from). ``None``
         keeps them all.
+    writer : {"auto", "process", "thread"}, optional
+        Where background saves are serialized and written: a writer process
+        fed from shared memory (``auto``: for the torch format on the local
+        storage), or the store's own thread
+        (``writer_process.uses_process``).
     """
 
     def __init__(
@@ -103,6 +108,7 @@ class CheckpointStore:
         check_free_space: bool = True,
         storage: Storage | None = None,
         max_archives: int | None = None,
+        writer: str = "auto",
     ) -> None:
         self.directory = Path(os.path.abspath(directory))
         self.max_archives = max_archives
@@ -143,7 +149,7 @@ class CheckpointStore:
         # saves, resolutions and closing serialize: several threads (and the
         # background writer) may share one store
         self._mutex = threading.RLock()
-        self._background = BackgroundWriter()
+        self._background = BackgroundWriter.for_store(self, writer)
 
     # -- lifecycle ---------------------------------------------------------
     @property
@@ -163,6 +169,11 @@ class CheckpointStore:
             families = [c.family for c in self.families.values()]
             sweep(self.directory, families, mirrors, storage=self.storage)
             self._ready = True
+
+    def start_writer(self) -> None:
+        """Start the writer process of background saves now, if there is one."""
+        if self.is_chief and self._background.process is not None:
+            self._background.process.start()
 
     def close(self) -> None:
         """Wait for the save in flight, then release the lock (raising its error)."""
@@ -267,7 +278,7 @@ class CheckpointStore:
         self.open()  # the lock is taken (or refused) now, not on the worker
 
         def snapshot() -> tuple:
-            taken = {f: self._background.snapshots.take(s) for f, s in states.items()}
+            taken = {f: self._background.take(step, s) for f, s in states.items()}
             return step, taken, paths, reported
 
         self._background.submit(snapshot, self._save_states)
@@ -288,8 +299,7 @@ class CheckpointStore:
         self.open()
         self.start_run()
 
-        def serialize(handle):
-            self.hooks.save_step(self.format.name, step, state, handle)
+        serialize = serializer(self.hooks, self.format.name, step, state)
 
         fam = cfg.family
         record = self.writer.commit(

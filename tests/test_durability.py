@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import make_payload, open_manager, plugin_manager
+from helpers import BACKENDS, make_payload, open_manager, plugin_manager
 
 from dp_ckpt_plugin import CheckpointManager, CheckpointWriteError, FormatInfo, hookimpl
 from dp_ckpt_plugin.layout import is_temp, record_name
@@ -185,3 +185,23 @@ def test_a_format_error_is_a_write_error_naming_path_and_cause(tmp_path, first):
     assert "RuntimeError" in message and "unexpected pos" in message
     assert [n for n in os.listdir(tmp_path / "m") if is_temp(n)] == []
     m.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_steady_save_makes_four_fsyncs_and_reads_no_checkpoint(tmp_path, backend):
+    """Issue 18: payload, record, the directory twice; no payload is read back."""
+    from dp_ckpt_plugin.storage.local import LocalStorage
+
+    storage = LocalStorage(tmp_path / "m")
+    with CheckpointManager(
+        tmp_path / "m", format=backend, max_keep=2, storage=storage
+    ) as m:
+        for step in (1, 2, 3):
+            m.save(step, make_payload(step, backend))
+        storage.counts.clear()
+        m.save(4, make_payload(4, backend))
+        assert storage.counts["fsync"] == 2  # the payload's data, the record's
+        assert storage.counts["fsync_dir"] == 2  # after the record, after publishing
+        assert storage.counts["payload_open"] == 0
+        assert storage.counts["small_bytes"] <= 64  # the pointer's line
+        assert [c.step for c in m.store.committed()] == [3, 4]

@@ -125,6 +125,8 @@ def prepare_run(
             store = build_store(settings, pm, ranks, host)
             created = chief and not os.path.lexists(store.directory)
             store.open()  # the chief takes the lock now, not after the build
+            if settings.options.async_save:  # it starts while the model is built
+                store.start_writer()
             if chief:
                 adopted = [c.path for c in adopt(store, cwd=settings.cwd)]
         ctx = settings.resolve_context(chief=chief) if chief else None

@@ -395,7 +395,11 @@ class LocalStorage:
                 try:
                     writer(recorder)
                 except Exception as exc:
-                    if recorder.os_path is None or _os_cause(exc) is not None:
+                    if (
+                        recorder.os_path is None
+                        or isinstance(exc, TypeError)
+                        or _os_cause(exc) is not None
+                    ):
                         raise
                     _release(exc)  # the failed writer's own descriptor
                     del exc

@@ -1,0 +1,163 @@
+"""Snapshot buffers in shared memory, for a writer in another process.
+
+:class:`SharedSnapshotter` is the :class:`~dp_ckpt_plugin.snapshot.Snapshotter`
+of a store whose background saves are written by a writer process
+(:mod:`~dp_ckpt_plugin.writer_process`): each tensor of the payload is copied
+into a buffer of anonymous shared memory (``memfd_create``), allocated once
+and reused from save to save, which the writer process maps once. The
+snapshot is then pickled with each shared buffer replaced by a reference
+(``pickle``'s persistent ids), so only the structure of the payload crosses
+to the writer, never its bytes.
+
+A tensor on a CUDA device is copied into its (page-locked, when CUDA allows)
+host buffer on a side stream: the training stream waits for that copy
+before its next kernels, so the loop does not wait for it; the save waits
+for it before the writer reads the buffer (:meth:`SharedSnapshotter.ready`).
+That path is written and reasoned about but was not measured: the
+development machine has no GPU.
+
+Nothing here imports torch at module level.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import mmap
+import os
+import pickle
+from typing import Any
+
+from .snapshot import Snapshotter
+
+
+class _Buffer:
+    """One shared buffer: its memory file, map and the tensor viewing it."""
+
+    def __init__(self, ident: int, nbytes: int, dtype, shape) -> None:
+        import torch
+
+        self.ident = ident
+        self.fd = os.memfd_create(f"dp_ckpt-snapshot-{ident}", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, nbytes)
+        self.map = mmap.mmap(self.fd, nbytes)
+        count = nbytes // torch.empty((), dtype=dtype).element_size()
+        self.tensor = torch.frombuffer(self.map, dtype=dtype, count=count).view(shape)
+        self.pinned = False
+
+    def close(self) -> None:
+        self.tensor = None
+        with contextlib.suppress(BufferError):  # a view alive: it goes with it
+            self.map.close()
+        os.close(self.fd)
+
+
+class SharedSnapshotter(Snapshotter):
+    """Copy payloads into reused buffers of shared memory (see the module)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._next = 0
+        self._shared: dict[str, _Buffer] = {}
+        #: id() of each tensor of the last snapshot -> its buffer.
+        self._taken: dict[int, _Buffer] = {}
+        self._events: list = []
+
+    def take(self, state: Any) -> Any:
+        """A copy of ``state`` whose tensors live in shared buffers."""
+        self._taken = {}
+        self._events = []
+        copy = super().take(state)
+        for stale in set(self._shared) - set(self._buffers):
+            self._shared.pop(stale).close()
+        return copy
+
+    def _tensor(self, value: Any, path: str) -> Any:
+        source = value.detach()
+        if (
+            source.layout.__str__() != "torch.strided"
+            or source.device.type not in ("cpu", "cuda")
+            or source.numel() == 0
+            or source.is_quantized
+        ):
+            return super()._tensor(value, path)
+        shared = self._shared.get(path)
+        nbytes = source.numel() * source.element_size()
+        if (
+            shared is None
+            or shared.tensor.shape != source.shape
+            or shared.tensor.dtype != source.dtype
+        ):
+            if shared is not None:
+                shared.close()
+            self._next += 1
+            shared = self._shared[path] = _Buffer(
+                self._next, nbytes, source.dtype, source.shape
+            )
+        self._buffers[path] = shared.tensor
+        if source.device.type == "cuda":
+            self._from_device(shared, source)
+        else:
+            shared.tensor.copy_(source)
+        out = shared.tensor
+        if type(value) is not type(source):  # a Parameter stays a Parameter
+            out = type(value)(out, requires_grad=value.requires_grad)
+        self._taken[id(out)] = shared
+        return out
+
+    def _from_device(self, shared: _Buffer, source: Any) -> None:
+        """Copy a CUDA tensor into its host buffer on a side stream (unmeasured)."""
+        import torch
+
+        if not shared.pinned:
+            ptr, size = shared.tensor.data_ptr(), shared.map.size()
+            shared.pinned = torch.cuda.cudart().cudaHostRegister(ptr, size, 0) == 0
+        current = torch.cuda.current_stream(source.device)
+        side = torch.cuda.Stream(source.device)
+        side.wait_stream(current)  # the copy sees every kernel queued so far
+        with torch.cuda.stream(side):
+            shared.tensor.copy_(source, non_blocking=shared.pinned)
+            event = torch.cuda.Event()
+            event.record(side)
+        source.record_stream(side)
+        current.wait_stream(side)  # the next optimizer step comes after the copy
+        self._events.append(event)
+
+    def ready(self) -> None:
+        """Wait until every device-to-host copy of the last snapshot is done."""
+        for event in self._events:
+            event.synchronize()
+        self._events = []
+
+    def pickled(self, snapshot: Any) -> tuple[bytes, dict[int, int]]:
+        """Pickle the last snapshot taken, its shared tensors as references.
+
+        Returns the bytes and the buffers they refer to (ident to the
+        descriptor of its memory file).
+        """
+        out = io.BytesIO()
+        pickler = pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL)
+        taken = self._taken
+        used: dict[int, int] = {}
+
+        def persistent_id(obj: Any):
+            shared = taken.get(id(obj))
+            if shared is None:
+                return None
+            used[shared.ident] = shared.fd
+            kind = "parameter" if type(obj) is not type(shared.tensor) else "tensor"
+            grad = bool(getattr(obj, "requires_grad", False))
+            dtype = str(shared.tensor.dtype).removeprefix("torch.")
+            shape = tuple(shared.tensor.shape)
+            return ("shared", shared.ident, dtype, shape, kind, grad)
+
+        pickler.persistent_id = persistent_id
+        pickler.dump(snapshot)
+        return out.getvalue(), used
+
+    def close(self) -> None:
+        """Free every shared buffer."""
+        for shared in self._shared.values():
+            shared.close()
+        self._shared.clear()
+        self._buffers.clear()
