@@ -34,3 +34,19 @@ def make_manager(tmp_path, pm):
     yield make
     for m in made:
         m.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def timing_summary():
+    """After a module that ran commands (``e2e_support.run``), print each one's wall time."""
+    from e2e_support import TIMINGS
+
+    first = len(TIMINGS)
+    yield
+    rows = TIMINGS[first:]
+    if not rows:
+        return
+    print("\n[e2e] wall time of each command:")
+    for label, seconds in rows:
+        print(f"[e2e] {seconds:6.1f} s  {label}")
+    print(f"[e2e] {sum(s for _, s in rows):6.1f} s  in all ({len(rows)} commands)")

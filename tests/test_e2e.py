@@ -41,7 +41,6 @@ from e2e_support import (
     DP,
     ENERGY_RMSE,
     SAVE_LINE,
-    TIMINGS,
     TORCHRUN,
     Result,
     assert_committed,
@@ -136,18 +135,6 @@ def batches(text: str) -> list[int]:
 
 
 # -- fixtures -------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module", autouse=True)
-def timing_summary():
-    """Print the wall time of every command once the module is done."""
-    start = len(TIMINGS)
-    yield
-    rows = TIMINGS[start:]
-    print("\n[e2e] wall time of each command:")
-    for label, seconds in rows:
-        print(f"[e2e] {seconds:6.1f} s  {label}")
-    print(f"[e2e] {sum(s for _, s in rows):6.1f} s  in all ({len(rows)} commands)")
 
 
 @pytest.fixture(scope="module")

@@ -81,17 +81,6 @@ TINY = {"numb_steps": 6, "save_freq": 2, "disp_freq": 2, "max_ckpt_keep": 1}
 LONG = {"numb_steps": 3000, "save_freq": 1000, "disp_freq": 1}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def timing_summary():
-    first = len(TIMINGS)
-    yield
-    rows = TIMINGS[first:]
-    print("\n[e2e] wall time of each command:")
-    for label, seconds in rows:
-        print(f"[e2e] {seconds:6.1f} s  {label}")
-    print(f"[e2e] {sum(s for _, s in rows):6.1f} s  in all ({len(rows)} commands)")
-
-
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     return tmp_path_factory.mktemp("e2e_backends")

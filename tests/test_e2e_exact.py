@@ -33,7 +33,6 @@ from pathlib import Path
 import pytest
 from e2e_support import (
     DP,
-    TIMINGS,
     TORCHRUN,
     copy_tree,
     dp,
@@ -144,17 +143,6 @@ def after_step_10(source: Path, target: Path) -> Path:
     (target / "lcurve.out").write_text("".join(kept), "utf-8")
     shutil.rmtree(target / "torchrun_logs", ignore_errors=True)
     return target
-
-
-@pytest.fixture(scope="module", autouse=True)
-def timing_summary():
-    first = len(TIMINGS)
-    yield
-    rows_ = TIMINGS[first:]
-    print("\n[e2e] wall time of each command:")
-    for label, seconds in rows_:
-        print(f"[e2e] {seconds:6.1f} s  {label}")
-    print(f"[e2e] {sum(s for _, s in rows_):6.1f} s  in all ({len(rows_)} commands)")
 
 
 @pytest.fixture(scope="module")

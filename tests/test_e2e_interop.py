@@ -27,7 +27,6 @@ import pytest
 from e2e_support import (
     DP,
     RESUMING,
-    TIMINGS,
     copy_tree,
     dp,
     dp_env,
@@ -92,17 +91,6 @@ CASES = [
     # without save_dir, -c . is the working directory: the same reader as freeze
     if not (layout == "flat" and reader == "freeze -c")
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def timing_summary():
-    first = len(TIMINGS)
-    yield
-    rows = TIMINGS[first:]
-    print("\n[e2e] wall time of each command:")
-    for label, seconds in rows:
-        print(f"[e2e] {seconds:6.1f} s  {label}")
-    print(f"[e2e] {sum(s for _, s in rows):6.1f} s  in all ({len(rows)} commands)")
 
 
 @pytest.fixture(scope="module")

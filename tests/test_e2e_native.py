@@ -78,17 +78,6 @@ def config(**changes):
     return example_config(dp_ckpt=dp_ckpt, **{**TRAINING, **changes})
 
 
-@pytest.fixture(scope="module", autouse=True)
-def timing_summary():
-    start_at = len(TIMINGS)
-    yield
-    rows = TIMINGS[start_at:]
-    print("\n[e2e] wall time of each command:")
-    for label, seconds in rows:
-        print(f"[e2e] {seconds:6.1f} s  {label}")
-    print(f"[e2e] {sum(s for _, s in rows):6.1f} s  in all ({len(rows)} commands)")
-
-
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     return tmp_path_factory.mktemp("e2e_native")

@@ -132,17 +132,6 @@ class Run:
 # -- fixtures ---------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module", autouse=True)
-def timing_summary():
-    first = len(TIMINGS)
-    yield
-    rows = TIMINGS[first:]
-    print("\n[e2e] wall time of each command:")
-    for label, seconds in rows:
-        print(f"[e2e] {seconds:6.1f} s  {label}")
-    print(f"[e2e] {sum(s for _, s in rows):6.1f} s  in all ({len(rows)} commands)")
-
-
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     return tmp_path_factory.mktemp("e2e_pt")

@@ -73,17 +73,6 @@ def adam_step(path: Path) -> float:
     return max(float(s["step"]) for s in state.values() if "step" in s)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def timing_summary():
-    first = len(TIMINGS)
-    yield
-    rows = TIMINGS[first:]
-    print("\n[e2e] wall time of each command:")
-    for label, seconds in rows:
-        print(f"[e2e] {seconds:6.1f} s  {label}")
-    print(f"[e2e] {sum(s for _, s in rows):6.1f} s  in all ({len(rows)} commands)")
-
-
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     return tmp_path_factory.mktemp("e2e_sharded")
