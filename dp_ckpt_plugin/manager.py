@@ -86,10 +86,12 @@ class CheckpointManager:
         and writes in a background thread (at most one save in flight; an
         error surfaces at the next save, :meth:`wait` or :meth:`close`).
     writer : {"auto", "process", "thread"}, optional
-        Where a background save is serialized and written: ``auto`` uses a
-        writer process fed from shared memory for the torch format (the
-        training loop then shares no interpreter lock with the write), a
-        thread otherwise; see :class:`~dp_ckpt_plugin.store.CheckpointStore`.
+        Where a background save is serialized and written: ``thread`` (the
+        store's own thread), or ``process``, a writer process fed from shared
+        memory, for the torch format (the training loop then shares no
+        interpreter lock with the write). ``auto`` (the default) is what the
+        environment variable ``DP_CKPT_WRITER`` says, else ``thread``; see
+        ``docs/performance.md`` for when each costs less.
     pm : pluggy.PluginManager, optional
         The plugin manager; one is built with
         :func:`~dp_ckpt_plugin.plugins.get_plugin_manager` if not given.

@@ -89,10 +89,10 @@ class CheckpointStore:
         (never the one holding the checkpoint the run starts from). ``None``
         keeps them all.
     writer : {"auto", "process", "thread"}, optional
-        Where background saves are serialized and written: a writer process
-        fed from shared memory (``auto``: for the torch format on the local
-        storage), or the store's own thread
-        (``writer_process.uses_process``).
+        Where background saves are serialized and written: the store's own
+        thread, or a writer process fed from shared memory (``process``, torch
+        format on the local storage); ``auto`` follows ``DP_CKPT_WRITER``, else
+        the thread (``writer_process.uses_process``).
     """
 
     def __init__(
