@@ -769,8 +769,7 @@ def main(argv: list[str] | None = None) -> int:
         if "digest" in sections:
             section_digest(work, max(sizes), rounds)
         if "dp" in sections:
-            # each run starts dp afresh (seconds): fewer rounds, said in the output
-            section_dp(work, 10 if args.quick else 20, min(rounds, 5))
+            section_dp(work, 10 if args.quick else 20, rounds)
         if "import" in sections:
             section_import(rounds)
     if args.json:
