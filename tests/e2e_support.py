@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from helpers import free_port
+import pytest
+from helpers import free_port, needs_torch
 
 from dp_ckpt_plugin.digests import digest_of
 
@@ -38,6 +39,13 @@ BIN_DIR = Path(sys.executable).parent
 
 DP = BIN_DIR / "dp"
 """deepmd-kit's command line."""
+
+E2E_MARKS = [
+    pytest.mark.e2e,
+    needs_torch,
+    pytest.mark.skipif(not DP.exists(), reason=f"no dp command at {DP}"),
+]
+"""The marks of a module of end-to-end tests (``pytestmark = E2E_MARKS``)."""
 
 TORCHRUN = BIN_DIR / "torchrun"
 """PyTorch's distributed launcher."""

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 from e2e_support import (
-    DP,
+    E2E_MARKS,
     ENERGY_RMSE,
     SAVE_LINE,
     TORCHRUN,
@@ -67,13 +67,8 @@ from e2e_support import (
     unmatched_variables,
     write_config,
 )
-from helpers import needs_torch
 
-pytestmark = [
-    pytest.mark.e2e,
-    needs_torch,
-    pytest.mark.skipif(not DP.exists(), reason=f"no dp command at {DP}"),
-]
+pytestmark = E2E_MARKS
 
 FRAMES = 12
 """Training frames of the generated data (the validation set gets 3)."""

@@ -7,9 +7,8 @@ checkpoint committed, the pointer on the last one, the EMA family saved, and
 
 from __future__ import annotations
 
-import pytest
 from e2e_support import (
-    DP,
+    E2E_MARKS,
     assert_committed,
     dp,
     example_config,
@@ -22,13 +21,8 @@ from e2e_support import (
     stray_files,
     write_config,
 )
-from helpers import needs_torch
 
-pytestmark = [
-    pytest.mark.e2e,
-    needs_torch,
-    pytest.mark.skipif(not DP.exists(), reason=f"no dp command at {DP}"),
-]
+pytestmark = E2E_MARKS
 
 
 def config(numb_steps):

@@ -44,6 +44,7 @@ from pathlib import Path
 import pytest
 from e2e_support import (
     DP,
+    E2E_MARKS,
     EXAMPLES,
     TIMINGS,
     assert_committed,
@@ -66,15 +67,10 @@ from e2e_support import (
     wait_for,
     write_config,
 )
-from helpers import needs_torch
 
 from dp_ckpt_plugin.commands import main as dp_ckpt
 
-pytestmark = [
-    pytest.mark.e2e,
-    needs_torch,
-    pytest.mark.skipif(not DP.exists(), reason=f"no dp command at {DP}"),
-]
+pytestmark = E2E_MARKS
 
 FAST = 30.0
 TINY = {"numb_steps": 6, "save_freq": 2, "disp_freq": 2, "max_ckpt_keep": 1}

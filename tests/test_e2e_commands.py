@@ -18,7 +18,7 @@ import sys
 
 import pytest
 from e2e_support import (
-    DP,
+    E2E_MARKS,
     copy_tree,
     dp,
     example_config,
@@ -29,15 +29,10 @@ from e2e_support import (
     stray_files,
     unmatched_variables,
 )
-from helpers import needs_torch
 
 from dp_ckpt_plugin.commands import main
 
-pytestmark = [
-    pytest.mark.e2e,
-    needs_torch,
-    pytest.mark.skipif(not DP.exists(), reason=f"no dp command at {DP}"),
-]
+pytestmark = E2E_MARKS
 
 RETENTION = {"keep_every_n_steps": 10, "keep_best": 1, "best_metric": "rmse_val"}
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 from e2e_support import (
-    DP,
+    E2E_MARKS,
     TORCHRUN,
     copy_tree,
     dp,
@@ -48,13 +48,8 @@ from e2e_support import (
     wait_for,
     write_config,
 )
-from helpers import needs_torch
 
-pytestmark = [
-    pytest.mark.e2e,
-    needs_torch,
-    pytest.mark.skipif(not DP.exists(), reason=f"no dp command at {DP}"),
-]
+pytestmark = E2E_MARKS
 
 BACKENDS = ("pt", "pt-expt")
 EXACT = re.compile(r"exact resume at step (\d+): random generators and data position")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from e2e_support import (
-    DP,
+    E2E_MARKS,
     RESUMING,
     copy_tree,
     dp,
@@ -38,13 +38,8 @@ from e2e_support import (
     unmatched_variables,
     write_config,
 )
-from helpers import needs_torch
 
-pytestmark = [
-    pytest.mark.e2e,
-    needs_torch,
-    pytest.mark.skipif(not DP.exists(), reason=f"no dp command at {DP}"),
-]
+pytestmark = E2E_MARKS
 
 BACKENDS = ("pt", "pt-expt")
 LAYOUTS = ("save_dir", "flat")

@@ -27,7 +27,7 @@ import time
 
 import pytest
 from e2e_support import (
-    DP,
+    E2E_MARKS,
     TIMINGS,
     TORCHRUN,
     assert_committed,
@@ -54,13 +54,8 @@ from e2e_support import (
     wait_for,
     write_config,
 )
-from helpers import needs_torch
 
-pytestmark = [
-    pytest.mark.e2e,
-    needs_torch,
-    pytest.mark.skipif(not DP.exists(), reason=f"no dp command at {DP}"),
-]
+pytestmark = E2E_MARKS
 
 TRAINING = {"numb_steps": 10, "save_freq": 5, "max_ckpt_keep": 2, "save_dir": "models"}
 """The ``training`` keys of the short runs, on top of ``examples/input.json``."""

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import pytest
 from e2e_support import (
-    DP,
+    E2E_MARKS,
     ENERGY_RMSE,
     EXAMPLES,
     SAVE_LINE,
@@ -76,13 +76,8 @@ from e2e_support import (
     wait_for,
     write_config,
 )
-from helpers import needs_torch
 
-pytestmark = [
-    pytest.mark.e2e,
-    needs_torch,
-    pytest.mark.skipif(not DP.exists(), reason=f"no dp command at {DP}"),
-]
+pytestmark = E2E_MARKS
 
 TRAINING = {
     "numb_steps": 20,

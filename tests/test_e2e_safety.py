@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 from e2e_support import (
-    DP,
+    E2E_MARKS,
     copy_tree,
     dp,
     example_config,
@@ -25,13 +25,8 @@ from e2e_support import (
     tree_state,
     write_config,
 )
-from helpers import needs_torch
 
-pytestmark = [
-    pytest.mark.e2e,
-    needs_torch,
-    pytest.mark.skipif(not DP.exists(), reason=f"no dp command at {DP}"),
-]
+pytestmark = E2E_MARKS
 
 TRAINING = {"numb_steps": 10, "save_freq": 5, "max_ckpt_keep": 1, "save_dir": "models"}
 
