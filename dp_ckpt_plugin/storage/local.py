@@ -375,8 +375,7 @@ class LocalStorage:
         cache (a read-only map of the file, no copy), on a thread of its own
         while this one waits for the fsync: hashing and flushing overlap.
         """
-        tmp, found = self._write(path, writer, durable=durable, digest=digest)
-        return tmp, found
+        return self._write(path, writer, durable=durable, digest=digest)
 
     def _write(self, path: Path, writer, *, durable: bool, digest) -> tuple:
         tmp = path.parent / temp_name(path.name)
