@@ -1,0 +1,222 @@
+"""The object protocol: what a checkpoint store needs, in object-store primitives.
+
+A storage that holds a remote checkpoint store (``save_dir: "s3://bucket/run"``)
+offers whole objects under string keys, and a few conditions on writing them:
+
+==================  ===========================================================
+``put``             write a whole object (overwrite); large payloads are sent
+                    in parts where the storage can (multipart upload)
+``put_if_absent``   create an object only if its key is free, atomically
+                    (:class:`KeyExistsError` otherwise)
+``put_if_match``    replace an object only if it is still the version read
+                    (compare-and-swap on the ETag or generation;
+                    :class:`VersionMismatchError` otherwise)
+``get``             a small object whole, with its version, bounded in size
+``get_range``       a byte range of an object
+``download``        an object streamed into an open file
+``head``            what an object is (size, version, time), or ``None``
+``list``            the objects under a key prefix (recovery only: never used
+                    to find the latest checkpoint)
+``delete``          remove an object (idempotent)
+==================  ===========================================================
+
+A *lease* is not a primitive of its own: it is one small object moved only by
+``put_if_absent`` and ``put_if_match`` (:mod:`dp_ckpt_plugin.remote.lease`), so
+it is exactly as safe as those two are on the storage. :class:`Capabilities`
+says which conditions a storage really enforces; the remote store refuses
+multi-writer safety where they are missing rather than pretend, and probes a
+server that claims them (:func:`dp_ckpt_plugin.remote.probe.probe`).
+
+Three implementations ship: :class:`~dp_ckpt_plugin.storage.local.LocalStorage`
+(POSIX: ``O_EXCL`` and ``link`` for create-if-absent, ``flock`` and ``rename``
+for compare-and-swap, ``fsync``), :class:`~dp_ckpt_plugin.storage.memory.MemoryStorage`
+(in the process, under a lock) and :class:`~dp_ckpt_plugin.storage.cloud.CloudStorage`
+(S3, GCS and Azure through ``obstore``, with conditional requests). The
+registry (:mod:`dp_ckpt_plugin.storage.registry`) picks one by URL scheme.
+
+Errors: a condition that does not hold raises :class:`KeyExistsError` or
+:class:`VersionMismatchError`; an object that is not there is ``None`` from
+``get``/``head`` and :class:`KeyMissingError` from ``get_range``/``download``;
+anything else that fails after the storage's own retries (a refused
+credential, a server that stays away) raises :class:`StorageUnavailableError`
+naming the URL and the cause.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Protocol, Union, runtime_checkable
+
+from ..errors import CheckpointError, CheckpointWriteError
+
+#: What ``put`` accepts: bytes (or a buffer), a local file by path, or an open
+#: binary file positioned at its start.
+Source = Union[bytes, bytearray, memoryview, Path, BinaryIO]
+
+#: Most bytes ``get`` reads of a small object unless told otherwise.
+SMALL_OBJECT_LIMIT = 1 << 20
+
+
+class KeyExistsError(CheckpointError):
+    """``put_if_absent``: an object already exists at the key."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"an object already exists at {key}")
+        self.key = key
+
+
+class VersionMismatchError(CheckpointError):
+    """``put_if_match``: the object is no longer the version that was read."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"{key} changed since it was read")
+        self.key = key
+
+
+class KeyMissingError(CheckpointError, FileNotFoundError):
+    """An object that had to be there is not."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"no object at {key}")
+        self.key = key
+
+
+class StorageUnavailableError(CheckpointWriteError):
+    """The storage could not be reached or refused a request, after retries.
+
+    Attributes
+    ----------
+    url : str
+        The object (or store) the request was for.
+    cause : str
+        What went wrong, in the storage's words, with no secret in it.
+    """
+
+    def __init__(self, url: str, what: str, cause: str) -> None:
+        super().__init__(f"could not {what} {url}: {cause}")
+        self.url = url
+        self.cause = cause
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a storage really does.
+
+    Attributes
+    ----------
+    create_if_absent : bool
+        ``put_if_absent`` is atomic: of two racing creators exactly one wins.
+    compare_and_swap : bool
+        ``put_if_match`` is atomic: a stale version is always refused.
+    ranged_get : bool
+        ``get_range`` reads only the range asked for.
+    durable_put : bool
+        An object is durable once ``put`` returns (no fsync to ask for).
+    multipart : bool
+        Large payloads are sent in parts, retried part by part.
+    links : bool
+        The POSIX layout (symbolic links, renames, directory fsyncs, ``flock``)
+        is available: the storage can hold a local store.
+    """
+
+    create_if_absent: bool
+    compare_and_swap: bool
+    ranged_get: bool = True
+    durable_put: bool = True
+    multipart: bool = False
+    links: bool = False
+
+    @property
+    def conditional(self) -> bool:
+        """Whether both conditions a lease and a HEAD need are enforced."""
+        return self.create_if_absent and self.compare_and_swap
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What an object is.
+
+    Attributes
+    ----------
+    key : str
+        Its key, relative to the storage's root.
+    size : int
+        Its size in bytes.
+    version : str
+        An opaque token that changes whenever the object is replaced (an
+        ETag, a generation); what ``put_if_match`` compares.
+    modified : float
+        When it was last written, Unix time, as the storage's clock says.
+    """
+
+    key: str
+    size: int
+    version: str
+    modified: float = 0.0
+
+
+@runtime_checkable
+class ObjectStorage(Protocol):
+    """The primitives a remote store is built on (see the module docs).
+
+    Keys are ``/``-separated strings relative to the storage's root (``url``),
+    never starting with ``/`` and never holding ``..``; :func:`check_key`
+    refuses others.
+    """
+
+    url: str
+    capabilities: Capabilities
+
+    def url_of(self, key: str) -> str: ...
+
+    def put(self, key: str, data: Source) -> ObjectInfo: ...
+
+    def put_if_absent(self, key: str, data: bytes) -> ObjectInfo: ...
+
+    def put_if_match(self, key: str, data: bytes, version: str) -> ObjectInfo: ...
+
+    def get(
+        self, key: str, limit: int = SMALL_OBJECT_LIMIT
+    ) -> tuple[bytes, ObjectInfo] | None: ...
+
+    def get_range(self, key: str, start: int, end: int) -> bytes: ...
+
+    def download(self, key: str, sink: BinaryIO) -> ObjectInfo: ...
+
+    def head(self, key: str) -> ObjectInfo | None: ...
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]: ...
+
+    def delete(self, key: str) -> bool: ...
+
+
+def check_key(key: str) -> str:
+    """Return ``key`` if it is a plain relative key; raise ``ValueError`` if not."""
+    if (
+        not isinstance(key, str)
+        or not key
+        or key.startswith("/")
+        or "\0" in key
+        or any(part in ("", ".", "..") for part in key.split("/"))
+    ):
+        raise ValueError(f"not an object key: {key!r}")
+    return key
+
+
+def join_key(*parts: str) -> str:
+    """Join key parts with ``/`` (empty parts are dropped)."""
+    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
+
+def source_size(data: Source) -> int | None:
+    """The size of what ``put`` is given, when it can be told without reading."""
+    if isinstance(data, (bytes, bytearray)):
+        return len(data)
+    if isinstance(data, memoryview):
+        return data.nbytes
+    if isinstance(data, Path):
+        return os.stat(data).st_size
+    return None
