@@ -133,6 +133,10 @@ class MemoryStorage:
             self._before.clear()
 
     def _enter(self, op: str, key: str) -> str:
+        self._call(op, key)
+        return self._full(key)
+
+    def _call(self, op: str, key: str) -> None:
         self.counts[op] += 1
         with self._hooks_lock:
             actions = [a for o, a in self._before if o in (op, "*")]
@@ -143,7 +147,6 @@ class MemoryStorage:
                 if fault.op in (op, "*") and fault.times > 0 and fault.key(key):
                     fault.times -= 1
                     raise fault.error(key)
-        return self._full(key)
 
     # -- the protocol ---------------------------------------------------------
     def _full(self, key: str) -> str:
@@ -228,7 +231,7 @@ class MemoryStorage:
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """The objects whose keys start with ``prefix`` (relative to the root)."""
-        self._enter("list", prefix or ".")
+        self._call("list", prefix)
         root = f"{self.prefix}/" if self.prefix else ""
         base = root + prefix
         with self._bucket.lock:
