@@ -1,0 +1,445 @@
+"""HEAD: the one object that says what a remote store holds.
+
+HEAD is a small JSON object: for each family the committed checkpoints kept
+(key, name, step, size, digest, metrics) and the key of the published one,
+the archives of earlier runs, the epoch of the writer that last moved it and
+a sequence number that grows with every move. It is the remote store's
+catalogue, pointer and alias at once: one ``get`` finds the latest
+checkpoint whether the store keeps ten or two thousand, and no listing is
+needed.
+
+HEAD moves only by compare-and-swap (:func:`update`): read it with its
+version, compute the next HEAD, ``put_if_match`` that version. Each change is
+idempotent (adding an entry already there, dropping one already gone), so a
+swap whose answer was lost and is tried again does no harm. A writer whose
+epoch is below HEAD's was fenced off by a newer writer: :func:`update` raises
+:class:`FencedError` and changes nothing. Nothing is deleted except what a
+successful swap stopped naming (:func:`referenced`), so a writer paused
+between reading and deleting can never remove what a newer writer relies on.
+
+HEAD is read as untrusted input (rule 30): every field is checked by type,
+range and size; anything else is a :class:`~dp_ckpt_plugin.errors.InvalidRecordError`
+naming the URL.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from ..errors import CheckpointWriteError, InvalidRecordError
+from ..records import MAX_INT, MAX_TEXT, _check_digest, check_metrics, load_json
+from ..storage.objects import (
+    KeyExistsError,
+    ObjectStorage,
+    VersionMismatchError,
+    check_key,
+)
+from .keys import HEAD_KEY, record_key
+
+#: Version of the HEAD format this package writes and reads.
+HEAD_FORMAT_VERSION = 1
+#: Most bytes HEAD may hold (about 60,000 kept checkpoints).
+MAX_HEAD_BYTES = 16 << 20
+#: Times a swap is tried again after HEAD changed under it.
+SWAP_ATTEMPTS = 8
+
+
+class FencedError(CheckpointWriteError):
+    """A newer writer took the store over: this one may not move HEAD.
+
+    Attributes
+    ----------
+    epoch : int
+        This writer's epoch.
+    head_epoch : int
+        The epoch HEAD carries now.
+    """
+
+    def __init__(self, url: str, epoch: int, head_epoch: int, detail: str = "") -> None:
+        super().__init__(
+            f"another run took {url} over (epoch {head_epoch}, this run's is "
+            f"{epoch}){detail}: this run moves nothing there any more"
+        )
+        self.epoch = epoch
+        self.head_epoch = head_epoch
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One committed checkpoint of a remote store.
+
+    Attributes
+    ----------
+    key : str
+        Its payload's key (the record is at :func:`~.keys.record_key`).
+    name : str
+        Its file name (``model.ckpt-30.pt``): what it is called when fetched.
+    step : int
+        Its step.
+    size : int
+        Its size in bytes.
+    digest : str
+        ``"<algorithm>:<hex>"`` of the payload.
+    metrics : dict or None
+        What the trainer reported with it.
+    """
+
+    key: str
+    name: str
+    step: int
+    size: int
+    digest: str
+    metrics: dict[str, float | None] | None = field(default=None, hash=False)
+
+    def to_dict(self) -> dict:
+        data = {
+            "key": self.key,
+            "name": self.name,
+            "step": self.step,
+            "size": self.size,
+            "digest": self.digest,
+        }
+        if self.metrics is not None:
+            data["metrics"] = self.metrics
+        return data
+
+    @property
+    def keys(self) -> tuple[str, str]:
+        """Its payload's and its record's keys."""
+        return self.key, record_key(self.key)
+
+
+@dataclass(frozen=True)
+class FamilyState:
+    """A family in HEAD: what it keeps (by step) and what it publishes."""
+
+    kept: tuple[Entry, ...] = ()
+    latest: str | None = None
+
+    def entry(self, key: str | None) -> Entry | None:
+        """The kept entry of ``key``, or ``None``."""
+        return next((e for e in self.kept if e.key == key), None)
+
+    @property
+    def published(self) -> Entry | None:
+        """The entry the family publishes (its latest, or its best)."""
+        return self.entry(self.latest)
+
+    def newest(self) -> Entry | None:
+        """The kept entry of the highest step."""
+        return max(self.kept, key=lambda e: e.step, default=None)
+
+
+@dataclass(frozen=True)
+class Head:
+    """What a remote store holds (see the module docs)."""
+
+    seq: int = 0
+    epoch: int = 0
+    format: str | None = None
+    families: Mapping[str, FamilyState] = field(default_factory=dict)
+    archives: tuple[str, ...] = ()
+    updated: float = 0.0
+
+    # -- reading ---------------------------------------------------------------
+    def family(self, prefix: str) -> FamilyState:
+        """The state of ``prefix`` (empty when HEAD has none)."""
+        return self.families.get(prefix, FamilyState())
+
+    def find(self, name: str) -> tuple[str, Entry] | None:
+        """The family and entry of the kept checkpoint named (or keyed) ``name``."""
+        for prefix, state in self.families.items():
+            for entry in state.kept:
+                if name in (entry.name, entry.key):
+                    return prefix, entry
+        return None
+
+    def referenced(self) -> set[str]:
+        """Every key HEAD names: kept payloads and their records, archives."""
+        keys = set(self.archives)
+        for state in self.families.values():
+            for entry in state.kept:
+                keys.update(entry.keys)
+        return keys
+
+    @property
+    def empty(self) -> bool:
+        """Whether it names no checkpoint."""
+        return not any(s.kept for s in self.families.values())
+
+    # -- changing (each change idempotent) ---------------------------------------
+    def with_entry(self, prefix: str, entry: Entry, *, publish: str | None) -> Head:
+        """Add ``entry`` to ``prefix`` (replacing one of its step); publish ``publish``."""
+        state = self.family(prefix)
+        kept = [e for e in state.kept if e.step != entry.step or e.key == entry.key]
+        if all(e.key != entry.key for e in kept):
+            kept.append(entry)
+        kept.sort(key=lambda e: e.step)
+        latest = publish if publish is not None else state.latest
+        return self._with(prefix, FamilyState(tuple(kept), latest))
+
+    def without(self, prefix: str, keys: Iterable[str]) -> Head:
+        """Drop the entries of ``keys`` from ``prefix`` (never its published one)."""
+        state = self.family(prefix)
+        doomed = set(keys) - {state.latest}
+        kept = tuple(e for e in state.kept if e.key not in doomed)
+        return self._with(prefix, FamilyState(kept, state.latest))
+
+    def archived(self, archive: str, keep: Callable[[str, Entry], bool]) -> Head:
+        """Move what ``keep`` refuses out of every family into ``archive``."""
+        families = {}
+        for prefix, state in self.families.items():
+            kept = tuple(e for e in state.kept if keep(prefix, e))
+            latest = state.latest if any(e.key == state.latest for e in kept) else None
+            if latest is None and kept:
+                latest = kept[-1].key
+            families[prefix] = FamilyState(kept, latest)
+        archives = (
+            self.archives if archive in self.archives else (*self.archives, archive)
+        )
+        return replace(self, families=families, archives=archives)
+
+    def without_archive(self, archive: str) -> Head:
+        """Forget an archive (its objects become unnamed)."""
+        return replace(self, archives=tuple(a for a in self.archives if a != archive))
+
+    def _with(self, prefix: str, state: FamilyState) -> Head:
+        families = dict(self.families)
+        families[prefix] = state
+        return replace(self, families=families)
+
+    def advanced(self, epoch: int, format: str | None) -> Head:
+        """The next HEAD, written by a writer of ``epoch``."""
+        return replace(
+            self,
+            seq=self.seq + 1,
+            epoch=max(epoch, self.epoch),
+            format=format or self.format,
+            updated=round(time.time(), 3),
+        )
+
+    # -- serialization -------------------------------------------------------------
+    def to_bytes(self) -> bytes:
+        """The JSON text HEAD is stored as."""
+        data = {
+            "what": "dp_ckpt_plugin remote store",
+            "format_version": HEAD_FORMAT_VERSION,
+            "seq": self.seq,
+            "epoch": self.epoch,
+            "format": self.format,
+            "updated": self.updated,
+            "families": {
+                prefix: {
+                    "latest": state.latest,
+                    "kept": [e.to_dict() for e in state.kept],
+                }
+                for prefix, state in self.families.items()
+            },
+            "archives": list(self.archives),
+        }
+        return (json.dumps(data, indent=1, sort_keys=True) + "\n").encode("utf-8")
+
+    @classmethod
+    def parse(cls, data: bytes, source: str) -> Head:
+        """Read HEAD strictly; :class:`InvalidRecordError` naming ``source`` if malformed."""
+        if len(data) > MAX_HEAD_BYTES:
+            raise InvalidRecordError(
+                f"HEAD {source} holds more than {MAX_HEAD_BYTES} bytes"
+            )
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidRecordError(f"HEAD {source} is not UTF-8 text") from None
+        raw = load_json(text, source, "HEAD")
+        if type(raw) is not dict:
+            raise InvalidRecordError(f"HEAD {source} is not a JSON object")
+        version = raw.get("format_version")
+        if type(version) is not int or version < 1:
+            raise InvalidRecordError(
+                f"HEAD {source}: 'format_version' must be a positive int"
+            )
+        if version > HEAD_FORMAT_VERSION:
+            raise InvalidRecordError(
+                f"HEAD {source} has format version {version}, newer than this plugin "
+                f"reads ({HEAD_FORMAT_VERSION}); upgrade dp-ckpt-plugin"
+            )
+        seq = _int(raw, "seq", source)
+        epoch = _int(raw, "epoch", source)
+        fmt = raw.get("format")
+        if fmt is not None and not _text(fmt):
+            raise InvalidRecordError(f"HEAD {source}: 'format' must be a short string")
+        updated = raw.get("updated", 0.0)
+        if type(updated) not in (int, float) or not (
+            math.isfinite(updated) and 0 <= updated <= 253402300799.0
+        ):
+            raise InvalidRecordError(f"HEAD {source}: 'updated' must be a Unix time")
+        families_raw = raw.get("families")
+        if type(families_raw) is not dict:
+            raise InvalidRecordError(f"HEAD {source}: 'families' must be an object")
+        families = {}
+        for prefix, state in families_raw.items():
+            if not _text(prefix) or "/" in prefix or type(state) is not dict:
+                raise InvalidRecordError(
+                    f"HEAD {source}: a family must be a name and an object"
+                )
+            families[prefix] = _family(state, prefix, source)
+        archives = raw.get("archives", [])
+        if type(archives) is not list or not all(_key(a) for a in archives):
+            raise InvalidRecordError(
+                f"HEAD {source}: 'archives' must be a list of keys"
+            )
+        return cls(seq, epoch, fmt, families, tuple(archives), float(updated))
+
+
+def _int(raw: Mapping, key: str, source: str) -> int:
+    value = raw.get(key)
+    if type(value) is not int or not 0 <= value <= MAX_INT:
+        raise InvalidRecordError(
+            f"HEAD {source}: {key!r} must be an int between 0 and {MAX_INT}"
+        )
+    return value
+
+
+def _text(value: object) -> bool:
+    return type(value) is str and 0 < len(value) <= MAX_TEXT
+
+
+def _key(value: object) -> bool:
+    if not _text(value):
+        return False
+    try:
+        check_key(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _family(raw: Mapping, prefix: str, source: str) -> FamilyState:
+    kept_raw = raw.get("kept")
+    latest = raw.get("latest")
+    if type(kept_raw) is not list or not (latest is None or _key(latest)):
+        raise InvalidRecordError(
+            f"HEAD {source}: family {prefix!r} must have a 'kept' list and a 'latest' key"
+        )
+    kept = []
+    for item in kept_raw:
+        if type(item) is not dict:
+            raise InvalidRecordError(
+                f"HEAD {source}: an entry of {prefix!r} is not an object"
+            )
+        try:
+            metrics = check_metrics(item.get("metrics"))
+        except TypeError as exc:
+            raise InvalidRecordError(f"HEAD {source}: {exc}") from None
+        entry = Entry(
+            item.get("key"),
+            item.get("name"),
+            item.get("step"),
+            item.get("size"),
+            item.get("digest"),
+            metrics,
+        )
+        if not (
+            _key(entry.key)
+            and _text(entry.name)
+            and "/" not in entry.name
+            and entry.key.rpartition("/")[2] == entry.name
+            and all(
+                type(v) is int and 0 <= v <= MAX_INT for v in (entry.step, entry.size)
+            )
+            and _text(entry.digest)
+        ):
+            raise InvalidRecordError(
+                f"HEAD {source}: a malformed entry in family {prefix!r}"
+            )
+        _check_digest(entry.digest, source)
+        kept.append(entry)
+    kept.sort(key=lambda e: e.step)
+    if latest is not None and all(e.key != latest for e in kept):
+        raise InvalidRecordError(
+            f"HEAD {source}: family {prefix!r} publishes {latest}, which it does not keep"
+        )
+    return FamilyState(tuple(kept), latest)
+
+
+def read(storage: ObjectStorage) -> tuple[Head | None, str | None]:
+    """HEAD and its version; ``(None, None)`` for a store that has none yet."""
+    found = storage.get(HEAD_KEY, MAX_HEAD_BYTES)
+    if found is None:
+        return None, None
+    data, info = found
+    return Head.parse(data, storage.url_of(HEAD_KEY)), info.version
+
+
+@dataclass(frozen=True)
+class Swap:
+    """A successful move of HEAD.
+
+    Attributes
+    ----------
+    head : Head
+        HEAD now.
+    version : str
+        Its version (what the next swap compares).
+    before : Head
+        The HEAD this swap replaced (exactly that version).
+    """
+
+    head: Head
+    version: str
+    before: Head
+
+    def unnamed(self, keys: Iterable[str]) -> set[str]:
+        """Those of ``keys`` that HEAD named before this swap and does not now.
+
+        The only keys a writer may delete after it: no later HEAD names them
+        again (every writer adds only objects it wrote itself, under its own
+        epoch), whatever writer swaps HEAD next.
+        """
+        gone = self.before.referenced() - self.head.referenced()
+        return {k for k in keys if k in gone}
+
+
+def update(
+    storage: ObjectStorage,
+    epoch: int,
+    change: Callable[[Head], Head],
+    *,
+    known: tuple[Head | None, str | None] | None = None,
+    format: str | None = None,
+) -> Swap:
+    """Swap HEAD for ``change(HEAD)``, written by a writer of ``epoch``.
+
+    ``known`` is HEAD as last read (saves a ``get`` when nobody else moved
+    it).
+
+    Raises
+    ------
+    FencedError
+        When HEAD carries an epoch above ``epoch``: nothing was changed.
+    CheckpointWriteError
+        When HEAD kept changing under the swap.
+    """
+    head, version = known if known is not None else read(storage)
+    url = storage.url_of(HEAD_KEY)
+    for _ in range(SWAP_ATTEMPTS):
+        current = head if head is not None else Head()
+        if current.epoch > epoch:
+            raise FencedError(storage.url, epoch, current.epoch)
+        new = change(current).advanced(epoch, format)
+        try:
+            if version is None:
+                info = storage.put_if_absent(HEAD_KEY, new.to_bytes())
+            else:
+                info = storage.put_if_match(HEAD_KEY, new.to_bytes(), version)
+        except (VersionMismatchError, KeyExistsError):
+            head, version = read(storage)
+            continue
+        return Swap(new, info.version, current)
+    raise CheckpointWriteError(
+        f"could not move {url}: it changed under every one of {SWAP_ATTEMPTS} attempts"
+    )
