@@ -16,6 +16,7 @@ without its record.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from .catalogue import Catalogue
@@ -43,6 +44,9 @@ class Pruner:
         Where the files are.
     durable : bool
         Whether to fsync.
+    uploading : callable, optional
+        ``uploading(prefix)``: names of a family's checkpoints still to be
+        uploaded to a remote store (kept until they are).
     """
 
     def __init__(
@@ -53,8 +57,10 @@ class Pruner:
         storage: Storage,
         *,
         durable: bool,
+        uploading: Callable[[str], set[str]] | None = None,
     ) -> None:
         self.directory = directory
+        self.uploading = uploading
         self.catalogue = catalogue
         self.resume = resume
         self.storage = storage
@@ -71,6 +77,8 @@ class Pruner:
         start = self.resume.protected(family)
         if start is not None:
             names.add(start.name)
+        if self.uploading is not None:
+            names |= self.uploading(family.prefix)
         return names
 
     def settle(self, *, synced: bool) -> None:

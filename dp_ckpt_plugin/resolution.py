@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .checkpoint import Checkpoint
 from .errors import InvalidRecordError, RestartNotFoundError
@@ -27,6 +27,9 @@ from .layout import Family
 from .ranks import Ranks, SingleProcess
 from .records import CommitRecord, read_record, verify
 from .storage import Storage, default_storage
+
+if TYPE_CHECKING:
+    from .remote.fetch import RemoteSource
 
 
 class Proposer(Protocol):
@@ -102,6 +105,10 @@ class ResolveContext:
     verifier : Verifier or None
         Shared by the rules and the front door so that a file is hashed
         once; made on first use.
+    remote : RemoteSource or None
+        The remote store the run's ``save_dir`` names, when it is one:
+        ``latest``, ``best`` and its checkpoints' names are read from its
+        HEAD and fetched into the staging directory.
     """
 
     family: Family
@@ -113,6 +120,7 @@ class ResolveContext:
     quarantine: bool = True
     storage: Storage | None = None
     verifier: Verifier | None = None
+    remote: RemoteSource | None = None
 
     def __post_init__(self) -> None:
         if self.storage is None:
@@ -149,6 +157,10 @@ class Resolved:
         The pointer, alias, link or directory the rule read.
     fell_back : bool
         Whether newer candidates were unusable (corrupt, not committed).
+    source : Found or None
+        For a checkpoint of a remote store: what HEAD and its record say of
+        it (:class:`~dp_ckpt_plugin.remote.fetch.Found`); ``path`` is then its
+        verified local copy.
     """
 
     checkpoint: Checkpoint
@@ -159,6 +171,7 @@ class Resolved:
     rule: str = "plugin"
     via: Path | None = None
     fell_back: bool = False
+    source: Any = None
 
     @property
     def path(self) -> Path:
@@ -264,6 +277,7 @@ def admit(found: Resolved, ctx: ResolveContext) -> Resolved:
         found.rule,
         found.via or via,
         found.fell_back,
+        found.source,
     )
 
 

@@ -23,6 +23,7 @@ The store knows no trainer and imports no serialization library.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -38,6 +39,7 @@ from .catalogue import Catalogue, committed
 from .checkpoint import Checkpoint, Commit
 from .commit import Writer, serializer
 from .config import FamilyConfig
+from .errors import CheckpointWriteError
 from .hooks import Hooks
 from .layout import Family, check_step
 from .lock import StoreLock
@@ -46,6 +48,7 @@ from .pruning import Pruner
 from .publish import Publisher
 from .ranks import Ranks, SingleProcess
 from .records import check_metrics
+from .remote.replica import RemoteStore
 from .resolution import ResolveContext, Resolved, resolve_restart
 from .resume import ResumeState
 from .storage import Storage, local_storage
@@ -93,6 +96,11 @@ class CheckpointStore:
         thread, or a writer process fed from shared memory (``process``, torch
         format on the local storage); ``auto`` follows ``DP_CKPT_WRITER``, else
         the thread (``writer_process.uses_process``).
+    remote : RemoteStore, optional
+        The store on object storage this one stages for: ``directory`` is
+        then a local staging directory, every committed checkpoint is
+        uploaded in the background (:mod:`~dp_ckpt_plugin.remote.replica`),
+        and restarts read the remote store's HEAD.
     """
 
     def __init__(
@@ -109,8 +117,11 @@ class CheckpointStore:
         storage: Storage | None = None,
         max_archives: int | None = None,
         writer: str = "auto",
+        remote: RemoteStore | None = None,
     ) -> None:
         self.directory = Path(os.path.abspath(directory))
+        self.remote = remote
+        self._remote_start = None  # the remote entry this run continues from
         self.max_archives = max_archives
         self.hooks = Hooks.of(pm)
         self.pm = self.hooks.pm
@@ -143,7 +154,12 @@ class CheckpointStore:
         )
         self.publisher = Publisher(self.directory, self.storage, durable=durable)
         self.pruner = Pruner(
-            self.directory, self.catalogue, self.resume, self.storage, durable=durable
+            self.directory,
+            self.catalogue,
+            self.resume,
+            self.storage,
+            durable=durable,
+            uploading=remote.protected if remote is not None else None,
         )
         self.describer = Describer(self.directory, self.storage)
         # saves, resolutions and closing serialize: several threads (and the
@@ -168,7 +184,38 @@ class CheckpointStore:
             mirrors = [m.path for c in self.families.values() for m in c.mirrors]
             families = [c.family for c in self.families.values()]
             sweep(self.directory, families, mirrors, storage=self.storage)
+            if self.remote is not None:
+                self._open_remote()
             self._ready = True
+
+    def _open_remote(self) -> None:
+        """Take the remote store's lease; send what a crash left unuploaded."""
+        try:
+            self.remote.open()
+        except BaseException:
+            if self._lock is not None:
+                self._lock.release()
+            raise
+        for note in self.remote.notes:
+            log.warning("%s", note)
+        self.remote.notes.clear()
+        head = self.remote.head
+        jobs = []
+        for cfg in self.families.values():
+            newest = self.catalogue.newest(cfg.family)
+            published = head.family(cfg.family.prefix).newest()
+            if newest is not None and (
+                published is None or newest.step > published.step
+            ):
+                jobs.append((cfg, newest))
+        if jobs:
+            log.warning(
+                "%s holds committed checkpoints newer than %s (%s): uploading them",
+                self.directory,
+                self.remote.url,
+                ", ".join(f"{c.family.prefix} step {cp.step}" for c, cp in jobs),
+            )
+            self.remote.submit(jobs)
 
     def start_writer(self) -> None:
         """Start the writer process of background saves now, if there is one."""
@@ -176,17 +223,40 @@ class CheckpointStore:
             self._background.process.start()
 
     def close(self) -> None:
-        """Wait for the save in flight, then release the lock (raising its error)."""
+        """Wait for the save in flight, then release the lock (raising its error).
+
+        With a remote store, uploads in flight are waited for (bounded) and
+        the remote lease released; what did not make it is said in one line
+        and raised as :class:`~dp_ckpt_plugin.errors.CheckpointWriteError`.
+        """
         try:
             self._background.shutdown()
         finally:
-            with self._mutex:
-                try:
-                    self.pruner.settle(synced=False)  # the last prune's records
-                finally:
-                    if self._lock is not None:
-                        self._lock.release()
-                    self._ready = False
+            try:
+                self._close_remote()
+            finally:
+                self._release()
+
+    def _close_remote(self) -> None:
+        if self.remote is None or self.remote.epoch is None:
+            return
+        left = self.remote.close()
+        if left:
+            raise CheckpointWriteError(
+                f"{len(left)} checkpoint(s) could not be uploaded to {self.remote.url} "
+                f"in time ({', '.join(str(c.path) for c in left)}); they are "
+                f"committed in {self.directory}: `dp-ckpt sync {self.directory} "
+                f"{self.remote.url}` uploads them"
+            )
+
+    def _release(self) -> None:
+        with self._mutex:
+            try:
+                self.pruner.settle(synced=False)  # the last prune's records
+            finally:
+                if self._lock is not None:
+                    self._lock.release()
+                self._ready = False
 
     def __enter__(self) -> CheckpointStore:
         return self
@@ -290,9 +360,15 @@ class CheckpointStore:
 
     def _save_states(self, step, states, paths, metrics) -> None:
         with self._mutex:
+            if self.remote is not None:
+                self.remote.check()  # a run fenced off stops here, with one line
+            saved = []
             for family, state in states.items():
                 cfg = self.family(family)
                 self._save(step, state, cfg, paths[family], metrics.get(family))
+                saved.append((cfg, self.catalogue.of(cfg.family)[paths[family].name]))
+            if self.remote is not None:
+                self.remote.submit(saved)
 
     def _save(self, step: int, state: Any, cfg: FamilyConfig, path: Path, metrics):
         """The straight line of :meth:`save`, on the chief, holding the mutex."""
@@ -345,6 +421,11 @@ class CheckpointStore:
         )
         if dest is not None:
             self.resume.moved([c.name for c in doomed], dest)
+        if self.remote is not None:
+            self.remote.start_run(self._remote_start)
+            for note in self.remote.notes:
+                log.info("%s", note)
+            self.remote.notes.clear()
         if self.max_archives is not None:
             spare = {p.parent for p in self.resume.paths()}
             prune_archives(
@@ -374,6 +455,24 @@ class CheckpointStore:
             digest=digest,
             quarantine=self.is_chief,
             storage=self.storage,
+            remote=self._remote_source(),
+        )
+
+    def _remote_source(self):
+        if self.remote is None:
+            return None
+        from .remote.fetch import RemoteSource
+
+        ranked = next(
+            (
+                c.family.prefix
+                for c in self.families.values()
+                if getattr(c.policy, "leader", None) is not None
+            ),
+            None,
+        )
+        return RemoteSource(
+            self.remote.storage, self.directory, self.storage, self.durable, ranked
         )
 
     def resolve(
@@ -392,11 +491,37 @@ class CheckpointStore:
         with self._mutex:
             ctx = self.context(digest=digest, cwd=cwd) if self.is_chief else None
             found = resolve_restart(self.hooks, spec, ctx, self.ranks)
+            if found.source is not None:
+                found = self._staged(found, continues=continues)
             for moved in found.moved_aside:  # corrupt files went to quarantine
                 for cfg in self.families.values():
                     self.catalogue.discard(cfg.family, moved.name)
             self.protect_resumed(found.path, continues=continues)
             return found
+
+    def _staged(self, found: Resolved, *, continues: bool) -> Resolved:
+        """A checkpoint of a remote store: on this rank's disk, and protected there."""
+        source = found.source
+        if not self.is_chief:  # each node fetches into its own staging directory
+            from .remote.fetch import fetch
+
+            directory = self.directory
+            if self.remote is None or source.url != self.remote.url:
+                directory = found.path.parent
+            storage = self.remote.storage if self.remote is not None else None
+            if storage is None or source.url != storage.url:
+                from .storage.registry import storage_for
+
+                storage = storage_for(source.url)
+            path = fetch(storage, source, directory, self.storage, durable=self.durable)
+            found = dataclasses.replace(
+                found, checkpoint=dataclasses.replace(found.checkpoint, path=path)
+            )
+        elif self.remote is not None and source.url == self.remote.url:
+            self.remote.resumed(source.family, source.entry)
+            self._remote_start = source.entry if continues else None
+            self.catalogue.invalidate()
+        return found
 
     def protect_resumed(self, path: Path, *, continues: bool = True) -> None:
         """Note the checkpoint this run starts from; keep it out of retention.

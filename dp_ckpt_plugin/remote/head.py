@@ -49,23 +49,21 @@ SWAP_ATTEMPTS = 8
 
 
 class FencedError(CheckpointWriteError):
-    """A newer writer took the store over: this one may not move HEAD.
+    """This writer lost the store to a newer one (or its lease ran out).
 
-    Attributes
-    ----------
-    epoch : int
-        This writer's epoch.
-    head_epoch : int
-        The epoch HEAD carries now.
+    It may not move HEAD nor delete anything any more.
     """
 
-    def __init__(self, url: str, epoch: int, head_epoch: int, detail: str = "") -> None:
-        super().__init__(
-            f"another run took {url} over (epoch {head_epoch}, this run's is "
-            f"{epoch}){detail}: this run moves nothing there any more"
-        )
-        self.epoch = epoch
-        self.head_epoch = head_epoch
+    def __init__(self, url: str, detail: str) -> None:
+        super().__init__(f"{url}: {detail}; this run moves nothing there any more")
+
+
+def took_over(epoch: int, newer: int, who: str = "") -> str:
+    """How a :class:`FencedError` says another run took over."""
+    by = f" ({who})" if who else ""
+    return (
+        f"another run took the store over{by}, epoch {newer} after this run's {epoch}"
+    )
 
 
 @dataclass(frozen=True)
@@ -429,7 +427,7 @@ def update(
     for _ in range(SWAP_ATTEMPTS):
         current = head if head is not None else Head()
         if current.epoch > epoch:
-            raise FencedError(storage.url, epoch, current.epoch)
+            raise FencedError(storage.url, took_over(epoch, current.epoch))
         new = change(current).advanced(epoch, format)
         try:
             if version is None:

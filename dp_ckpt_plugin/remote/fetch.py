@@ -1,0 +1,254 @@
+"""Reading a remote store: HEAD, then the record, then the payload, verified.
+
+:func:`find` reads HEAD once and picks an entry: the published checkpoint of a
+family (``latest``), the best one (``best``), or one named by file name or
+key. Its commit record is read next and must agree with the entry (name,
+step, size, digest). :func:`fetch` then downloads the payload into a local
+directory under a temporary name, hashes it as it is written, and gives it
+its name (with its record beside it) only when size and digest match; a
+copy already there with the same record is used as it is. No listing is made,
+so finding ``latest`` costs three requests whatever the store holds.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..archive import archive
+from ..checkpoint import Checkpoint
+from ..commit import write_hashed
+from ..errors import CorruptCheckpointError, InvalidRecordError, RestartNotFoundError
+from ..records import MAX_RECORD_BYTES, CommitRecord, read_record, write_record
+from ..storage import Storage
+from ..storage.objects import ObjectStorage
+from . import head as heads
+from .head import Entry, Head
+from .keys import record_key
+
+#: Specifications that mean "the published checkpoint of the family".
+LATEST = ("latest", "")
+
+
+@dataclass(frozen=True)
+class RemoteSource:
+    """A remote store as resolution reads it.
+
+    Attributes
+    ----------
+    storage : ObjectStorage
+        Where it is.
+    staging : Path
+        The local directory its checkpoints are fetched into.
+    local : Storage
+        The local storage of ``staging``.
+    durable : bool
+        Whether fetched copies are fsynced.
+    best_family : str or None
+        The family ``best`` means, if the store has one.
+    """
+
+    storage: ObjectStorage
+    staging: Path
+    local: Storage
+    durable: bool = True
+    best_family: str | None = None
+
+
+@dataclass(frozen=True)
+class Found:
+    """An entry of a remote store, with its record checked against HEAD.
+
+    Attributes
+    ----------
+    url : str
+        The store's URL.
+    family : str
+        The family it belongs to.
+    entry : Entry
+        What HEAD says of it.
+    record : CommitRecord
+        Its commit record (agreeing with the entry).
+    how : str
+        How it was found, for people.
+    fell_back : bool
+        Whether newer entries were unusable.
+    warnings : tuple of str
+        What was skipped on the way.
+    """
+
+    url: str
+    family: str
+    entry: Entry
+    record: CommitRecord
+    how: str
+    fell_back: bool = False
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def key_url(self) -> str:
+        """The payload's URL."""
+        return f"{self.url}/{self.entry.key}"
+
+
+def read_head(storage: ObjectStorage) -> Head:
+    """HEAD of the store, or :class:`RestartNotFoundError` naming the URL."""
+    try:
+        head, _ = heads.read(storage)
+    except InvalidRecordError as exc:
+        raise RestartNotFoundError(str(exc)) from None
+    if head is None or head.empty:
+        raise RestartNotFoundError(
+            f"{storage.url} holds no committed checkpoint (no HEAD names one)"
+            + (_archived(head) if head is not None else "")
+        )
+    return head
+
+
+def _archived(head: Head) -> str:
+    if not head.archives:
+        return ""
+    return f"; its earlier runs are archived in {', '.join(head.archives[-3:])}"
+
+
+def find(
+    storage: ObjectStorage,
+    spec: str,
+    family: str,
+    *,
+    best_family: str | None = None,
+) -> Found:
+    """The entry ``spec`` names in the store, its record read and checked.
+
+    ``spec`` is ``latest`` (or empty: the store itself), ``best`` (the
+    published checkpoint of ``best_family``), or a checkpoint's file name or
+    key. A newest entry whose record is missing or disagrees is skipped, with
+    a warning, for the next one (rule 20); a named one is not.
+
+    Raises
+    ------
+    RestartNotFoundError
+        Naming the URL and what it holds.
+    CorruptCheckpointError
+        When a named entry's record is missing or disagrees.
+    """
+    head = read_head(storage)
+    if spec in LATEST or spec == "best":
+        prefix = family if spec != "best" else (best_family or "best.ckpt")
+        state = head.family(prefix)
+        if not state.kept:
+            raise RestartNotFoundError(
+                f"{storage.url} keeps no checkpoint of {prefix} "
+                f"(it keeps {', '.join(sorted(p for p, s in head.families.items() if s.kept))})"
+            )
+        order = [state.published] if state.published is not None else []
+        order += [e for e in reversed(state.kept) if e is not state.published]
+        how = f"{'the best' if spec == 'best' else 'the latest'} {prefix} of HEAD"
+        warnings: list[str] = []
+        for position, entry in enumerate(order):
+            try:
+                record = _record(storage, entry)
+            except CorruptCheckpointError as exc:
+                warnings.append(f"{exc}; trying an older one")
+                continue
+            return Found(
+                storage.url, prefix, entry, record, how, position > 0, tuple(warnings)
+            )
+        raise RestartNotFoundError(
+            f"no checkpoint of {prefix} in {storage.url} has a usable record: "
+            + "; ".join(warnings)
+        )
+    found = head.find(spec)
+    if found is None:
+        names = [e.name for s in head.families.values() for e in s.kept]
+        close = difflib.get_close_matches(spec, names, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise RestartNotFoundError(
+            f"{storage.url} keeps no checkpoint named {spec}{hint} "
+            f"(it keeps {', '.join(names[-5:])})"
+        )
+    prefix, entry = found
+    return Found(storage.url, prefix, entry, _record(storage, entry), "by its name")
+
+
+def _record(storage: ObjectStorage, entry: Entry) -> CommitRecord:
+    """The commit record of ``entry``, which must agree with it."""
+    url = storage.url_of(record_key(entry.key))
+    got = storage.get(record_key(entry.key), MAX_RECORD_BYTES)
+    if got is None:
+        raise CorruptCheckpointError(
+            f"{storage.url_of(entry.key)} has no commit record"
+        )
+    try:
+        record = CommitRecord.from_json(got[0].decode("utf-8"), source=url)
+    except (InvalidRecordError, UnicodeDecodeError) as exc:
+        raise CorruptCheckpointError(
+            f"commit record {url} is unusable: {exc}"
+        ) from None
+    if not (
+        record.describes(entry.name)
+        and record.step == entry.step
+        and record.size == entry.size
+        and record.digest == entry.digest
+    ):
+        raise CorruptCheckpointError(
+            f"commit record {url} does not agree with HEAD about {entry.name}"
+        )
+    return record
+
+
+def fetch(
+    storage: ObjectStorage,
+    found: Found,
+    directory: Path,
+    local: Storage,
+    *,
+    durable: bool = True,
+) -> Path:
+    """Download ``found`` into ``directory`` (verified); return the local file.
+
+    A committed copy already there with the same record is used as it is.
+    Raises :class:`CorruptCheckpointError` when the bytes downloaded do not
+    match the record; nothing is left behind then.
+    """
+    entry, record = found.entry, found.record
+    path = directory / entry.name
+    if local.entry(path) is not None:
+        try:
+            have = read_record(path, storage=local)
+        except InvalidRecordError:
+            have = None
+        present = local.entry(path, follow=True)
+        if (
+            have is not None
+            and have.digest == record.digest
+            and present is not None
+            and present.size == record.size
+        ):
+            return path
+        # another checkpoint under that name (one never uploaded, say): keep it
+        archive(
+            directory,
+            [Checkpoint(path, record.step, found.family, have)],
+            storage=local,
+            durable=durable,
+        )
+    local.make_dirs(directory, durable=durable)
+    tmp, digest = write_hashed(
+        path,
+        lambda handle: storage.download(entry.key, handle),
+        durable=durable,
+        storage=local,
+    )
+    size = local.entry(tmp).size
+    if size != record.size or digest != record.digest:
+        local.remove_quietly(tmp)
+        raise CorruptCheckpointError(
+            f"{found.key_url} does not match its commit record "
+            f"({size} bytes, {digest[:19]}… instead of {record.size} bytes, "
+            f"{record.digest[:19]}…)"
+        )
+    write_record(path, record, durable=durable, storage=local)
+    local.move_into_place(tmp, path, durable=durable)
+    return path

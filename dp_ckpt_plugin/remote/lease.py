@@ -1,0 +1,383 @@
+"""The writer lease of a remote store: one writer at a time, fenced by epoch.
+
+``U/LEASE`` is a small JSON object: the epoch, the holder (host, pid, command,
+since), when it was last renewed and for how long it holds. It moves only by
+``put_if_absent`` (the first writer ever) and ``put_if_match`` (every renewal,
+takeover and release), so of two runs starting at once exactly one takes it,
+and the other is refused with one line naming the holder.
+
+Each take bumps the epoch. HEAD carries the epoch of the writer that moved it
+(:mod:`.head`), so a writer that lost its lease (paused, cut off from the
+network while its lease ran out and another run took over) is refused at its
+next renewal or its next move of HEAD, whichever comes first, and deletes
+nothing.
+
+A lease is free when its holder released it, when its holder ran on this host
+and its process is gone, or when it was not renewed for its whole time to
+live. A lease renewed a moment ago is held: the run is refused at once. One
+that has not been renewed for a while (its holder died on another host) is
+waited for, up to its time to live counted on this host's own clock (so
+clocks that disagree between hosts cannot shorten it), then taken over, with a
+line saying so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from ..errors import InvalidRecordError, StoreLockedError
+from ..records import load_json
+from ..storage.objects import (
+    KeyExistsError,
+    ObjectStorage,
+    StorageUnavailableError,
+    VersionMismatchError,
+)
+from .head import FencedError, took_over
+from .keys import LEASE_KEY
+
+log = logging.getLogger("dp_ckpt_plugin")
+
+#: Seconds a lease holds without renewal, unless told otherwise.
+DEFAULT_TTL = 60.0
+#: A live holder renews this often, as a fraction of its time to live.
+RENEW_FRACTION = 1 / 3
+#: Most bytes a lease may hold.
+MAX_LEASE_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a lease."""
+
+    host: str
+    pid: int
+    command: str
+    since: str
+
+    @classmethod
+    def this_process(cls) -> Holder:
+        return cls(
+            socket.gethostname(),
+            os.getpid(),
+            " ".join(sys.argv)[:500],
+            time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        )
+
+    def describe(self) -> str:
+        return f"pid {self.pid} on {self.host}, since {self.since}: {self.command}"
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    """What ``U/LEASE`` says."""
+
+    epoch: int
+    holder: Holder
+    renewed: float
+    ttl: float
+    released: bool = False
+
+    def to_bytes(self) -> bytes:
+        data = {"what": "dp_ckpt_plugin writer lease", **asdict(self)}
+        return (json.dumps(data, indent=1, sort_keys=True) + "\n").encode("utf-8")
+
+    @classmethod
+    def parse(cls, data: bytes, source: str) -> LeaseState:
+        try:
+            raw = load_json(data.decode("utf-8"), source, "lease")
+        except UnicodeDecodeError:
+            raise InvalidRecordError(f"lease {source} is not UTF-8 text") from None
+        holder = raw.get("holder") if type(raw) is dict else None
+        try:
+            fields = (
+                raw["epoch"],
+                Holder(
+                    str(holder["host"])[:256],
+                    holder["pid"],
+                    str(holder["command"])[:500],
+                    str(holder["since"])[:64],
+                ),
+                raw["renewed"],
+                raw["ttl"],
+                raw.get("released", False),
+            )
+        except (KeyError, TypeError):
+            raise InvalidRecordError(
+                f"lease {source} is malformed; if no run writes this store, "
+                "remove it (dp-ckpt prune --release-lease)"
+            ) from None
+        epoch, holder_, renewed, ttl, released = fields
+        if not (
+            type(epoch) is int
+            and 0 < epoch < 1 << 62
+            and type(holder_.pid) is int
+            and type(renewed) in (int, float)
+            and type(ttl) in (int, float)
+            and 0 < ttl < 1e6
+            and 0 <= renewed < 1e11
+            and type(released) is bool
+        ):
+            raise InvalidRecordError(
+                f"lease {source} holds a value out of range; if no run writes this "
+                "store, remove it (dp-ckpt prune --release-lease)"
+            )
+        return cls(epoch, holder_, float(renewed), float(ttl), released)
+
+
+def alive(pid: int) -> bool:
+    """Whether a process of this host with ``pid`` exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OverflowError:
+        return False
+    return True
+
+
+class Lease:
+    """This run's hold on a remote store (see the module docs).
+
+    Parameters
+    ----------
+    storage : ObjectStorage
+        The store's storage.
+    ttl : float
+        Seconds the lease holds without renewal.
+    clock, wall, sleep : callables
+        The monotonic clock, the wall clock and sleep (tests drive time).
+    """
+
+    def __init__(
+        self,
+        storage: ObjectStorage,
+        *,
+        ttl: float = DEFAULT_TTL,
+        holder: Holder | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.storage = storage
+        self.ttl = float(ttl)
+        self.holder = holder or Holder.this_process()
+        self._clock, self._wall, self._sleep = clock, wall, sleep
+        self.epoch: int | None = None
+        self.version: str | None = None
+        self._renewed_at = 0.0  # monotonic start of the last successful renewal
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: Why this lease was lost, once it was.
+        self.lost: FencedError | None = None
+        #: What the last acquisition said (a takeover, a wait), for the log.
+        self.notes: list[str] = []
+
+    @property
+    def url(self) -> str:
+        return self.storage.url_of(LEASE_KEY)
+
+    # -- reading ---------------------------------------------------------------
+    def read(self) -> tuple[LeaseState | None, str | None]:
+        """The lease as it is now, and its version."""
+        found = self.storage.get(LEASE_KEY, MAX_LEASE_BYTES)
+        if found is None:
+            return None, None
+        data, info = found
+        return LeaseState.parse(data, self.url), info.version
+
+    def _free(self, state: LeaseState) -> str | None:
+        """Why ``state`` may be taken at once, or ``None`` if it may not."""
+        if state.released:
+            return "released"
+        if state.holder.host == self.holder.host and not alive(state.holder.pid):
+            return f"its holder, pid {state.holder.pid} on this host, is gone"
+        idle = self._wall() - state.renewed
+        if idle > 2 * state.ttl:
+            return f"it was last renewed {idle:.0f} s ago and held {state.ttl:.0f} s"
+        return None
+
+    # -- taking ------------------------------------------------------------------
+    def acquire(self, *, min_epoch: int = 1) -> int:
+        """Take the lease; return this run's epoch (at least ``min_epoch``).
+
+        Raises
+        ------
+        StoreLockedError
+            Naming the holder, when another run holds it.
+        """
+        with self._lock:
+            if self.epoch is not None:
+                return self.epoch
+            watched: tuple[str, float] | None = None  # (version, since) being waited on
+            while True:
+                state, version = self.read()
+                if state is None:
+                    if self._take(None, min_epoch, "created"):
+                        return self.epoch
+                    continue
+                why = self._free(state)
+                if why is None:
+                    if watched is None or watched[0] != version:
+                        fresh = self._wall() - state.renewed
+                        if (
+                            watched is not None
+                            or fresh < 2 * state.ttl * RENEW_FRACTION
+                        ):
+                            raise self._refusal(state)
+                        watched = (version, self._clock())
+                        log.warning(
+                            "%s: waiting up to %.0f s for the lease of %s, last renewed "
+                            "%.0f s ago (it seems to have stopped)",
+                            self.storage.url,
+                            state.ttl,
+                            state.holder.describe(),
+                            fresh,
+                        )
+                    if self._clock() - watched[1] < state.ttl:
+                        self._sleep(min(1.0, state.ttl / 10))
+                        continue
+                    why = f"it was not renewed for {state.ttl:.0f} s"
+                epoch = max(state.epoch + 1, min_epoch)
+                if self._take(version, epoch, why, previous=state):
+                    return self.epoch
+                watched = None
+
+    def _take(
+        self,
+        version: str | None,
+        epoch: int,
+        why: str,
+        previous: LeaseState | None = None,
+    ) -> bool:
+        state = LeaseState(epoch, self.holder, self._wall(), self.ttl)
+        started = self._clock()
+        try:
+            if version is None:
+                info = self.storage.put_if_absent(LEASE_KEY, state.to_bytes())
+            else:
+                info = self.storage.put_if_match(LEASE_KEY, state.to_bytes(), version)
+        except (KeyExistsError, VersionMismatchError):
+            return False  # another run moved it first: look again
+        self.epoch, self.version, self._renewed_at = epoch, info.version, started
+        if previous is not None and why != "released":
+            self.notes.append(
+                f"took over {self.storage.url} from {previous.holder.describe()} "
+                f"(epoch {previous.epoch} -> {epoch}): {why}"
+            )
+        return True
+
+    def _refusal(self, state: LeaseState) -> StoreLockedError:
+        left = max(0.0, state.renewed + state.ttl - self._wall())
+        return StoreLockedError(
+            f"checkpoint store {self.storage.url} is in use by another run "
+            f"({state.holder.describe()}; its lease was renewed "
+            f"{max(0.0, self._wall() - state.renewed):.0f} s ago and holds {left:.0f} s "
+            "more); wait for it to finish or choose another save_dir"
+        )
+
+    # -- holding -----------------------------------------------------------------
+    def check(self) -> None:
+        """Raise :class:`FencedError` if this lease was lost."""
+        if self.lost is not None:
+            raise self.lost
+
+    def valid_for(self) -> float:
+        """Seconds this lease surely holds, on this host's clock."""
+        if self.epoch is None:
+            return 0.0
+        return self._renewed_at + self.ttl - self._clock()
+
+    def renew_if_due(self) -> bool:
+        """Renew when a third of the time to live passed; return whether it renewed."""
+        with self._lock:
+            self.check()
+            if self.valid_for() > self.ttl * (1 - RENEW_FRACTION):
+                return False
+            self.renew()
+            return True
+
+    def renew(self) -> None:
+        """Renew now (compare-and-swap on this lease's version)."""
+        with self._lock:
+            self.check()
+            if self.epoch is None:
+                raise FencedError(self.storage.url, "this run holds no lease")
+            state = LeaseState(self.epoch, self.holder, self._wall(), self.ttl)
+            started = self._clock()
+            try:
+                info = self.storage.put_if_match(
+                    LEASE_KEY, state.to_bytes(), self.version
+                )
+            except VersionMismatchError:
+                now, version = self.read()
+                if (
+                    now is not None
+                    and now.epoch == self.epoch
+                    and now.holder == self.holder
+                ):
+                    # our own renewal, whose answer was lost: it holds
+                    self.version, self._renewed_at = version, started
+                    return
+                detail = (
+                    took_over(self.epoch, now.epoch, now.holder.describe())
+                    if now is not None
+                    else "its lease was removed by someone else"
+                )
+                self.lost = FencedError(self.storage.url, detail)
+                raise self.lost from None
+            self.version, self._renewed_at = info.version, started
+
+    def start_heartbeat(self) -> None:
+        """Renew in a thread of its own while the run trains between saves."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._beat, name="dp_ckpt-lease", daemon=True
+        )
+        self._thread.start()
+
+    def _beat(self) -> None:
+        period = self.ttl * RENEW_FRACTION
+        while not self._stop.wait(period / 2):
+            try:
+                self.renew_if_due()
+            except FencedError:
+                log.error("%s", self.lost)
+                return
+            except StorageUnavailableError as exc:
+                if self.valid_for() <= 0:
+                    self.lost = FencedError(
+                        self.storage.url,
+                        f"the lease could not be renewed for {self.ttl:.0f} s "
+                        f"({exc.cause}), so another run may take the store over",
+                    )
+                    log.error("%s", self.lost)
+                    return
+
+    def release(self) -> None:
+        """Give the lease up, so the next run takes it at once (idempotent)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        with self._lock:
+            if self.epoch is None or self.lost is not None:
+                return
+            state = LeaseState(self.epoch, self.holder, self._wall(), self.ttl, True)
+            with contextlib.suppress(VersionMismatchError, StorageUnavailableError):
+                self.storage.put_if_match(LEASE_KEY, state.to_bytes(), self.version)
+            self.epoch = None

@@ -1,0 +1,500 @@
+"""The writer side of a remote store: lease, uploads, HEAD, retention.
+
+A :class:`RemoteStore` belongs to one :class:`~dp_ckpt_plugin.store.CheckpointStore`
+whose directory is a local *staging* directory. The store commits every
+checkpoint there first (the local protocol, unchanged: the loop's stall is
+what it is with a local ``save_dir``) and hands it to :meth:`RemoteStore.submit`;
+an uploader thread then, for each checkpoint, in this order:
+
+1. checks the staged file against its commit record (size, digest) from the
+   open file it then uploads, so a file replaced meanwhile is never sent
+   under the old record;
+2. puts the payload under a new key of this run's epoch (multipart where the
+   storage does it, retried part by part);
+3. creates its commit record if absent (a retry that finds it identical goes
+   on);
+4. swaps HEAD (one swap for every family of the step): the new entry kept
+   and published, retention applied to what HEAD keeps;
+5. deletes what that swap stopped naming, and nothing else;
+6. renews the lease if a third of its time went by (at most once).
+
+A checkpoint waiting for its upload is protected from the staging store's
+retention. When uploads fall behind (a save every step on a slow link), the
+uploader sends the newest checkpoint of each family and says, in one line,
+which committed steps it skipped. A failed upload is retried with a growing
+pause, the checkpoint staying committed in the staging directory; a newer
+writer taking the store over, or HEAD turning out malformed, stops the run at
+its next save with one line. :meth:`RemoteStore.close` waits a bounded time
+for the uploads in flight, then says what did not make it and how to send it
+(``dp-ckpt sync``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from ..checkpoint import Checkpoint
+from ..digests import digest_of_handle
+from ..errors import CheckpointError, CheckpointWriteError, UnreadableFileError
+from ..records import CommitRecord
+from ..retention import plan_prune
+from ..storage import Storage
+from ..storage.objects import (
+    KeyExistsError,
+    ObjectStorage,
+    StorageUnavailableError,
+)
+from . import head as heads
+from .head import Entry, FencedError, Head
+from .keys import archive_key, payload_key, record_key
+from .lease import DEFAULT_TTL, Lease
+from .probe import probe
+
+log = logging.getLogger("dp_ckpt_plugin")
+
+#: Seconds :meth:`RemoteStore.close` waits for uploads in flight.
+DEFAULT_UPLOAD_WAIT = 300.0
+#: Longest pause between attempts of a failing upload.
+MAX_RETRY_PAUSE = 30.0
+#: A backlog older than this many seconds is reported (at most this often).
+BEHIND_REPORT = 30.0
+
+
+class _Skip(Exception):
+    """A queued checkpoint that cannot be uploaded (its staged file changed)."""
+
+
+@dataclass
+class _Job:
+    """A committed checkpoint of the staging store, to upload."""
+
+    config: object  # FamilyConfig
+    checkpoint: Checkpoint
+    since: float
+
+
+class RemoteStore:
+    """The remote side of a store (see the module docs).
+
+    Parameters
+    ----------
+    storage : ObjectStorage
+        Where the remote store is.
+    format : str
+        The format of its checkpoints.
+    staging : Storage
+        The staging store's local storage (to open staged files).
+    ttl : float
+        Seconds the writer lease holds without renewal.
+    upload_wait : float
+        Seconds :meth:`close` waits for uploads in flight.
+    """
+
+    def __init__(
+        self,
+        storage: ObjectStorage,
+        *,
+        format: str,
+        staging: Storage,
+        ttl: float = DEFAULT_TTL,
+        upload_wait: float = DEFAULT_UPLOAD_WAIT,
+    ) -> None:
+        self.storage = storage
+        self.format = format
+        self.staging = staging
+        self.upload_wait = upload_wait
+        self.lease = Lease(storage, ttl=ttl)
+        self.url = storage.url
+        self.epoch: int | None = None
+        self._head: tuple[Head | None, str | None] = (None, None)
+        self._lock = threading.Condition()
+        self._queue: list[_Job] = []
+        self._busy = False
+        self._closing = False
+        self._fatal: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._uploads: dict[str, int] = {}
+        self._resumed: dict[str, Entry] = {}
+        self._published: dict[str, int] = {}
+        self._behind_said = 0.0
+        self._sending: dict[str, set[str]] = {}
+        #: What the store should say once (a takeover, an unsafe endpoint).
+        self.notes: list[str] = []
+        #: Entries uploaded by this run, newest last (for the closing line).
+        self.uploaded: list[Entry] = []
+
+    # -- lifecycle -----------------------------------------------------------
+    def open(self) -> None:
+        """Check the endpoint, take the lease and fence HEAD (once)."""
+        if self.epoch is not None:
+            return
+        unsafe = probe(self.storage)
+        if unsafe is not None:
+            self.notes.append(
+                f"{self.url} does not enforce conditional writes ({unsafe}): "
+                "dp_ckpt_plugin cannot keep two runs from writing it at once; "
+                "run one writer at a time"
+            )
+        current = heads.read(self.storage)
+        floor = current[0].epoch + 1 if current[0] is not None else 1
+        self.epoch = self.lease.acquire(min_epoch=floor)
+        self.notes.extend(self.lease.notes)
+        # from now on a writer of an older epoch can no longer move HEAD
+        swap = heads.update(
+            self.storage, self.epoch, lambda h: h, known=current, format=self.format
+        )
+        self._head = (swap.head, swap.version)
+        self.lease.start_heartbeat()
+        self._thread = threading.Thread(
+            target=self._run, name="dp_ckpt-upload", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def head(self) -> Head:
+        """HEAD as this writer last saw it."""
+        return self._head[0] or Head()
+
+    def close(self, *, wait: float | None = None) -> list[Checkpoint]:
+        """Wait (bounded) for the uploads in flight; release the lease.
+
+        Returns the checkpoints that were not uploaded (committed in the
+        staging directory only); each is said in one line.
+        """
+        limit = self.upload_wait if wait is None else wait
+        left: list[Checkpoint] = []
+        with self._lock:
+            deadline = time.monotonic() + limit
+            while (self._queue or self._busy) and self._fatal is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._lock.wait(min(remaining, 1.0))
+            self._closing = True
+            left = [j.checkpoint for j in self._queue]
+            self._queue.clear()
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        self.lease.release()
+        self.epoch = None
+        return left
+
+    # -- the store's calls ------------------------------------------------------
+    def check(self) -> None:
+        """Raise what stopped the uploads for good (fenced, malformed HEAD)."""
+        if self._fatal is not None:
+            raise self._fatal
+        self.lease.check()
+
+    def submit(self, jobs: list[tuple[object, Checkpoint]]) -> None:
+        """Queue committed checkpoints of one step for upload (returns at once)."""
+        self.check()
+        now = time.monotonic()
+        with self._lock:
+            self._queue.extend(_Job(c, cp, now) for c, cp in jobs)
+            self._lock.notify_all()
+
+    def protected(self, prefix: str) -> set[str]:
+        """Names of staged checkpoints of ``prefix`` not yet uploaded."""
+        with self._lock:
+            names = {
+                j.checkpoint.name
+                for j in self._queue
+                if j.config.family.prefix == prefix
+            }
+            if self._busy:
+                names |= self._sending.get(prefix, set())
+            return names
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued upload is done; ``False`` on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while (self._queue or self._busy) and self._fatal is None:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._lock.wait(remaining if remaining is not None else 1.0)
+        self.check()
+        return True
+
+    def resumed(self, prefix: str, entry: Entry) -> None:
+        """Protect the entry this run starts from until it commits a later step."""
+        self._resumed[prefix] = entry
+
+    def start_run(self, continues_from: Entry | None) -> str | None:
+        """Archive what an earlier run left in HEAD (rule 14); return the archive key.
+
+        A run that continues from an entry of this store archives the
+        entries numbered above it; any other run archives every entry.
+        Nothing is deleted: the archive names them.
+        """
+        self.check()
+        head = self.head
+        if continues_from is None:
+            keep = lambda prefix, e: False  # noqa: E731
+        else:
+            keep = lambda prefix, e: e.step <= continues_from.step  # noqa: E731
+        doomed = [e for p, s in head.families.items() for e in s.kept if not keep(p, e)]
+        if not doomed:
+            return None
+        key = archive_key()
+        gone = {e.key for e in doomed}
+        archived = Head(
+            seq=head.seq,
+            epoch=head.epoch,
+            format=head.format,
+            families={
+                p: heads.FamilyState(
+                    tuple(e for e in s.kept if e.key in gone),
+                    s.latest if s.latest in gone else None,
+                )
+                for p, s in head.families.items()
+            },
+            updated=head.updated,
+        )
+        try:
+            self.storage.put_if_absent(key, archived.to_bytes())
+        except KeyExistsError:
+            raise CheckpointWriteError(
+                f"could not archive the earlier run of {self.url}: "
+                f"{self.storage.url_of(key)} exists"
+            ) from None
+        swap = heads.update(
+            self.storage,
+            self.epoch,
+            lambda h: h.archived(key, keep),
+            known=self._head,
+            format=self.format,
+        )
+        self._head = (swap.head, swap.version)
+        steps = sorted({e.step for e in doomed})
+        self.notes.append(
+            f"archived {len(doomed)} checkpoint(s) of an earlier run of {self.url} "
+            f"(steps {', '.join(map(str, steps))}) in {self.storage.url_of(key)}"
+        )
+        return key
+
+    # -- the uploader thread ----------------------------------------------------
+    def _run(self) -> None:
+        pause = 1.0
+        while True:
+            with self._lock:
+                while not self._queue and not self._closing:
+                    self._lock.wait()
+                if self._closing:
+                    return
+                batch = self._take()
+                self._busy = True
+                self._sending = {
+                    p: {j.checkpoint.name for j in jobs} for p, jobs in batch.items()
+                }
+            try:
+                self._upload(batch)
+                pause = 1.0
+            except FencedError as exc:
+                self._fail(exc)
+                return
+            except _Skip as exc:  # a newer save of the step will follow, or none can
+                log.warning("%s", exc)
+                continue
+            except (StorageUnavailableError, CheckpointWriteError, OSError) as exc:
+                self._retry_later(batch, exc, pause)
+                time.sleep(pause)
+                pause = min(pause * 2, MAX_RETRY_PAUSE)
+                continue
+            except CheckpointError as exc:
+                self._fail(exc)
+                return
+            except BaseException as exc:  # a bug: say it, stop uploading
+                self._fail(
+                    CheckpointWriteError(
+                        f"uploads to {self.url} stopped: {type(exc).__name__}: {exc}"
+                    )
+                )
+                raise
+            finally:
+                with self._lock:
+                    self._busy = False
+                    self._sending = {}
+                    self._lock.notify_all()
+
+    def _take(self) -> dict[str, list[_Job]]:
+        """The jobs to upload now: the newest step of each family (lock held)."""
+        by_family: dict[str, list[_Job]] = {}
+        for job in self._queue:
+            by_family.setdefault(job.config.family.prefix, []).append(job)
+        self._queue.clear()
+        batch = {}
+        for prefix, jobs in by_family.items():
+            newest = max(jobs, key=lambda j: j.checkpoint.step)
+            skipped = sorted(
+                {j.checkpoint.step for j in jobs} - {newest.checkpoint.step}
+            )
+            if skipped:
+                log.warning(
+                    "upload to %s is behind: %s step(s) %s, committed in %s, were "
+                    "superseded before they could be uploaded; uploading step %d",
+                    self.url,
+                    prefix,
+                    ", ".join(map(str, skipped)),
+                    newest.checkpoint.path.parent,
+                    newest.checkpoint.step,
+                )
+            batch[prefix] = [newest]
+        oldest = min(j.since for jobs in by_family.values() for j in jobs)
+        now = time.monotonic()
+        if now - oldest > BEHIND_REPORT and now - self._behind_said > BEHIND_REPORT:
+            self._behind_said = now
+            log.warning(
+                "upload to %s is %.0f s behind the training", self.url, now - oldest
+            )
+        return batch
+
+    def _retry_later(self, batch, exc: BaseException, pause: float) -> None:
+        with self._lock:
+            queued = {(j.config.family.prefix) for j in self._queue}
+            for prefix, jobs in batch.items():
+                if prefix not in queued:  # a newer save supersedes a failed one
+                    self._queue[:0] = jobs
+        steps = ", ".join(
+            f"{p} step {j.checkpoint.step}" for p, js in batch.items() for j in js
+        )
+        log.warning(
+            "upload to %s failed (%s); %s stay(s) committed in the staging directory, "
+            "trying again in %.0f s",
+            self.url,
+            exc,
+            steps,
+            pause,
+        )
+
+    def _fail(self, exc: BaseException) -> None:
+        log.error("%s", exc)
+        with self._lock:
+            self._fatal = exc
+            self._lock.notify_all()
+
+    def _upload(self, batch: dict[str, list[_Job]]) -> None:
+        entries = {}
+        for prefix, jobs in batch.items():
+            for job in jobs:
+                entries[prefix] = (job.config, self._send(job.checkpoint))
+        self.lease.check()
+        self.lease.renew_if_due()
+        doomed: list[str] = []
+
+        def change(head: Head) -> Head:
+            doomed.clear()
+            for prefix, (config, entry) in entries.items():
+                head = head.with_entry(prefix, entry, publish=None)
+                head = head.with_entry(
+                    prefix, entry, publish=self._chosen(config, head, entry)
+                )
+                gone = self._retained(config, head, entry)
+                doomed.extend(k for e in gone for k in e.keys)
+                head = head.without(prefix, [e.key for e in gone])
+            return head
+
+        before = self._head[0] or Head()
+        replaced = {
+            k
+            for prefix, (_, entry) in entries.items()
+            for e in before.family(prefix).kept
+            if e.step == entry.step and e.key != entry.key
+            for k in e.keys
+        }
+        swap = heads.update(
+            self.storage, self.epoch, change, known=self._head, format=self.format
+        )
+        self._head = (swap.head, swap.version)
+        for key in sorted(swap.unnamed([*doomed, *replaced])):
+            try:
+                self.storage.delete(key)
+            except StorageUnavailableError as exc:
+                log.warning("could not delete %s (%s); recovery will", key, exc.cause)
+        for prefix, (_, entry) in entries.items():
+            self.uploaded.append(entry)
+            resumed = self._resumed.get(prefix)
+            if resumed is not None and entry.step > resumed.step:
+                del self._resumed[prefix]
+
+    def _send(self, checkpoint: Checkpoint) -> Entry:
+        """Upload one staged checkpoint and its record; return its HEAD entry."""
+        record: CommitRecord = checkpoint.record
+        name = checkpoint.name
+        upload = self._uploads.get(name, 0)
+        key = payload_key(self.epoch, name, upload)
+        try:
+            handle = self.staging.open_payload(checkpoint.path)
+        except (UnreadableFileError, FileNotFoundError) as exc:
+            raise _Skip(
+                f"staged checkpoint {checkpoint.path} is gone ({exc}); "
+                f"it is not uploaded to {self.url}"
+            ) from None
+        with handle:
+            found = digest_of_handle(handle, record.algorithm)
+            size = handle.tell()
+            if size != record.size or found != record.digest:
+                raise _Skip(
+                    f"staged checkpoint {checkpoint.path} no longer matches its "
+                    f"commit record (saved again meanwhile?); it is not uploaded to "
+                    f"{self.url}"
+                )
+            handle.seek(0)
+            self.storage.put(key, handle)
+        self._uploads[name] = upload + 1
+        text = record.to_json().encode("utf-8")
+        try:
+            self.storage.put_if_absent(record_key(key), text)
+        except KeyExistsError:
+            existing = self.storage.get(record_key(key))
+            if existing is None or existing[0] != text:
+                raise CheckpointWriteError(
+                    f"could not commit {self.storage.url_of(key)}: another record "
+                    "is already there"
+                ) from None
+        return Entry(key, name, record.step, record.size, record.digest, record.metrics)
+
+    def _chosen(self, config, head: Head, entry: Entry) -> str:
+        """What the family publishes after ``entry``: it, or its best."""
+        policy = config.policy
+        leader = getattr(policy, "leader", None)
+        state = head.family(config.family.prefix)
+        if leader is not None:
+            best = leader([_candidate(e) for e in state.kept])
+            if best is not None:
+                return next(e.key for e in state.kept if e.name == best.name)
+        published = state.published
+        if published is not None and published.step > entry.step:
+            return published.key  # never back to an older step
+        return entry.key
+
+    def _retained(self, config, head: Head, entry: Entry) -> list[Entry]:
+        """The kept entries of the family that retention removes after ``entry``."""
+        state = head.family(config.family.prefix)
+        protected = {entry.name}
+        if state.published is not None:
+            protected.add(state.published.name)
+        resumed = self._resumed.get(config.family.prefix)
+        if resumed is not None:
+            protected.add(resumed.name)
+        names = plan_prune(
+            {e.name: e.step for e in state.kept},
+            current_step=entry.step,
+            protected=protected,
+            policy=config.policy,
+            metrics={e.name: e.metrics or {} for e in state.kept},
+        )
+        return [e for e in state.kept if e.name in set(names)]
+
+
+def _candidate(entry: Entry):
+    from ..retention import Candidate
+
+    return Candidate(entry.name, entry.step, entry.metrics)

@@ -1,0 +1,113 @@
+"""``on_resolve_restart`` for remote stores (the built-in plugin ``remote``).
+
+It answers, when the run's ``save_dir`` is a remote store
+(``context.remote``): ``latest``, ``best``, the store's own URL and the name
+or key of one of its checkpoints; and, for any run, the URL of a remote store
+or of a checkpoint in one (``s3://bucket/run``,
+``s3://bucket/run/e000002/model.ckpt-30.pt``). The checkpoint is found through
+HEAD and its record (:func:`~dp_ckpt_plugin.remote.fetch.find`), downloaded
+into the staging directory and verified on the way
+(:func:`~dp_ckpt_plugin.remote.fetch.fetch`); the front door then checks the
+local copy as it checks any file. Anything else is left to the other rules.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..checkpoint import Checkpoint
+from ..hookspecs import hookimpl
+from ..resolution import Resolved
+from .fetch import LATEST, Found, RemoteSource, fetch, find
+
+#: How many folders above a checkpoint's URL its store's HEAD is looked for.
+_LEVELS = 3
+
+
+@hookimpl(trylast=True)
+def on_resolve_restart(spec, context):
+    """Answer remote specifications; leave anything else."""
+    if context is None or not isinstance(spec, str):
+        return None
+    source = context.remote
+    if source is not None:
+        url = source.storage.url
+        if spec in (*LATEST, "best", url, f"{url}/"):
+            name = "latest" if spec in (url, f"{url}/") else spec
+            found = find(
+                source.storage,
+                name,
+                context.family.prefix,
+                best_family=source.best_family,
+            )
+            return _resolved(found, source)
+        if spec.startswith(f"{url}/"):
+            found = find(source.storage, spec[len(url) + 1 :], context.family.prefix)
+            return _resolved(found, source)
+        if "://" not in spec and "/" not in spec and _named(source, spec):
+            found = find(source.storage, spec, context.family.prefix)
+            return _resolved(found, source)
+    if "://" not in spec or spec.startswith("file://"):
+        return None
+    return _elsewhere(spec, context)
+
+
+def _named(source: RemoteSource, spec: str) -> bool:
+    from .fetch import read_head
+
+    try:
+        return read_head(source.storage).find(spec) is not None
+    except Exception:
+        return False
+
+
+def _elsewhere(spec: str, context) -> Resolved:
+    """A URL of another store (or a checkpoint in one)."""
+    from ..errors import RestartNotFoundError
+    from ..storage.registry import storage_for
+    from .head import read
+
+    base, rest = spec.rstrip("/"), ""
+    for _ in range(_LEVELS + 1):
+        storage = storage_for(base)
+        if read(storage)[0] is not None:
+            found = find(storage, rest or "latest", context.family.prefix)
+            staging = context.remote.staging if context.remote else None
+            local = context.remote.local if context.remote else context.storage
+            cache = fetch_cache(staging, storage.url, context.cwd)
+            return _resolved(found, RemoteSource(storage, cache, local))
+        base, _, last = base.rpartition("/")
+        rest = f"{last}/{rest}".rstrip("/")
+        if "://" not in base or base.endswith(":/"):
+            break
+    raise RestartNotFoundError(
+        f"{spec} names no checkpoint store: no HEAD at it or above it"
+    )
+
+
+def fetch_cache(staging: Path | None, url: str, cwd: Path) -> Path:
+    """Where checkpoints of another remote store are fetched to.
+
+    Beside the staging directory (never inside a store directory, so a
+    checkpoint of another store never counts as one of this run's).
+    """
+    from .staging import staging_dir
+
+    base = staging.parent if staging is not None else None
+    return staging_dir(url, base=base, purpose="fetched")
+
+
+def _resolved(found: Found, source: RemoteSource) -> Resolved:
+    path = fetch(
+        source.storage, found, source.staging, source.local, durable=source.durable
+    )
+    how = f"{found.how} ({found.key_url})"
+    return Resolved(
+        Checkpoint(path, found.entry.step, found.family, found.record),
+        "digest",
+        how,
+        list(found.warnings),
+        rule="remote",
+        fell_back=found.fell_back,
+        source=found,
+    )
