@@ -24,15 +24,15 @@ BLOCK_PLUGINS_ENV = "DP_CKPT_DISABLE_PLUGINS"
 ENTRY_POINT_GROUP = "dp_ckpt"
 
 #: The core's built-in plugins, name to module, each marked ``trylast``;
-#: of two, the one registered later is called first, so ``remote`` (which
+#: of two, the one registered first is called first, so ``remote`` (which
 #: answers a remote store's specifications) comes before ``best`` (which
 #: answers one specification), and both before ``resolve`` (which answers all).
 CORE_PLUGINS: Mapping[str, str] = {
     "hdf5": "dp_ckpt_plugin.formats.hdf5",
     "torch": "dp_ckpt_plugin.formats.torch",
-    "resolve": "dp_ckpt_plugin.rules",
-    "best": "dp_ckpt_plugin.best",
     "remote": "dp_ckpt_plugin.remote.resolver",
+    "best": "dp_ckpt_plugin.best",
+    "resolve": "dp_ckpt_plugin.rules",
 }
 
 
