@@ -139,6 +139,8 @@ class CheckpointStore:
         self.durable = durable
         mirrors = [m.path for c in configs for m in c.mirrors]
         self.storage = storage or local_storage(self.directory, mirrors=mirrors)
+        if remote is not None and remote.staging is None:
+            remote.staging = self.storage
         self._lock = StoreLock(self.directory, storage=self.storage) if lock else None
         self._ready = self._started = False
         self.resume = ResumeState()

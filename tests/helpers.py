@@ -360,3 +360,25 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+# -- remote stores ---------------------------------------------------------------
+
+
+def remote_store(pm, staging, storage, *, keep=2, ttl=60.0, upload_wait=30.0, **kwargs):
+    """A store staged in ``staging`` for the remote store on ``storage`` (hdf5).
+
+    Returns the :class:`CheckpointStore`; its ``remote`` is the
+    :class:`~dp_ckpt_plugin.remote.replica.RemoteStore`.
+    """
+    from dp_ckpt_plugin.remote.replica import RemoteStore
+
+    remote = RemoteStore(storage, format="hdf5", ttl=ttl, upload_wait=upload_wait)
+    return CheckpointStore(
+        staging,
+        format="hdf5",
+        pm=pm,
+        families=[FamilyConfig(family(), KeepLast(keep))],
+        remote=remote,
+        **kwargs,
+    )

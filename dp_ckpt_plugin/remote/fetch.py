@@ -13,7 +13,7 @@ so finding ``latest`` costs three requests whatever the store holds.
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..archive import archive
@@ -123,8 +123,23 @@ def find(
 
     ``spec`` is ``latest`` (or empty: the store itself), ``best`` (the
     published checkpoint of ``best_family``), or a checkpoint's file name or
-    key. A newest entry whose record is missing or disagrees is skipped, with
-    a warning, for the next one (rule 20); a named one is not.
+    key. See :func:`candidates`; this is the first of them.
+    """
+    return next(iter(candidates(storage, spec, family, best_family=best_family)))
+
+
+def candidates(
+    storage: ObjectStorage,
+    spec: str,
+    family: str,
+    *,
+    best_family: str | None = None,
+):
+    """The entries ``spec`` may mean, best first, each with its record checked.
+
+    For ``latest`` and ``best``: the published entry, then the others newest
+    first; one whose record is missing or disagrees is skipped, with a
+    warning carried by the next (rule 20). A named entry is the only one.
 
     Raises
     ------
@@ -138,27 +153,31 @@ def find(
         prefix = family if spec != "best" else (best_family or "best.ckpt")
         state = head.family(prefix)
         if not state.kept:
+            kept = ", ".join(sorted(p for p, s in head.families.items() if s.kept))
             raise RestartNotFoundError(
-                f"{storage.url} keeps no checkpoint of {prefix} "
-                f"(it keeps {', '.join(sorted(p for p, s in head.families.items() if s.kept))})"
+                f"{storage.url} keeps no checkpoint of {prefix} (it keeps {kept})"
             )
         order = [state.published] if state.published is not None else []
         order += [e for e in reversed(state.kept) if e is not state.published]
         how = f"{'the best' if spec == 'best' else 'the latest'} {prefix} of HEAD"
         warnings: list[str] = []
+        yielded = False
         for position, entry in enumerate(order):
             try:
                 record = _record(storage, entry)
             except CorruptCheckpointError as exc:
                 warnings.append(f"{exc}; trying an older one")
                 continue
-            return Found(
+            yielded = True
+            yield Found(
                 storage.url, prefix, entry, record, how, position > 0, tuple(warnings)
             )
-        raise RestartNotFoundError(
-            f"no checkpoint of {prefix} in {storage.url} has a usable record: "
-            + "; ".join(warnings)
-        )
+        if not yielded:
+            raise RestartNotFoundError(
+                f"no checkpoint of {prefix} in {storage.url} has a usable record: "
+                + "; ".join(warnings)
+            )
+        return
     found = head.find(spec)
     if found is None:
         names = [e.name for s in head.families.values() for e in s.kept]
@@ -169,7 +188,40 @@ def find(
             f"(it keeps {', '.join(names[-5:])})"
         )
     prefix, entry = found
-    return Found(storage.url, prefix, entry, _record(storage, entry), "by its name")
+    yield Found(storage.url, prefix, entry, _record(storage, entry), "by its name")
+
+
+def fetch_first(
+    storage: ObjectStorage,
+    spec: str,
+    family: str,
+    source: RemoteSource,
+) -> tuple[Found, Path, list[str]]:
+    """Fetch the first of :func:`candidates` that downloads intact.
+
+    A payload that does not match its record is reported and the next
+    candidate tried (rule 20); nothing is moved (the remote store belongs
+    to its writer). Returns what was found, its local copy and the warnings.
+    """
+    warnings: list[str] = []
+    last: CorruptCheckpointError | None = None
+    for found in candidates(storage, spec, family, best_family=source.best_family):
+        try:
+            path = fetch(
+                storage, found, source.staging, source.local, durable=source.durable
+            )
+        except CorruptCheckpointError as exc:
+            if spec not in LATEST and spec != "best":
+                raise
+            warnings.append(f"{exc}; trying an older one")
+            last = exc
+            continue
+        if warnings:
+            found = replace(found, fell_back=True)
+        return found, path, [*found.warnings, *warnings]
+    raise RestartNotFoundError(
+        f"no checkpoint of {storage.url} downloads intact: {last}"
+    )
 
 
 def _record(storage: ObjectStorage, entry: Entry) -> CommitRecord:

@@ -85,8 +85,9 @@ class RemoteStore:
         Where the remote store is.
     format : str
         The format of its checkpoints.
-    staging : Storage
-        The staging store's local storage (to open staged files).
+    staging : Storage, optional
+        The staging store's local storage (to open staged files); the
+        :class:`~dp_ckpt_plugin.store.CheckpointStore` it is given to sets it.
     ttl : float
         Seconds the writer lease holds without renewal.
     upload_wait : float
@@ -98,7 +99,7 @@ class RemoteStore:
         storage: ObjectStorage,
         *,
         format: str,
-        staging: Storage,
+        staging: Storage | None = None,
         ttl: float = DEFAULT_TTL,
         upload_wait: float = DEFAULT_UPLOAD_WAIT,
     ) -> None:

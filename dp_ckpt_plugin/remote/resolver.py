@@ -18,7 +18,8 @@ from pathlib import Path
 from ..checkpoint import Checkpoint
 from ..hookspecs import hookimpl
 from ..resolution import Resolved
-from .fetch import LATEST, Found, RemoteSource, fetch, find
+from .fetch import LATEST, RemoteSource, fetch_first, read_head
+from .staging import staging_dir
 
 #: How many folders above a checkpoint's URL its store's HEAD is looked for.
 _LEVELS = 3
@@ -30,39 +31,32 @@ def on_resolve_restart(spec, context):
     if context is None or not isinstance(spec, str):
         return None
     source = context.remote
+    family = context.family.prefix
     if source is not None:
         url = source.storage.url
         if spec in (*LATEST, "best", url, f"{url}/"):
             name = "latest" if spec in (url, f"{url}/") else spec
-            found = find(
-                source.storage,
-                name,
-                context.family.prefix,
-                best_family=source.best_family,
-            )
-            return _resolved(found, source)
+            return _resolved(source, name, family)
         if spec.startswith(f"{url}/"):
-            found = find(source.storage, spec[len(url) + 1 :], context.family.prefix)
-            return _resolved(found, source)
+            return _resolved(source, spec[len(url) + 1 :], family)
         if "://" not in spec and "/" not in spec and _named(source, spec):
-            found = find(source.storage, spec, context.family.prefix)
-            return _resolved(found, source)
+            return _resolved(source, spec, family)
     if "://" not in spec or spec.startswith("file://"):
         return None
     return _elsewhere(spec, context)
 
 
 def _named(source: RemoteSource, spec: str) -> bool:
-    from .fetch import read_head
+    from ..errors import CheckpointError
 
     try:
         return read_head(source.storage).find(spec) is not None
-    except Exception:
+    except CheckpointError:
         return False
 
 
 def _elsewhere(spec: str, context) -> Resolved:
-    """A URL of another store (or a checkpoint in one)."""
+    """A URL of another store (or of a checkpoint in one)."""
     from ..errors import RestartNotFoundError
     from ..storage.registry import storage_for
     from .head import read
@@ -71,42 +65,37 @@ def _elsewhere(spec: str, context) -> Resolved:
     for _ in range(_LEVELS + 1):
         storage = storage_for(base)
         if read(storage)[0] is not None:
-            found = find(storage, rest or "latest", context.family.prefix)
             staging = context.remote.staging if context.remote else None
             local = context.remote.local if context.remote else context.storage
-            cache = fetch_cache(staging, storage.url, context.cwd)
-            return _resolved(found, RemoteSource(storage, cache, local))
+            cache = fetch_cache(staging, storage.url)
+            source = RemoteSource(storage, cache, local)
+            return _resolved(source, rest or "latest", context.family.prefix)
         base, _, last = base.rpartition("/")
         rest = f"{last}/{rest}".rstrip("/")
-        if "://" not in base or base.endswith(":/"):
+        if base.endswith(":/") or "://" not in base or base.split("://", 1)[1] == "":
             break
     raise RestartNotFoundError(
         f"{spec} names no checkpoint store: no HEAD at it or above it"
     )
 
 
-def fetch_cache(staging: Path | None, url: str, cwd: Path) -> Path:
+def fetch_cache(staging: Path | None, url: str) -> Path:
     """Where checkpoints of another remote store are fetched to.
 
     Beside the staging directory (never inside a store directory, so a
     checkpoint of another store never counts as one of this run's).
     """
-    from .staging import staging_dir
-
-    base = staging.parent if staging is not None else None
+    base = staging.parent.parent if staging is not None else None
     return staging_dir(url, base=base, purpose="fetched")
 
 
-def _resolved(found: Found, source: RemoteSource) -> Resolved:
-    path = fetch(
-        source.storage, found, source.staging, source.local, durable=source.durable
-    )
-    how = f"{found.how} ({found.key_url})"
+def _resolved(source: RemoteSource, spec: str, family: str) -> Resolved:
+    found, path, warnings = fetch_first(source.storage, spec, family, source)
     return Resolved(
         Checkpoint(path, found.entry.step, found.family, found.record),
         "digest",
-        how,
-        list(found.warnings),
+        f"{found.how} ({found.key_url})",
+        warnings,
         rule="remote",
         fell_back=found.fell_back,
         source=found,

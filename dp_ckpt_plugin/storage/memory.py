@@ -68,6 +68,7 @@ class _Fault:
     key: Callable[[str], bool]
     error: Callable[[str], BaseException]
     times: int
+    after: bool = False
 
 
 class MemoryStorage:
@@ -106,11 +107,13 @@ class MemoryStorage:
         *,
         key: str | Callable[[str], bool] | None = None,
         times: int = 1,
+        after: bool = False,
     ) -> None:
         """Make the next ``times`` calls of ``op`` (on ``key``) raise ``error``.
 
         ``error(key)`` builds the exception; a 503-like
-        :class:`StorageUnavailableError` by default.
+        :class:`StorageUnavailableError` by default. With ``after``, the call
+        is carried out first and its answer lost (a timeout after success).
         """
         match = key if callable(key) else (lambda k, want=key: want in (None, k))
         build = error or (
@@ -119,7 +122,7 @@ class MemoryStorage:
             )
         )
         with self._hooks_lock:
-            self._faults.append(_Fault(op, match, build, times))
+            self._faults.append(_Fault(op, match, build, times, after))
 
     def before(self, op: str, action: Callable[[str], None]) -> None:
         """Run ``action(key)`` before each call of ``op`` (``"*"``: every call)."""
@@ -142,11 +145,29 @@ class MemoryStorage:
             actions = [a for o, a in self._before if o in (op, "*")]
         for action in actions:
             action(key)
+        fault = self._fault(op, key, after=False)
+        if fault is not None:
+            raise fault.error(key)
+
+    def _fault(self, op: str, key: str, *, after: bool) -> _Fault | None:
         with self._hooks_lock:
             for fault in self._faults:
-                if fault.op in (op, "*") and fault.times > 0 and fault.key(key):
+                if (
+                    fault.after == after
+                    and fault.op in (op, "*")
+                    and fault.times > 0
+                    and fault.key(key)
+                ):
                     fault.times -= 1
-                    raise fault.error(key)
+                    return fault
+        return None
+
+    def _answer(self, op: str, key: str, value):
+        """``value``, unless a fault loses the answer of this call."""
+        fault = self._fault(op, key, after=True)
+        if fault is not None:
+            raise fault.error(key)
+        return value
 
     # -- the protocol ---------------------------------------------------------
     def _full(self, key: str) -> str:
@@ -168,7 +189,8 @@ class MemoryStorage:
         full = self._enter("put", key)
         payload = _read_source(data)
         with self._bucket.lock:
-            return self._store(full, key, payload)
+            info = self._store(full, key, payload)
+        return self._answer("put", key, info)
 
     def put_if_absent(self, key: str, data: bytes) -> ObjectInfo:
         """Create an object; :class:`KeyExistsError` if one is there."""
@@ -176,7 +198,8 @@ class MemoryStorage:
         with self._bucket.lock:
             if full in self._bucket.objects:
                 raise KeyExistsError(self.url_of(key))
-            return self._store(full, key, bytes(data))
+            info = self._store(full, key, bytes(data))
+        return self._answer("put_if_absent", key, info)
 
     def put_if_match(self, key: str, data: bytes, version: str) -> ObjectInfo:
         """Replace an object that is still ``version``; :class:`VersionMismatchError` if not."""
@@ -185,7 +208,8 @@ class MemoryStorage:
             found = self._bucket.objects.get(full)
             if found is None or found[1].version != version:
                 raise VersionMismatchError(self.url_of(key))
-            return self._store(full, key, bytes(data))
+            info = self._store(full, key, bytes(data))
+        return self._answer("put_if_match", key, info)
 
     def get(
         self, key: str, limit: int = SMALL_OBJECT_LIMIT
@@ -246,7 +270,8 @@ class MemoryStorage:
         """Remove an object; ``False`` if it was not there."""
         full = self._enter("delete", key)
         with self._bucket.lock:
-            return self._bucket.objects.pop(full, None) is not None
+            gone = self._bucket.objects.pop(full, None) is not None
+        return self._answer("delete", key, gone)
 
 
 def _read_source(data: Source) -> bytes:
