@@ -491,6 +491,10 @@ class CheckpointStore:
         commits one of a later step (see :meth:`protect_resumed`).
         """
         with self._mutex:
+            if self.remote is not None:
+                # the lease and the fence of HEAD first: what ``latest`` is
+                # cannot change under this run afterwards
+                self.open()
             ctx = self.context(digest=digest, cwd=cwd) if self.is_chief else None
             found = resolve_restart(self.hooks, spec, ctx, self.ranks)
             if found.source is not None:

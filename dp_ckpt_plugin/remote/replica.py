@@ -388,6 +388,11 @@ class RemoteStore:
                 entries[prefix] = (job.config, self._send(job.checkpoint))
         self.lease.check()
         self.lease.renew_if_due()
+        for prefix, (_, entry) in entries.items():
+            resumed = self._resumed.get(prefix)
+            if resumed is not None and entry.step >= resumed.step:
+                # this swap commits a step at or past the start (rule 12)
+                del self._resumed[prefix]
         doomed: list[str] = []
 
         def change(head: Head) -> Head:
@@ -419,11 +424,8 @@ class RemoteStore:
                 self.storage.delete(key)
             except StorageUnavailableError as exc:
                 log.warning("could not delete %s (%s); recovery will", key, exc.cause)
-        for prefix, (_, entry) in entries.items():
+        for _, entry in entries.values():
             self.uploaded.append(entry)
-            resumed = self._resumed.get(prefix)
-            if resumed is not None and entry.step > resumed.step:
-                del self._resumed[prefix]
 
     def _send(self, checkpoint: Checkpoint) -> Entry:
         """Upload one staged checkpoint and its record; return its HEAD entry."""

@@ -39,7 +39,8 @@ def on_resolve_restart(spec, context):
             return _resolved(source, name, family)
         if spec.startswith(f"{url}/"):
             return _resolved(source, spec[len(url) + 1 :], family)
-        if "://" not in spec and "/" not in spec and _named(source, spec):
+        bare = "://" not in spec and "/" not in spec
+        if bare and (context.family.step_of(spec) is not None or _named(source, spec)):
             return _resolved(source, spec, family)
     if "://" not in spec or spec.startswith("file://"):
         return None
