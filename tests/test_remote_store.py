@@ -148,9 +148,11 @@ def test_a_fresh_run_archives_the_earlier_one_and_deletes_nothing(
     with remote_store(pm, tmp_path / "a", mem) as store:
         save_steps(store, [1, 2])
     before = {i.key for i in mem.list("")}
-    with caplog.at_level(logging.INFO, "dp_ckpt_plugin"):
-        with remote_store(pm, tmp_path / "b", mem) as store:
-            save_steps(store, [1])
+    with (
+        caplog.at_level(logging.INFO, "dp_ckpt_plugin"),
+        remote_store(pm, tmp_path / "b", mem) as store,
+    ):
+        save_steps(store, [1])
     head = head_of(mem)
     assert len(head.archives) == 1
     archived = heads.Head.parse(mem.get(head.archives[0])[0], "archive")
@@ -279,13 +281,15 @@ def test_uploads_falling_behind_say_which_steps_they_skipped(pm, tmp_path, mem, 
 
     go = threading.Event()
     mem.before("put", lambda key: go.wait(30))
-    with caplog.at_level(logging.WARNING, "dp_ckpt_plugin"):
-        with remote_store(pm, tmp_path / "s", mem, keep=0) as store:
-            for step in range(1, 6):
-                store.save(step, make_payload(step))
-            go.set()
-            store.remote.flush(30)
-            kept = kept_steps(mem)
+    with (
+        caplog.at_level(logging.WARNING, "dp_ckpt_plugin"),
+        remote_store(pm, tmp_path / "s", mem, keep=0) as store,
+    ):
+        for step in range(1, 6):
+            store.save(step, make_payload(step))
+        go.set()
+        store.remote.flush(30)
+        kept = kept_steps(mem)
     said = set()
     for record in caplog.records:
         found = re.search(r"step\(s\) ([0-9, ]+), committed", record.getMessage())
@@ -331,7 +335,9 @@ def test_a_corrupt_newest_payload_falls_back_with_a_warning(pm, tmp_path, mem):
 
 def test_nothing_found_names_the_url(pm, tmp_path, mem):
     with remote_store(pm, tmp_path / "s", mem) as store:
-        with pytest.raises(RestartNotFoundError, match="memory://.*holds no committed"):
+        with pytest.raises(
+            RestartNotFoundError, match=r"memory://.*holds no committed"
+        ):
             store.resolve("latest")
         with pytest.raises(RestartNotFoundError, match="keeps no checkpoint named"):
             save_steps(store, [1])
@@ -347,9 +353,11 @@ def test_an_endpoint_ignoring_conditions_is_said_in_one_line(pm, tmp_path, caplo
 
     probe.forget()
     lax = Lax(f"memory://lax{secrets.token_hex(3)}/run")
-    with caplog.at_level(logging.WARNING, "dp_ckpt_plugin"):
-        with remote_store(pm, tmp_path / "s", lax) as store:
-            save_steps(store, [1])
+    with (
+        caplog.at_level(logging.WARNING, "dp_ckpt_plugin"),
+        remote_store(pm, tmp_path / "s", lax) as store,
+    ):
+        save_steps(store, [1])
     lines = [
         r.getMessage() for r in caplog.records if "does not enforce" in r.getMessage()
     ]
