@@ -365,7 +365,9 @@ def free_port() -> int:
 # -- remote stores ---------------------------------------------------------------
 
 
-def remote_store(pm, staging, storage, *, keep=2, ttl=60.0, upload_wait=30.0, **kwargs):
+def remote_store(
+    pm, staging, storage, *, keep=2, ttl=60.0, upload_wait=30.0, holder=None, **kwargs
+):
     """A store staged in ``staging`` for the remote store on ``storage`` (hdf5).
 
     Returns the :class:`CheckpointStore`; its ``remote`` is the
@@ -373,7 +375,9 @@ def remote_store(pm, staging, storage, *, keep=2, ttl=60.0, upload_wait=30.0, **
     """
     from dp_ckpt_plugin.remote.replica import RemoteStore
 
-    remote = RemoteStore(storage, format="hdf5", ttl=ttl, upload_wait=upload_wait)
+    remote = RemoteStore(
+        storage, format="hdf5", ttl=ttl, upload_wait=upload_wait, holder=holder
+    )
     return CheckpointStore(
         staging,
         format="hdf5",
@@ -382,3 +386,14 @@ def remote_store(pm, staging, storage, *, keep=2, ttl=60.0, upload_wait=30.0, **
         remote=remote,
         **kwargs,
     )
+
+
+def gone_holder():
+    """A lease holder on this host whose process has ended (a run that was killed)."""
+    import time
+
+    from dp_ckpt_plugin.remote.lease import Holder
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return Holder(socket.gethostname(), child.pid, "dp train (killed)", time.ctime())

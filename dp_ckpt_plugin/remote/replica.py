@@ -50,7 +50,7 @@ from ..storage.objects import (
 from . import head as heads
 from .head import Entry, FencedError, Head
 from .keys import archive_key, payload_key, record_key
-from .lease import DEFAULT_TTL, Lease
+from .lease import DEFAULT_TTL, Holder, Lease
 from .probe import probe
 
 log = logging.getLogger("dp_ckpt_plugin")
@@ -92,6 +92,8 @@ class RemoteStore:
         Seconds the writer lease holds without renewal.
     upload_wait : float
         Seconds :meth:`close` waits for uploads in flight.
+    holder : Holder, optional
+        Who this run is, in the lease (this process by default).
     """
 
     def __init__(
@@ -102,12 +104,15 @@ class RemoteStore:
         staging: Storage | None = None,
         ttl: float = DEFAULT_TTL,
         upload_wait: float = DEFAULT_UPLOAD_WAIT,
+        holder: Holder | None = None,
     ) -> None:
         self.storage = storage
         self.format = format
         self.staging = staging
         self.upload_wait = upload_wait
-        self.lease = Lease(storage, ttl=ttl)
+        #: Seconds before a failed upload is tried again (doubling each time).
+        self.first_pause = 1.0
+        self.lease = Lease(storage, ttl=ttl, holder=holder)
         self.url = storage.url
         self.epoch: int | None = None
         self._head: tuple[Head | None, str | None] = (None, None)
@@ -141,12 +146,17 @@ class RemoteStore:
             )
         current = heads.read(self.storage)
         floor = current[0].epoch + 1 if current[0] is not None else 1
-        self.epoch = self.lease.acquire(min_epoch=floor)
+        epoch = self.lease.acquire(min_epoch=floor)
+        try:
+            # from now on a writer of an older epoch can no longer move HEAD
+            swap = heads.update(
+                self.storage, epoch, lambda h: h, known=current, format=self.format
+            )
+        except BaseException:
+            self.lease.release()
+            raise
+        self.epoch = epoch
         self.notes.extend(self.lease.notes)
-        # from now on a writer of an older epoch can no longer move HEAD
-        swap = heads.update(
-            self.storage, self.epoch, lambda h: h, known=current, format=self.format
-        )
         self._head = (swap.head, swap.version)
         self.lease.start_heartbeat()
         self._thread = threading.Thread(
@@ -283,7 +293,7 @@ class RemoteStore:
 
     # -- the uploader thread ----------------------------------------------------
     def _run(self) -> None:
-        pause = 1.0
+        pause = self.first_pause
         while True:
             with self._lock:
                 while not self._queue and not self._closing:
@@ -297,7 +307,7 @@ class RemoteStore:
                 }
             try:
                 self._upload(batch)
-                pause = 1.0
+                pause = self.first_pause
             except FencedError as exc:
                 self._fail(exc)
                 return
@@ -423,7 +433,11 @@ class RemoteStore:
             try:
                 self.storage.delete(key)
             except StorageUnavailableError as exc:
-                log.warning("could not delete %s (%s); recovery will", key, exc.cause)
+                log.warning(
+                    "could not delete %s (%s); the next start's recovery will",
+                    self.storage.url_of(key),
+                    exc.cause,
+                )
         for _, entry in entries.values():
             self.uploaded.append(entry)
 
