@@ -303,7 +303,7 @@ def remove_archive(
 
 def prune_archives(
     directory: Path,
-    keep_last: int,
+    keep_last: int | None,
     storage: Storage,
     spare: Iterable[Path] = (),
     durable: bool = True,
@@ -311,8 +311,10 @@ def prune_archives(
     """Remove the archive folders beyond the newest ``keep_last``; return them.
 
     A folder in ``spare`` (the one holding the checkpoint a run starts from)
-    is never removed.
+    is never removed. ``None`` keeps them all.
     """
+    if keep_last is None:
+        return []
     spare = {storage.real(p) for p in spare}
     doomed = [
         f

@@ -44,9 +44,6 @@ class Pruner:
         Where the files are.
     durable : bool
         Whether to fsync.
-    uploading : callable, optional
-        ``uploading(prefix)``: names of a family's checkpoints still to be
-        uploaded to a remote store (kept until they are).
     """
 
     def __init__(
@@ -57,10 +54,11 @@ class Pruner:
         storage: Storage,
         *,
         durable: bool,
-        uploading: Callable[[str], set[str]] | None = None,
     ) -> None:
         self.directory = directory
-        self.uploading = uploading
+        #: ``uploading(prefix)``: names of a family's checkpoints still to be
+        #: uploaded to a remote store (kept until they are), if any.
+        self.uploading: Callable[[str], set[str]] | None = None
         self.catalogue = catalogue
         self.resume = resume
         self.storage = storage

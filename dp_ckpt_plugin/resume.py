@@ -36,6 +36,12 @@ class ResumeState:
         self.continues = False
         self._protected: dict[str, Path] = {}
 
+    def start_from(self, path, directory, families, storage, continues: bool) -> None:
+        """The run starts from ``path``; only a checkpoint of ``directory`` is noted."""
+        path = self.origin = Path(path)
+        if storage.real(path.parent) == storage.real(directory):
+            self.note(directory / path.name, families, continues=continues)
+
     def note(self, path: Path, families: Iterable[Family], *, continues: bool) -> None:
         """The run starts from ``path`` (a checkpoint of the store)."""
         self.start, self.continues = path, continues

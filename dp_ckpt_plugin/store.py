@@ -23,7 +23,6 @@ The store knows no trainer and imports no serialization library.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import threading
@@ -39,7 +38,6 @@ from .catalogue import Catalogue, committed
 from .checkpoint import Checkpoint, Commit
 from .commit import Writer, serializer
 from .config import FamilyConfig
-from .errors import CheckpointWriteError
 from .hooks import Hooks
 from .layout import Family, check_step
 from .lock import StoreLock
@@ -48,7 +46,7 @@ from .pruning import Pruner
 from .publish import Publisher
 from .ranks import Ranks, SingleProcess
 from .records import check_metrics
-from .remote.replica import RemoteStore
+from .remote.local import LocalOnly
 from .resolution import ResolveContext, Resolved, resolve_restart
 from .resume import ResumeState
 from .storage import Storage, local_storage
@@ -96,10 +94,10 @@ class CheckpointStore:
         thread, or a writer process fed from shared memory (``process``, torch
         format on the local storage); ``auto`` follows ``DP_CKPT_WRITER``, else
         the thread (``writer_process.uses_process``).
-    remote : RemoteStore, optional
+    remote : dp_ckpt_plugin.remote.replica.RemoteStore, optional
         The store on object storage this one stages for: ``directory`` is
         then a local staging directory, every committed checkpoint is
-        uploaded in the background (:mod:`~dp_ckpt_plugin.remote.replica`),
+        uploaded in the background (:mod:`dp_ckpt_plugin.remote.replica`),
         and restarts read the remote store's HEAD.
     """
 
@@ -117,11 +115,10 @@ class CheckpointStore:
         storage: Storage | None = None,
         max_archives: int | None = None,
         writer: str = "auto",
-        remote: RemoteStore | None = None,
+        remote=None,
     ) -> None:
         self.directory = Path(os.path.abspath(directory))
-        self.remote = remote
-        self._remote_start = None  # the remote entry this run continues from
+        self.remote = remote or LocalOnly()
         self.max_archives = max_archives
         self.hooks = Hooks.of(pm)
         self.pm = self.hooks.pm
@@ -139,8 +136,6 @@ class CheckpointStore:
         self.durable = durable
         mirrors = [m.path for c in configs for m in c.mirrors]
         self.storage = storage or local_storage(self.directory, mirrors=mirrors)
-        if remote is not None and remote.staging is None:
-            remote.staging = self.storage
         self._lock = StoreLock(self.directory, storage=self.storage) if lock else None
         self._ready = self._started = False
         self.resume = ResumeState()
@@ -156,13 +151,9 @@ class CheckpointStore:
         )
         self.publisher = Publisher(self.directory, self.storage, durable=durable)
         self.pruner = Pruner(
-            self.directory,
-            self.catalogue,
-            self.resume,
-            self.storage,
-            durable=durable,
-            uploading=remote.protected if remote is not None else None,
+            self.directory, self.catalogue, self.resume, self.storage, durable=durable
         )
+        self.pruner.uploading = self.remote.protected  # kept until uploaded
         self.describer = Describer(self.directory, self.storage)
         # saves, resolutions and closing serialize: several threads (and the
         # background writer) may share one store
@@ -186,38 +177,8 @@ class CheckpointStore:
             mirrors = [m.path for c in self.families.values() for m in c.mirrors]
             families = [c.family for c in self.families.values()]
             sweep(self.directory, families, mirrors, storage=self.storage)
-            if self.remote is not None:
-                self._open_remote()
+            self.remote.start(self)
             self._ready = True
-
-    def _open_remote(self) -> None:
-        """Take the remote store's lease; send what a crash left unuploaded."""
-        try:
-            self.remote.open()
-        except BaseException:
-            if self._lock is not None:
-                self._lock.release()
-            raise
-        for note in self.remote.notes:
-            log.warning("%s", note)
-        self.remote.notes.clear()
-        head = self.remote.head
-        jobs = []
-        for cfg in self.families.values():
-            newest = self.catalogue.newest(cfg.family)
-            published = head.family(cfg.family.prefix).newest()
-            if newest is not None and (
-                published is None or newest.step > published.step
-            ):
-                jobs.append((cfg, newest))
-        if jobs:
-            log.warning(
-                "%s holds committed checkpoints newer than %s (%s): uploading them",
-                self.directory,
-                self.remote.url,
-                ", ".join(f"{c.family.prefix} step {cp.step}" for c, cp in jobs),
-            )
-            self.remote.submit(jobs)
 
     def start_writer(self) -> None:
         """Start the writer process of background saves now, if there is one."""
@@ -234,31 +195,14 @@ class CheckpointStore:
         try:
             self._background.shutdown()
         finally:
-            try:
-                self._close_remote()
-            finally:
-                self._release()
-
-    def _close_remote(self) -> None:
-        if self.remote is None or self.remote.epoch is None:
-            return
-        left = self.remote.close()
-        if left:
-            raise CheckpointWriteError(
-                f"{len(left)} checkpoint(s) could not be uploaded to {self.remote.url} "
-                f"in time ({', '.join(str(c.path) for c in left)}); they are "
-                f"committed in {self.directory}: `dp-ckpt sync {self.directory} "
-                f"{self.remote.url}` uploads them"
-            )
-
-    def _release(self) -> None:
-        with self._mutex:
-            try:
-                self.pruner.settle(synced=False)  # the last prune's records
-            finally:
-                if self._lock is not None:
-                    self._lock.release()
-                self._ready = False
+            with self._mutex:
+                try:
+                    self.remote.finish(self.directory)  # uploads in flight, lease
+                    self.pruner.settle(synced=False)  # the last prune's records
+                finally:
+                    if self._lock is not None:
+                        self._lock.release()
+                    self._ready = False
 
     def __enter__(self) -> CheckpointStore:
         return self
@@ -362,18 +306,19 @@ class CheckpointStore:
 
     def _save_states(self, step, states, paths, metrics) -> None:
         with self._mutex:
-            if self.remote is not None:
-                self.remote.check()  # a run fenced off stops here, with one line
-            saved = []
-            for family, state in states.items():
-                cfg = self.family(family)
-                self._save(step, state, cfg, paths[family], metrics.get(family))
-                saved.append((cfg, self.catalogue.of(cfg.family)[paths[family].name]))
-            if self.remote is not None:
-                self.remote.submit(saved)
+            self.remote.check()  # a run fenced off stops here, with one line
+            saved = [
+                self._save(step, s, f, paths[f], metrics) for f, s in states.items()
+            ]
+            self.remote.submit(saved)
 
-    def _save(self, step: int, state: Any, cfg: FamilyConfig, path: Path, metrics):
-        """The straight line of :meth:`save`, on the chief, holding the mutex."""
+    def _save(self, step: int, state: Any, family: str, path: Path, metrics):
+        """The straight line of :meth:`save`, on the chief, holding the mutex.
+
+        Returns the family's configuration and the checkpoint committed
+        (``metrics``: of every family).
+        """
+        cfg = self.family(family)
         self.open()
         self.start_run()
 
@@ -386,7 +331,7 @@ class CheckpointStore:
             step=step,
             family=fam,
             format=self.format.name,
-            metrics=metrics,
+            metrics=metrics.get(fam.prefix),
         )
         checkpoint = Checkpoint(path, step, fam.prefix, record)
         self.catalogue.add(fam, checkpoint)
@@ -401,7 +346,7 @@ class CheckpointStore:
             Commit(checkpoint, self.directory, self.format.name, published, fams)
         )
         self.prune(checkpoint)
-        return path
+        return cfg, checkpoint
 
     def start_run(self) -> Path | None:
         """Archive what an earlier run left, once, before this run's first save.
@@ -423,16 +368,11 @@ class CheckpointStore:
         )
         if dest is not None:
             self.resume.moved([c.name for c in doomed], dest)
-        if self.remote is not None:
-            self.remote.start_run(self._remote_start)
-            for note in self.remote.notes:
-                log.info("%s", note)
-            self.remote.notes.clear()
-        if self.max_archives is not None:
-            spare = {p.parent for p in self.resume.paths()}
-            prune_archives(
-                self.directory, self.max_archives, self.storage, spare, self.durable
-            )
+        self.remote.start_run()
+        spare = {p.parent for p in self.resume.paths()}
+        prune_archives(
+            self.directory, self.max_archives, self.storage, spare, self.durable
+        )
         return dest
 
     def prune(self, checkpoint: Checkpoint) -> list[Path]:
@@ -448,34 +388,7 @@ class CheckpointStore:
         family: str | None = None,
     ) -> ResolveContext:
         """Return the resolution context of this store."""
-        cfg = self.family(family)
-        return ResolveContext(
-            family=cfg.family,
-            store_dir=self.directory,
-            cwd=cwd or Path.cwd(),
-            fallback_pointers=tuple(m.path for m in cfg.mirrors if m.kind == "pointer"),
-            digest=digest,
-            quarantine=self.is_chief,
-            storage=self.storage,
-            remote=self._remote_source(),
-        )
-
-    def _remote_source(self):
-        if self.remote is None:
-            return None
-        from .remote.fetch import RemoteSource
-
-        ranked = next(
-            (
-                c.family.prefix
-                for c in self.families.values()
-                if getattr(c.policy, "leader", None) is not None
-            ),
-            None,
-        )
-        return RemoteSource(
-            self.remote.storage, self.directory, self.storage, self.durable, ranked
-        )
+        return ResolveContext.of_store(self, digest=digest, cwd=cwd, family=family)
 
     def resolve(
         self,
@@ -491,43 +404,16 @@ class CheckpointStore:
         commits one of a later step (see :meth:`protect_resumed`).
         """
         with self._mutex:
-            if self.remote is not None:
-                # the lease and the fence of HEAD first: what ``latest`` is
-                # cannot change under this run afterwards
-                self.open()
+            if self.remote.url is not None:
+                self.open()  # a remote store's HEAD is fenced before latest is read
             ctx = self.context(digest=digest, cwd=cwd) if self.is_chief else None
             found = resolve_restart(self.hooks, spec, ctx, self.ranks)
-            if found.source is not None:
-                found = self._staged(found, continues=continues)
+            found = self.remote.staged(found, self, continues=continues)
             for moved in found.moved_aside:  # corrupt files went to quarantine
                 for cfg in self.families.values():
                     self.catalogue.discard(cfg.family, moved.name)
             self.protect_resumed(found.path, continues=continues)
             return found
-
-    def _staged(self, found: Resolved, *, continues: bool) -> Resolved:
-        """A checkpoint of a remote store: on this rank's disk, and protected there."""
-        source = found.source
-        if not self.is_chief:  # each node fetches into its own staging directory
-            from .remote.fetch import fetch
-
-            directory = self.directory
-            if self.remote is None or source.url != self.remote.url:
-                directory = found.path.parent
-            storage = self.remote.storage if self.remote is not None else None
-            if storage is None or source.url != storage.url:
-                from .storage.registry import storage_for
-
-                storage = storage_for(source.url)
-            path = fetch(storage, source, directory, self.storage, durable=self.durable)
-            found = dataclasses.replace(
-                found, checkpoint=dataclasses.replace(found.checkpoint, path=path)
-            )
-        elif self.remote is not None and source.url == self.remote.url:
-            self.remote.resumed(source.family, source.entry)
-            self._remote_start = source.entry if continues else None
-            self.catalogue.invalidate()
-        return found
 
     def protect_resumed(self, path: Path, *, continues: bool = True) -> None:
         """Note the checkpoint this run starts from; keep it out of retention.
@@ -537,11 +423,8 @@ class CheckpointStore:
         initialization): only the first keeps ``D``'s checkpoints up to that
         step in place (rule 14).
         """
-        path = self.resume.origin = Path(path)
-        if self.storage.real(path.parent) != self.storage.real(self.directory):
-            return
         families = [c.family for c in self.families.values()]
-        self.resume.note(self.directory / path.name, families, continues=continues)
+        self.resume.start_from(path, self.directory, families, self.storage, continues)
 
     def load(self, resolved: Resolved) -> Any:
         """Read a resolved checkpoint through its format."""

@@ -175,6 +175,32 @@ DOC_MAX_ARCHIVES = (
     "every archive; ``dp-ckpt ls`` shows them with their sizes and "
     "``dp-ckpt prune --archives`` removes them by hand."
 )
+DOC_REMOTE = (
+    "How a ``save_dir`` on object storage (``s3://bucket/run``, ``gs://``, "
+    "``az://``) is written. Each checkpoint is committed in a local staging "
+    "directory first, with every rule of a local ``save_dir``, then uploaded "
+    "in the background: payload, commit record, then the store's HEAD, which "
+    "names the latest checkpoint and moves only by compare-and-swap. One run "
+    "writes a store at a time (a lease). Ignored for a local ``save_dir``."
+)
+DOC_STAGING_DIR = (
+    "The local directory checkpoints are staged in before their upload: a "
+    "folder per store is made in it. ``null`` (the default) uses "
+    "``DP_CKPT_STAGING`` if set, else a folder of the system's temporary "
+    "directory (node-local: the nodes of a run need not share a file system)."
+)
+DOC_UPLOAD_WAIT = (
+    "Seconds the end of training (or a stop signal) waits for uploads still in "
+    "flight before the run exits. What did not make it stays committed in the "
+    "staging directory, is named in one line, and is uploaded by the next run "
+    "on the node or by ``dp-ckpt sync``."
+)
+DOC_LEASE_SECONDS = (
+    "Seconds the writer lease of the store holds without renewal; a live run "
+    "renews it every third of that. A run killed on another host blocks the "
+    "store for at most twice this long (a run on the same host takes over at "
+    "once)."
+)
 DOC_SAVE_DIR = (
     "Directory for checkpoints, in the ``training`` section of the input "
     "(DeePMD-kit's own key). Numbered checkpoints go to "
@@ -267,10 +293,51 @@ def plugin_args() -> Argument:
                 extra_check_errmsg="It must be a count (0 or more) or null.",
             ),
             retention_args(),
+            remote_args(),
         ],
         optional=True,
         default={},
         doc=DOC_SECTION,
+    )
+
+
+def remote_args() -> Argument:
+    """Return the schema of ``training/_dp_ckpt/remote``."""
+    return Argument(
+        "remote",
+        dict,
+        [
+            Argument(
+                "staging_dir",
+                [str, None],
+                optional=True,
+                default=None,
+                doc=DOC_STAGING_DIR,
+                extra_check=lambda value: value is None or bool(value.strip()),
+                extra_check_errmsg="It must be a non-empty path or null.",
+            ),
+            Argument(
+                "upload_wait",
+                [int, float],
+                optional=True,
+                default=300,
+                doc=DOC_UPLOAD_WAIT,
+                extra_check=lambda value: 0 <= value < 1e7,
+                extra_check_errmsg="It must be a number of seconds, 0 or more.",
+            ),
+            Argument(
+                "lease_seconds",
+                [int, float],
+                optional=True,
+                default=60,
+                doc=DOC_LEASE_SECONDS,
+                extra_check=lambda value: 1 <= value < 1e6,
+                extra_check_errmsg="It must be a number of seconds, 1 or more.",
+            ),
+        ],
+        optional=True,
+        default={},
+        doc=DOC_REMOTE,
     )
 
 
@@ -344,6 +411,9 @@ class PluginOptions:
         How many archives of earlier runs to keep (``None``: all).
     retention : dict
         Retention beyond deepmd-kit's window (:mod:`.retention_args`).
+    remote : dict
+        ``staging_dir``, ``upload_wait`` and ``lease_seconds`` of a
+        ``save_dir`` on object storage.
     """
 
     verify: str = "digest"
@@ -357,6 +427,7 @@ class PluginOptions:
     exact_resume: bool = True
     max_archives: int | None = None
     retention: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    remote: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
 
 def plugin_options(config: dict) -> PluginOptions:
@@ -560,7 +631,22 @@ def _lookup(value: Any, keys: list[str]) -> Any:
 # -- save_dir -------------------------------------------------------------------
 
 
-def check_save_dir(value: Any, key: str = "training.save_dir") -> Path | None:
+def check_save_url(value: str, key: str = "training.save_dir") -> str:
+    """Check a ``save_dir`` URL (``s3://bucket/run``); return it, normalized.
+
+    Only its form is checked here (scheme, bucket, path): whether the bucket
+    exists and the credentials are accepted is found when the store opens,
+    before any model is built.
+    """
+    from ..storage.registry import remote_url
+
+    try:
+        return remote_url(value)
+    except ValueError as exc:
+        raise ConfigError(f"`{key}` is {value!r}: {exc}") from None
+
+
+def check_save_dir(value: Any, key: str = "training.save_dir") -> Path | str | None:
     """Check a ``save_dir`` value without creating anything.
 
     Parameters
@@ -572,8 +658,9 @@ def check_save_dir(value: Any, key: str = "training.save_dir") -> Path | None:
 
     Returns
     -------
-    Path or None
-        The path as given, or ``None`` when no directory is configured.
+    Path, str or None
+        The path as given, the URL of a store on object storage
+        (:func:`check_save_url`), or ``None`` when no directory is configured.
 
     Raises
     ------
@@ -594,11 +681,7 @@ def check_save_dir(value: Any, key: str = "training.save_dir") -> Path | None:
     if "\0" in value:
         raise ConfigError(f"`{key}` contains a NUL character: {value!r}")
     if _URL.match(value.strip()):
-        raise ConfigError(
-            f"`{key}` is {value!r}, a URL; checkpoints are written to a local "
-            "(or mounted) directory: give its path, and copy the directory to "
-            "object storage after training if needed"
-        )
+        return check_save_url(value.strip(), key)
     path = Path(value)
     _check_directory_usable(Path(os.path.abspath(path)), key)
     return path

@@ -98,8 +98,11 @@ def startup_line(
             f"retention by the plugin); {stop}"
         )
     archive = describe_archive(archived, options.max_archives)
+    where = shown(settings.save_dir, cwd)
+    if settings.save_url is not None:
+        where = f"{settings.save_url} (staged in {where})"
     return (
-        f"{head}: save_dir {shown(settings.save_dir, cwd)}, "
+        f"{head}: save_dir {where}, "
         f"{describe_retention(settings.training)}, verify {options.verify}, "
         f"lock {'on' if options.lock else 'off'}, "
         f"async_save {'on' if options.async_save else 'off'}, "

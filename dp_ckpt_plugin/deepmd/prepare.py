@@ -140,9 +140,17 @@ def prepare_run(
             if spec is None:
                 continue
             spec_path = normalized_spec(spec, settings.cwd)
-            found = resolve_restart(
-                Hooks.of(pm), spec_path, _context_for(spec_path, ctx), ranks
-            )
+            if store is not None and store.remote is not None:
+                # HEAD of the remote store, fetched into this node's staging
+                found = store.resolve(
+                    spec_path,
+                    digest=settings.options.verify != "size",
+                    continues=key == "restart",
+                )
+            else:
+                found = resolve_restart(
+                    Hooks.of(pm), spec_path, _context_for(spec_path, ctx), ranks
+                )
             resolved[key] = str(found.path)
             resumed_from = found.path
             continues = key == "restart"
@@ -238,7 +246,23 @@ def load_input(input_file: str) -> dict[str, Any]:
 def build_store(
     settings: RunSettings, pm: pluggy.PluginManager, ranks: Ranks, host: str
 ) -> CheckpointStore:
-    """The store of ``save_dir``, with the families :class:`RunSettings` describes."""
+    """The store of ``save_dir``, with the families :class:`RunSettings` describes.
+
+    A ``save_dir`` on object storage is staged in a local directory and
+    uploaded by a :class:`~dp_ckpt_plugin.remote.replica.RemoteStore`.
+    """
+    remote = None
+    if settings.save_url is not None:
+        from ..remote.replica import RemoteStore
+        from ..storage.registry import storage_for
+
+        opts = settings.options.remote
+        remote = RemoteStore(
+            storage_for(settings.save_url),
+            format=descriptor(host).format,
+            ttl=float(opts.get("lease_seconds", 60)),
+            upload_wait=float(opts.get("upload_wait", 300)),
+        )
     return CheckpointStore(
         settings.save_dir,
         format=descriptor(host).format,
@@ -249,4 +273,5 @@ def build_store(
         lock=settings.options.lock,
         check_free_space=settings.options.check_free_space,
         max_archives=settings.options.max_archives,
+        remote=remote,
     )

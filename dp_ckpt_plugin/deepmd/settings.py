@@ -48,6 +48,9 @@ class RunSettings:
         The working directory of the run.
     suffix : str
         The suffix of the host's checkpoints (its descriptor's).
+    save_url : str or None
+        ``training.save_dir`` when it names a store on object storage; then
+        ``save_dir`` is the local staging directory of that store.
     """
 
     save_dir: Path | None
@@ -56,6 +59,12 @@ class RunSettings:
     training: dict[str, Any] = field(default_factory=dict)
     cwd: Path = field(default_factory=Path.cwd)
     suffix: str = ".pt"
+    save_url: str | None = None
+
+    @property
+    def shown_save_dir(self) -> str:
+        """``save_dir`` as the user gave it (the URL of a remote store)."""
+        return self.save_url or str(self.save_dir)
 
     @property
     def family(self) -> Family:
@@ -154,6 +163,14 @@ def read_settings(
             "the training input has no `training` section (a mapping is required)"
         )
     save_dir = check_save_dir(training.get("save_dir"))
+    save_url = None
+    if isinstance(save_dir, str):  # a store on object storage: staged here
+        from ..storage.staging import staging_dir
+
+        save_url = save_dir
+        chosen = options.remote.get("staging_dir")
+        base = Path(os.path.abspath(chosen)) if chosen else None
+        save_dir = staging_dir(save_url, base=base)
     save_ckpt = training.get("save_ckpt", "model.ckpt")
     if (
         not isinstance(save_ckpt, str)
@@ -170,6 +187,7 @@ def read_settings(
         training=training,
         cwd=cwd or Path.cwd(),
         suffix=suffix,
+        save_url=save_url,
     )
 
 
@@ -181,7 +199,7 @@ def normalized_spec(spec: str, cwd: Path | None = None) -> str:
     colon (``best``, ``best:models``, ``step:200``), that names nothing on
     disk is a resolver plugin's specification and is handed on as given.
     """
-    if spec == "latest" or not spec.strip():
+    if spec == "latest" or not spec.strip() or "://" in spec:
         return spec
     path = os.path.join(cwd or Path.cwd(), spec)
     if _PLUGIN_SPEC.fullmatch(spec) and not os.path.lexists(path):

@@ -304,3 +304,18 @@ def fetch(
     write_record(path, record, durable=durable, storage=local)
     local.move_into_place(tmp, path, durable=durable)
     return path
+
+
+def copy_here(found, directory: Path, local: Storage, storage=None, durable=True):
+    """On a rank other than the chief: the chief's remote checkpoint, on this node.
+
+    ``found`` is the chief's :class:`~dp_ckpt_plugin.resolution.Resolved`;
+    the same entry is fetched (verified) into ``directory`` of this node,
+    unless it is there already. Returns ``found`` naming the local copy.
+    """
+    from ..storage.registry import storage_for
+
+    source = found.source
+    storage = storage or storage_for(source.url)
+    path = fetch(storage, source, directory, local, durable=durable)
+    return replace(found, checkpoint=replace(found.checkpoint, path=path))

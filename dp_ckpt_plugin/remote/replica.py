@@ -124,6 +124,7 @@ class RemoteStore:
         self._thread: threading.Thread | None = None
         self._uploads: dict[str, int] = {}
         self._resumed: dict[str, Entry] = {}
+        self._continues_from: Entry | None = None
         self._published: dict[str, int] = {}
         self._behind_said = 0.0
         self._sending: dict[str, set[str]] = {}
@@ -133,8 +134,40 @@ class RemoteStore:
         self.uploaded: list[Entry] = []
 
     # -- lifecycle -----------------------------------------------------------
-    def open(self) -> None:
-        """Check the endpoint, take the lease and fence HEAD (once)."""
+    def start(self, store=None) -> None:
+        """Check the endpoint, take the lease and fence HEAD (once).
+
+        Then what the staging store ``store`` holds newer than HEAD (a run
+        that crashed before its upload) is queued. What the start says (a
+        takeover, an endpoint ignoring conditions) is logged as a warning.
+        """
+        if store is not None:
+            self.staging = self.staging or store.storage
+        self._begin()
+        for note in self.notes:
+            log.warning("%s", note)
+        self.notes.clear()
+        if store is None:
+            return
+        catalogue = store.catalogue
+        jobs = []
+        for cfg in store.families.values():
+            newest = catalogue.newest(cfg.family)
+            published = self.head.family(cfg.family.prefix).newest()
+            if newest is not None and (
+                published is None or newest.step > published.step
+            ):
+                jobs.append((cfg, newest))
+        if jobs:
+            log.warning(
+                "%s holds committed checkpoints newer than %s (%s): uploading them",
+                catalogue.directory,
+                self.url,
+                ", ".join(f"{c.family.prefix} step {cp.step}" for c, cp in jobs),
+            )
+            self.submit(jobs)
+
+    def _begin(self) -> None:
         if self.epoch is not None:
             return
         unsafe = probe(self.storage)
@@ -168,6 +201,35 @@ class RemoteStore:
     def head(self) -> Head:
         """HEAD as this writer last saw it."""
         return self._head[0] or Head()
+
+    def finish(self, staging) -> None:
+        """:meth:`close`, raising one line for what could not be uploaded."""
+        if self.epoch is None:
+            return
+        left = self.close()
+        if left:
+            names = ", ".join(str(c.path) for c in left)
+            raise CheckpointWriteError(
+                f"{len(left)} checkpoint(s) could not be uploaded to {self.url} in "
+                f"time ({names}); they are committed in {staging}: `dp-ckpt sync "
+                f"{staging} {self.url}` uploads them"
+            )
+
+    def source(self, store):
+        """What resolution reads this store as (a :class:`~.fetch.RemoteSource`)."""
+        from .fetch import RemoteSource
+
+        ranked = next(
+            (
+                c.family.prefix
+                for c in store.families.values()
+                if getattr(c.policy, "leader", None) is not None
+            ),
+            None,
+        )
+        return RemoteSource(
+            self.storage, store.directory, store.storage, store.durable, ranked
+        )
 
     def close(self, *, wait: float | None = None) -> list[Checkpoint]:
         """Wait (bounded) for the uploads in flight; release the lease.
@@ -234,11 +296,30 @@ class RemoteStore:
         self.check()
         return True
 
-    def resumed(self, prefix: str, entry: Entry) -> None:
-        """Protect the entry this run starts from until it commits a later step."""
-        self._resumed[prefix] = entry
+    def staged(self, found, store, *, continues: bool):
+        """A resolved checkpoint of a remote store: on this rank's disk, protected.
 
-    def start_run(self, continues_from: Entry | None) -> str | None:
+        On the chief, a checkpoint of this store is the one the run starts
+        from (protected from remote retention; with ``continues``, what lies
+        above it is archived at the first save). On another rank, the same
+        entry is fetched into this node's own directory.
+        """
+        if found.source is None:
+            return found
+        ours = found.source.url == self.url
+        if not store.is_chief:
+            from .fetch import copy_here
+
+            directory = store.directory if ours else found.path.parent
+            storage = self.storage if ours else None
+            return copy_here(found, directory, store.storage, storage, store.durable)
+        if ours:
+            self._resumed[found.source.family] = found.source.entry
+            self._continues_from = found.source.entry if continues else None
+            store.catalogue.invalidate()
+        return found
+
+    def start_run(self) -> str | None:
         """Archive what an earlier run left in HEAD (rule 14); return the archive key.
 
         A run that continues from an entry of this store archives the
@@ -246,6 +327,7 @@ class RemoteStore:
         Nothing is deleted: the archive names them.
         """
         self.check()
+        continues_from = self._continues_from
         head = self.head
         if continues_from is None:
             keep = lambda prefix, e: False  # noqa: E731
@@ -285,9 +367,12 @@ class RemoteStore:
         )
         self._head = (swap.head, swap.version)
         steps = sorted({e.step for e in doomed})
-        self.notes.append(
-            f"archived {len(doomed)} checkpoint(s) of an earlier run of {self.url} "
-            f"(steps {', '.join(map(str, steps))}) in {self.storage.url_of(key)}"
+        log.info(
+            "archived %d checkpoint(s) of an earlier run of %s (steps %s) in %s",
+            len(doomed),
+            self.url,
+            ", ".join(map(str, steps)),
+            self.storage.url_of(key),
         )
         return key
 

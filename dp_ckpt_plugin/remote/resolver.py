@@ -18,8 +18,8 @@ from pathlib import Path
 from ..checkpoint import Checkpoint
 from ..hookspecs import hookimpl
 from ..resolution import Resolved
+from ..storage.staging import staging_dir
 from .fetch import LATEST, RemoteSource, fetch_first, read_head
-from .staging import staging_dir
 
 #: How many folders above a checkpoint's URL its store's HEAD is looked for.
 _LEVELS = 3
