@@ -105,7 +105,7 @@ class ResolveContext:
     verifier : Verifier or None
         Shared by the rules and the front door so that a file is hashed
         once; made on first use.
-    remote : RemoteSource or None
+    remote : dp_ckpt_plugin.remote.fetch.RemoteSource or None
         The remote store the run's ``save_dir`` names, when it is one:
         ``latest``, ``best`` and its checkpoints' names are read from its
         HEAD and fetched into the staging directory.
@@ -177,10 +177,9 @@ class Resolved:
         The pointer, alias, link or directory the rule read.
     fell_back : bool
         Whether newer candidates were unusable (corrupt, not committed).
-    source : Found or None
+    source : dp_ckpt_plugin.remote.fetch.Found or None
         For a checkpoint of a remote store: what HEAD and its record say of
-        it (:class:`~dp_ckpt_plugin.remote.fetch.Found`); ``path`` is then its
-        verified local copy.
+        it; ``path`` is then its verified local copy.
     """
 
     checkpoint: Checkpoint

@@ -43,6 +43,7 @@ DEFAULTS = {
     "exact_resume": True,
     "max_archives": None,
     "retention": {},
+    "remote": {},
 }
 OTHER_VALUES = {
     "verify": "size",
@@ -456,12 +457,34 @@ def test_save_dir_schema_refuses(value):
         save_dir_args().check_value(value, strict=True)
 
 
-@pytest.mark.parametrize("url", ["s3://bucket/run", "gs://b/r", "file:///tmp/x"])
-def test_save_dir_url_is_refused_naming_it(url, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "url, expected",
+    [
+        ("s3://bucket/run", "s3://bucket/run"),
+        ("s3://bucket/run/", "s3://bucket/run"),
+        ("gs://bkt/a/b", "gs://bkt/a/b"),
+        ("az://container/run", "az://container/run"),
+        ("memory://b/run", "memory://b/run"),
+    ],
+)
+def test_save_dir_url_of_object_storage_is_taken(url, expected, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert check_save_dir(url) == expected
+    assert list(tmp_path.iterdir()) == []  # nothing is created before the store opens
+
+
+def test_save_dir_file_url_is_a_local_directory(tmp_path):
+    assert check_save_dir(f"file://{tmp_path}/models") == tmp_path / "models"
+
+
+@pytest.mark.parametrize("url", ["ftp://host/run", "http://x/y", "s3://", "s3:///run"])
+def test_save_dir_url_that_no_storage_takes_is_refused_naming_it(
+    url, tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError) as info:
         check_save_dir(url)
-    assert f"{url!r}, a URL" in str(info.value)
+    assert f"{url!r}" in str(info.value) and "\n" not in str(info.value)
     assert list(tmp_path.iterdir()) == []
 
 

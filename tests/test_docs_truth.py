@@ -46,6 +46,8 @@ LINE_STARTS = re.compile(
 def schema_defaults() -> dict:
     found = {a.name: a.default for a in plugin_args().sub_fields.values()}
     found.pop("retention")  # a sub-section, with its own defaults
+    remote = plugin_args().sub_fields["remote"]
+    found["remote"] = {a.name: a.default for a in remote.sub_fields.values()}
     return found
 
 

@@ -22,7 +22,7 @@ from dp_ckpt_plugin.resolution import Resolved
 
 def test_builtins_are_registered_by_name(pm):
     names = {pm.get_name(p) for p in pm.get_plugins()}
-    assert names == {"resolve", "best", "hdf5", "torch"}
+    assert names == {"resolve", "best", "remote", "hdf5", "torch"}
 
 
 def test_hosts_add_their_plugins_by_module_name():

@@ -680,7 +680,9 @@ def check_save_dir(value: Any, key: str = "training.save_dir") -> Path | str | N
         raise ConfigError(f"`{key}` must not be empty; give a directory path or null")
     if "\0" in value:
         raise ConfigError(f"`{key}` contains a NUL character: {value!r}")
-    if _URL.match(value.strip()):
+    if value.strip().lower().startswith("file://"):
+        value = value.strip()[len("file://") :]  # a local directory, by URL
+    elif _URL.match(value.strip()):
         return check_save_url(value.strip(), key)
     path = Path(value)
     _check_directory_usable(Path(os.path.abspath(path)), key)

@@ -37,11 +37,11 @@ class RemoteSource:
 
     Attributes
     ----------
-    storage : ObjectStorage
+    storage : dp_ckpt_plugin.storage.objects.ObjectStorage
         Where it is.
     staging : Path
         The local directory its checkpoints are fetched into.
-    local : Storage
+    local : dp_ckpt_plugin.storage.Storage
         The local storage of ``staging``.
     durable : bool
         Whether fetched copies are fsynced.
@@ -66,9 +66,9 @@ class Found:
         The store's URL.
     family : str
         The family it belongs to.
-    entry : Entry
+    entry : dp_ckpt_plugin.remote.head.Entry
         What HEAD says of it.
-    record : CommitRecord
+    record : dp_ckpt_plugin.records.CommitRecord
         Its commit record (agreeing with the entry).
     how : str
         How it was found, for people.

@@ -14,7 +14,7 @@ idempotent (adding an entry already there, dropping one already gone), so a
 swap whose answer was lost and is tried again does no harm. A writer whose
 epoch is below HEAD's was fenced off by a newer writer: :func:`update` raises
 :class:`FencedError` and changes nothing. Nothing is deleted except what a
-successful swap stopped naming (:func:`referenced`), so a writer paused
+successful swap stopped naming (``Head.referenced``), so a writer paused
 between reading and deleting can never remove what a newer writer relies on.
 
 HEAD is read as untrusted input (rule 30): every field is checked by type,
@@ -73,7 +73,7 @@ class Entry:
     Attributes
     ----------
     key : str
-        Its payload's key (the record is at :func:`~.keys.record_key`).
+        Its payload's key (the record is at ``keys.record_key(key)``).
     name : str
         Its file name (``model.ckpt-30.pt``): what it is called when fetched.
     step : int

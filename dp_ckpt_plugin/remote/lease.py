@@ -152,11 +152,11 @@ class Lease:
 
     Parameters
     ----------
-    storage : ObjectStorage
+    storage : dp_ckpt_plugin.storage.objects.ObjectStorage
         The store's storage.
     ttl : float
         Seconds the lease holds without renewal.
-    clock, wall, sleep : callables
+    clock, wall, sleep : callable
         The monotonic clock, the wall clock and sleep (tests drive time).
     """
 
@@ -290,7 +290,7 @@ class Lease:
 
     # -- holding -----------------------------------------------------------------
     def check(self) -> None:
-        """Raise :class:`FencedError` if this lease was lost."""
+        """Raise :class:`~dp_ckpt_plugin.remote.head.FencedError` if this lease was lost."""
         if self.lost is not None:
             raise self.lost
 

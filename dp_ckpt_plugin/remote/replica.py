@@ -81,7 +81,7 @@ class RemoteStore:
 
     Parameters
     ----------
-    storage : ObjectStorage
+    storage : dp_ckpt_plugin.storage.objects.ObjectStorage
         Where the remote store is.
     format : str
         The format of its checkpoints.
@@ -92,7 +92,7 @@ class RemoteStore:
         Seconds the writer lease holds without renewal.
     upload_wait : float
         Seconds :meth:`close` waits for uploads in flight.
-    holder : Holder, optional
+    holder : dp_ckpt_plugin.remote.lease.Holder, optional
         Who this run is, in the lease (this process by default).
     """
 

@@ -13,7 +13,7 @@ before a call is carried out (:meth:`MemoryStorage.before`): a writer paused
 between reading HEAD and swapping it, a server that answers 503.
 
 This module is also the example of a storage added in one module and one
-registry entry (``memory`` in :mod:`dp_ckpt_plugin.storage.registry`).
+registry entry (``memory`` in ``dp_ckpt_plugin.storage.registry``).
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class MemoryStorage:
         """Make the next ``times`` calls of ``op`` (on ``key``) raise ``error``.
 
         ``error(key)`` builds the exception; a 503-like
-        :class:`StorageUnavailableError` by default. With ``after``, the call
+        :class:`~dp_ckpt_plugin.storage.objects.StorageUnavailableError` by default. With ``after``, the call
         is carried out first and its answer lost (a timeout after success).
         """
         match = key if callable(key) else (lambda k, want=key: want in (None, k))
@@ -193,7 +193,7 @@ class MemoryStorage:
         return self._answer("put", key, info)
 
     def put_if_absent(self, key: str, data: bytes) -> ObjectInfo:
-        """Create an object; :class:`KeyExistsError` if one is there."""
+        """Create an object; :class:`~dp_ckpt_plugin.storage.objects.KeyExistsError` if one is there."""
         full = self._enter("put_if_absent", key)
         with self._bucket.lock:
             if full in self._bucket.objects:
@@ -202,7 +202,7 @@ class MemoryStorage:
         return self._answer("put_if_absent", key, info)
 
     def put_if_match(self, key: str, data: bytes, version: str) -> ObjectInfo:
-        """Replace an object that is still ``version``; :class:`VersionMismatchError` if not."""
+        """Replace an object that is still ``version``; :class:`~dp_ckpt_plugin.storage.objects.VersionMismatchError` if not."""
         full = self._enter("put_if_match", key)
         with self._bucket.lock:
             found = self._bucket.objects.get(full)

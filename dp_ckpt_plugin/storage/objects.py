@@ -25,14 +25,14 @@ A *lease* is not a primitive of its own: it is one small object moved only by
 it is exactly as safe as those two are on the storage. :class:`Capabilities`
 says which conditions a storage really enforces; the remote store refuses
 multi-writer safety where they are missing rather than pretend, and probes a
-server that claims them (:func:`dp_ckpt_plugin.remote.probe.probe`).
+server that claims them (``dp_ckpt_plugin.remote.probe.probe``).
 
 Three implementations ship: :class:`~dp_ckpt_plugin.storage.local.LocalStorage`
 (POSIX: ``O_EXCL`` and ``link`` for create-if-absent, ``flock`` and ``rename``
 for compare-and-swap, ``fsync``), :class:`~dp_ckpt_plugin.storage.memory.MemoryStorage`
-(in the process, under a lock) and :class:`~dp_ckpt_plugin.storage.cloud.CloudStorage`
+(in the process, under a lock) and ``dp_ckpt_plugin.storage.cloud.CloudStorage``
 (S3, GCS and Azure through ``obstore``, with conditional requests). The
-registry (:mod:`dp_ckpt_plugin.storage.registry`) picks one by URL scheme.
+registry (``dp_ckpt_plugin.storage.registry``) picks one by URL scheme.
 
 Errors: a condition that does not hold raises :class:`KeyExistsError` or
 :class:`VersionMismatchError`; an object that is not there is ``None`` from
@@ -163,7 +163,7 @@ class ObjectStorage(Protocol):
     """The primitives a remote store is built on (see the module docs).
 
     Keys are ``/``-separated strings relative to the storage's root (``url``),
-    never starting with ``/`` and never holding ``..``; :func:`check_key`
+    never starting with ``/`` and never holding ``..``; ``check_key``
     refuses others.
     """
 

@@ -22,7 +22,7 @@ def remote_url(text: str) -> str:
         )
     bucket, _, prefix = text.split("://", 1)[1].partition("/")
     if not bucket:
-        raise ValueError("the URL names no bucket")
+        raise ValueError("the URL names no bucket (s3://bucket/run)")
     return f"{scheme}://{bucket}/{prefix.strip('/')}".rstrip("/")
 
 
