@@ -260,4 +260,3 @@ def _read_source(data: Source) -> bytes:
         out += chunk
         chunk = data.read(1 << 20)
     return bytes(out)
-

@@ -48,13 +48,13 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol, Union, runtime_checkable
+from typing import BinaryIO, Protocol, runtime_checkable
 
 from ..errors import CheckpointError, CheckpointWriteError
 
 #: What ``put`` accepts: bytes (or a buffer), a local file by path, or an open
 #: binary file positioned at its start.
-Source = Union[bytes, bytearray, memoryview, Path, BinaryIO]
+Source = bytes | bytearray | memoryview | Path | BinaryIO
 
 #: Most bytes ``get`` reads of a small object unless told otherwise.
 SMALL_OBJECT_LIMIT = 1 << 20
