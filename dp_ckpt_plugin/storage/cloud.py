@@ -59,6 +59,7 @@ from .objects import (
     StorageUnavailableError,
     VersionMismatchError,
     check_key,
+    check_prefix,
 )
 
 #: Size of one part of a multipart upload (and the largest single-request put).
@@ -570,8 +571,7 @@ class CloudStorage:
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """The objects whose keys start with ``prefix`` (any string), by key."""
-        if prefix.startswith("/") or ".." in prefix.split("/"):
-            raise ValueError(f"not a key prefix: {prefix!r}")
+        check_prefix(prefix)
         folder = prefix.rpartition("/")[0]
         self._count("list", 0)
         listing = self._obstore.list

@@ -42,6 +42,7 @@ from .objects import (
     StorageUnavailableError,
     VersionMismatchError,
     check_key,
+    check_prefix,
 )
 
 #: Errors meaning "this filesystem makes no symlinks", not "something broke".
@@ -891,8 +892,7 @@ class LocalStorage:
         Temporary files, lock files, links and anything but regular files
         are not objects.
         """
-        if prefix.startswith("/") or ".." in prefix.split("/"):
-            raise ValueError(f"not a key prefix: {prefix!r}")
+        check_prefix(prefix)
         root = self._object_root()
         folder = prefix.rpartition("/")[0]
         found: list[ObjectInfo] = []
