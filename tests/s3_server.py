@@ -73,6 +73,7 @@ class S3Server:
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._server = None
+        self._client = None
 
     @property
     def running(self) -> bool:
@@ -96,6 +97,7 @@ class S3Server:
             self._server = server
             break
         _wait_until(lambda: _accepts(self.port))
+        self.client()
 
     def stop(self) -> None:
         """Stop serving and close the port: connections are refused."""
@@ -110,7 +112,15 @@ class S3Server:
             inner.server_close()
 
     def client(self):
-        """A boto3 S3 client on the server (for setting up and looking)."""
+        """A boto3 S3 client on the server (for setting up and looking).
+
+        Made once, before any test changes the AWS variables it would read.
+        """
+        if self._client is None:
+            self._client = self._make_client()
+        return self._client
+
+    def _make_client(self):
         import boto3
 
         return boto3.client(

@@ -414,10 +414,14 @@ class MultipartUploads:
             pause *= 2
         raise AssertionError("unreachable")
 
-    def list(self, prefix: str) -> tuple[list[Upload], float]:
-        """The incomplete uploads under ``prefix`` and the server's time now."""
+    def list(self, prefix: str, page: int = 1000) -> tuple[list[Upload], float]:
+        """The incomplete uploads under ``prefix`` and the server's time now.
+
+        ``page`` uploads are asked for at a time (S3 gives at most 1000).
+        """
         found: list[Upload] = []
-        params = {"uploads": "", "prefix": prefix}
+        first = {"uploads": "", "prefix": prefix, "max-uploads": str(page)}
+        params = first
         server_now = time.time()
         while True:
             status, headers, body = self.request("GET", "", params)
@@ -443,8 +447,7 @@ class MultipartUploads:
             if _child(root, "IsTruncated").lower() != "true":
                 return found, server_now
             params = {
-                "uploads": "",
-                "prefix": prefix,
+                **first,
                 "key-marker": _child(root, "NextKeyMarker"),
                 "upload-id-marker": _child(root, "NextUploadIdMarker"),
             }
@@ -462,9 +465,11 @@ class MultipartUploads:
             f"aborting an upload answered {status} {_error_code(body)}", status
         )
 
-    def uploads_older_than(self, prefix: str, seconds: float) -> Iterator[Upload]:
-        """The uploads under ``prefix`` started more than ``seconds`` ago (server time)."""
-        found, now = self.list(prefix)
+    def uploads_older_than(
+        self, prefix: str, seconds: float, page: int = 1000
+    ) -> Iterator[Upload]:
+        """The uploads under ``prefix`` begun ``seconds`` ago or more (server time)."""
+        found, now = self.list(prefix, page)
         return (u for u in found if now - u.initiated >= seconds)
 
 

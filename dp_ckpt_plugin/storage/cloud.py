@@ -137,23 +137,29 @@ def parse_url(url: str) -> tuple[str, str, str, str]:
         name the store refuses, credentials in the URL, a query, or a prefix
         with empty, ``.`` or ``..`` parts.
     """
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
+    scheme, _, rest = url.partition("://")
+    scheme = scheme.lower()
     if scheme not in SCHEMES:
         known = ", ".join(f"{s}://" for s in SCHEMES)
         raise ConfigError(
             f"{url}: unknown scheme {scheme or '(none)'!r} (known: {known})"
         )
     kind = SCHEMES[scheme]
+    if "@" in rest and (scheme == "az" or kind != "azure"):
+        host = rest.rpartition("@")[2].split("/")[0]
+        raise ConfigError(
+            f"{scheme}://***@{host}: credentials do not belong in the URL; give "
+            "them through the environment or a profile"
+        )
+    parts = urlsplit(f"{scheme}://{rest}")
     netloc, account = parts.netloc, ""
-    if kind == "azure" and scheme != "az" and "@" in netloc:
+    if kind == "azure" and "@" in netloc:
         netloc, _, host = netloc.partition("@")
         account = host.split(".")[0]
-    elif "@" in netloc or ":" in netloc:
-        shown = f"{scheme}://***@{netloc.rpartition('@')[2]}"
+    elif ":" in netloc:
         raise ConfigError(
-            f"{shown}: credentials or a port do not belong in the URL; give them "
-            "through the environment"
+            f"{url}: a port does not belong in the URL; give the endpoint "
+            "through AWS_ENDPOINT_URL or the storage's options"
         )
     if parts.query or parts.fragment:
         raise ConfigError(f"{url}: an object-store URL has no query or fragment")
@@ -441,18 +447,23 @@ class CloudStorage:
         for attempt in range(CONFLICT_RETRIES + 1):
             try:
                 found = put(self._store, key, payload, mode=mode, use_multipart=False)
-            except errors.AlreadyExistsError:
-                raise KeyExistsError(self.url_of(key)) from None
-            except (errors.PreconditionError, FileNotFoundError) as exc:
-                if op == "put_if_absent":
-                    raise self._fail(what, key, exc) from None
-                raise VersionMismatchError(self.url_of(key)) from None
             except (errors.BaseError, OSError, ValueError, RuntimeError) as exc:
-                if "409" in str(exc) and attempt < CONFLICT_RETRIES:
+                conflict = "409 Conflict" in str(exc)
+                if conflict and attempt < CONFLICT_RETRIES:
+                    # a concurrent conditional write was in flight: S3 says
+                    # to send it again (obstore words it as the condition)
                     with self._count_lock:
                         self.counts["requests"] += 1
                     time.sleep(FIRST_BACKOFF * 2**attempt)
                     continue
+                if conflict:
+                    raise self._fail(what, key, exc) from None
+                if isinstance(exc, errors.AlreadyExistsError):
+                    raise KeyExistsError(self.url_of(key)) from None
+                if op == "put_if_match" and isinstance(
+                    exc, (errors.PreconditionError, FileNotFoundError)
+                ):
+                    raise VersionMismatchError(self.url_of(key)) from None
                 raise self._fail(what, key, exc) from None
             return ObjectInfo(key, len(payload), self._version(found), time.time())
         raise AssertionError("unreachable")
@@ -630,12 +641,16 @@ class CloudStorage:
         """Whether :meth:`abort_incomplete_uploads` can run here (S3, static keys)."""
         return self.kind == "s3" and self.settings is not None and self.settings.static
 
-    def abort_incomplete_uploads(self, prefix: str, older_than_seconds: float) -> int:
+    def abort_incomplete_uploads(
+        self, prefix: str, older_than_seconds: float, *, page: int = 1000
+    ) -> int:
         """Abort the multipart uploads under ``prefix`` begun that long ago or more.
 
         A writer killed during a multipart upload leaves its parts stored,
         and billed, but invisible to ``list``. Ages are measured by the
         server's clock (its ``Date`` against each upload's ``Initiated``).
+
+        ``page`` is how many uploads one listing request asks for.
 
         Returns
         -------
@@ -661,7 +676,8 @@ class CloudStorage:
         uploads = aws.MultipartUploads(self.settings, self.bucket)
         try:
             aborted = 0
-            for upload in uploads.uploads_older_than(base + prefix, older_than_seconds):
+            found = uploads.uploads_older_than(base + prefix, older_than_seconds, page)
+            for upload in found:
                 with self._count_lock:
                     self.counts["requests"] += 1
                 aborted += uploads.abort(upload)
