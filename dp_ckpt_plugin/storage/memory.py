@@ -36,6 +36,7 @@ from .objects import (
     StorageUnavailableError,
     VersionMismatchError,
     check_key,
+    check_prefix,
     join_key,
 )
 
@@ -255,7 +256,7 @@ class MemoryStorage:
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """The objects whose keys start with ``prefix`` (relative to the root)."""
-        self._call("list", prefix)
+        self._call("list", check_prefix(prefix))
         root = f"{self.prefix}/" if self.prefix else ""
         base = root + prefix
         with self._bucket.lock:

@@ -206,6 +206,21 @@ def check_key(key: str) -> str:
     return key
 
 
+def check_prefix(prefix: str) -> str:
+    """Return ``prefix`` if ``list`` may take it (any start of a key, or ``""``).
+
+    Raises ``ValueError`` for one that starts with ``/`` or climbs (``..``).
+    """
+    if (
+        not isinstance(prefix, str)
+        or prefix.startswith("/")
+        or "\0" in prefix
+        or ".." in prefix.split("/")
+    ):
+        raise ValueError(f"not a key prefix: {prefix!r}")
+    return prefix
+
+
 def join_key(*parts: str) -> str:
     """Join key parts with ``/`` (empty parts are dropped)."""
     return "/".join(p.strip("/") for p in parts if p and p.strip("/"))

@@ -1,37 +1,242 @@
-"""One registry from URL scheme to storage (placeholder until the full one lands)."""
+"""One registry from URL scheme to storage.
+
+:func:`storage_for` is the one place a storage is chosen for a location:
+
+=====================================  =========================================
+a plain path, ``file:///path``          :class:`~dp_ckpt_plugin.storage.local.LocalStorage`
+                                       (its root is the path)
+``memory://bucket/prefix``              :class:`~dp_ckpt_plugin.storage.memory.MemoryStorage`
+``s3://``, ``gs://``, ``az://``,        :class:`~dp_ckpt_plugin.storage.cloud.CloudStorage`
+``abfs://``, ``abfss://``               (needs ``pip install "dp-ckpt-plugin[s3]"``)
+=====================================  =========================================
+
+Another storage is added by :func:`register` (``register("myfs", factory)``)
+or, from an installed package, through the ``dp_ckpt.storage`` entry-point
+group: the entry point's name is the scheme and its value a factory
+``callable(url, **options)`` returning an
+:class:`~dp_ckpt_plugin.storage.objects.ObjectStorage`::
+
+    [project.entry-points."dp_ckpt.storage"]
+    myfs = "my_package.storage:MyStorage"
+
+Entry points are read the first time a scheme is not known, and loaded one
+at a time, when their scheme is asked for; they cannot replace a built-in
+scheme (:func:`register` with ``replace=True`` can). A scheme named in
+``DP_CKPT_DISABLE_PLUGINS`` is not loaded from an entry point.
+"""
 
 from __future__ import annotations
 
+import os
 import re
+import threading
+from collections.abc import Callable
+from importlib import metadata
+from urllib.parse import unquote, urlsplit
 
-_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
-REMOTE_SCHEMES = ("s3", "gs", "az", "memory")
+from ..errors import ConfigError
+from .objects import ObjectStorage
+
+#: Entry-point group third-party storages register under (name = scheme).
+ENTRY_POINT_GROUP = "dp_ckpt.storage"
+
+Factory = Callable[..., ObjectStorage]
+
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+_VALID_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")
 
 
-def scheme_of(text: str) -> str | None:
-    head, sep, _ = text.partition("://")
-    return head.lower() if sep else None
+def _local(url: str, **options) -> ObjectStorage:
+    from .local import LocalStorage
+
+    if scheme_of(url) == "file":
+        parts = urlsplit(url)
+        if parts.netloc not in ("", "localhost") or parts.query or parts.fragment:
+            raise ConfigError(
+                f"{url}: a file URL names a local path (file:///path), with no "
+                "host, query or fragment"
+            )
+        url = unquote(parts.path)
+        if not url:
+            raise ConfigError(f"{url!r}: a file URL names a path (file:///path)")
+    return LocalStorage(url, **options)
 
 
-def remote_url(text: str) -> str:
-    scheme = scheme_of(text)
-    if scheme not in REMOTE_SCHEMES:
-        raise ValueError(
-            f"dp_ckpt_plugin cannot store checkpoints at a {scheme}:// URL "
-            f"(it can at {', '.join(s + '://' for s in REMOTE_SCHEMES)} and local paths)"
+def _memory(url: str, **options) -> ObjectStorage:
+    from .memory import MemoryStorage
+
+    if options:
+        raise ConfigError(
+            f"{url}: a memory storage takes no options ({', '.join(options)})"
         )
-    bucket, _, prefix = text.split("://", 1)[1].partition("/")
-    if not bucket:
-        raise ValueError("the URL names no bucket (s3://bucket/run)")
-    return f"{scheme}://{bucket}/{prefix.strip('/')}".rstrip("/")
-
-
-def storage_for(url: str, **options):
-    scheme = scheme_of(url)
-    if scheme == "memory":
-        from .memory import MemoryStorage
-
+    try:
         return MemoryStorage(url)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _cloud(url: str, **options) -> ObjectStorage:
     from .cloud import CloudStorage
 
     return CloudStorage(url, **options)
+
+
+#: The schemes this package serves itself.
+BUILTIN: dict[str, Factory] = {
+    "file": _local,
+    "memory": _memory,
+    "s3": _cloud,
+    "gs": _cloud,
+    "az": _cloud,
+    "abfs": _cloud,
+    "abfss": _cloud,
+}
+
+_factories: dict[str, Factory] = dict(BUILTIN)
+_entry_points: dict[str, metadata.EntryPoint] | None = None
+_lock = threading.Lock()
+
+
+def scheme_of(text: str | os.PathLike) -> str:
+    """The scheme of a URL in lower case (``s3``), or ``""`` for a plain path."""
+    if isinstance(text, os.PathLike):
+        return ""
+    found = _SCHEME.match(text)
+    return found.group(1).lower() if found else ""
+
+
+def register(scheme: str, factory: Factory, *, replace: bool = False) -> None:
+    """Serve ``scheme://`` URLs with ``factory(url, **options)``.
+
+    Raises
+    ------
+    ValueError
+        For a scheme that is not one (``[a-z][a-z0-9+.-]*``), or one already
+        served, unless ``replace``.
+    """
+    if not isinstance(scheme, str) or not _VALID_SCHEME.fullmatch(scheme):
+        raise ValueError(f"not a URL scheme: {scheme!r} (lowercase, like 's3')")
+    if not callable(factory):
+        raise ValueError(f"the storage factory for {scheme!r} is not callable")
+    with _lock:
+        if scheme in _factories and not replace:
+            raise ValueError(f"the scheme {scheme!r} already has a storage")
+        _factories[scheme] = factory
+
+
+def unregister(scheme: str) -> None:
+    """Stop serving ``scheme`` (a built-in one comes back as it was)."""
+    with _lock:
+        if scheme in BUILTIN:
+            _factories[scheme] = BUILTIN[scheme]
+        else:
+            _factories.pop(scheme, None)
+
+
+def _installed() -> dict[str, metadata.EntryPoint]:
+    """The entry points of the group, by scheme, read once (not loaded)."""
+    global _entry_points
+    if _entry_points is None:
+        from ..plugins import blocked_names
+
+        blocked = set(blocked_names())
+        found = metadata.entry_points(group=ENTRY_POINT_GROUP)
+        _entry_points = {ep.name: ep for ep in found if ep.name not in blocked}
+    return _entry_points
+
+
+def forget_entry_points() -> None:
+    """Read the entry points again when next needed (after an install)."""
+    global _entry_points
+    with _lock:
+        _entry_points = None
+        for scheme in [s for s, f in _factories.items() if _from_entry_point(f)]:
+            del _factories[scheme]
+
+
+def _from_entry_point(factory: Factory) -> bool:
+    return getattr(factory, "_dp_ckpt_entry_point", False)
+
+
+def _factory(scheme: str) -> Factory | None:
+    with _lock:
+        found = _factories.get(scheme)
+        if found is not None:
+            return found
+        ep = _installed().get(scheme)
+        if ep is None:
+            return None
+        try:
+            loaded = ep.load()
+        except Exception as exc:
+            raise ConfigError(
+                f"the storage for {scheme}:// ({ep.value}) could not be loaded: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+        if not callable(loaded):
+            raise ConfigError(
+                f"the storage for {scheme}:// ({ep.value}) is not a callable factory"
+            )
+
+        def factory(url: str, **options) -> ObjectStorage:
+            return loaded(url, **options)
+
+        factory._dp_ckpt_entry_point = True
+        _factories[scheme] = factory
+        return factory
+
+
+def known_schemes() -> list[str]:
+    """Every scheme served: built-in, registered and installed."""
+    with _lock:
+        return sorted({*_factories, *_installed()})
+
+
+def storage_for(url_or_path: str | os.PathLike, **options) -> ObjectStorage:
+    """The storage of a location: a path, or a URL whose scheme is known.
+
+    Raises
+    ------
+    ConfigError
+        In one line, for a scheme no storage serves (listing the known ones)
+        or a URL its storage refuses.
+    """
+    if isinstance(url_or_path, os.PathLike):
+        return _local(os.fspath(url_or_path), **options)
+    scheme = scheme_of(url_or_path)
+    if not scheme:
+        return _local(url_or_path, **options)
+    factory = _factory(scheme)
+    if factory is None:
+        known = ", ".join(f"{s}://" for s in known_schemes())
+        raise ConfigError(
+            f"{url_or_path}: no storage serves {scheme}:// (known: {known}, and "
+            "plain paths)"
+        )
+    return factory(url_or_path, **options)
+
+
+def remote_url(text: str) -> str:
+    """``text`` as the URL of a store on object storage, normalized.
+
+    Only the form is checked (a scheme some storage serves other than
+    ``file``, a bucket); nothing is contacted.
+
+    Raises
+    ------
+    ValueError
+        Saying what is wrong, in one line.
+    """
+    scheme = scheme_of(text)
+    if not scheme or scheme == "file":
+        raise ValueError("it is not the URL of an object store")
+    if _factory(scheme) is None:
+        known = ", ".join(f"{s}://" for s in known_schemes() if s != "file")
+        raise ValueError(
+            f"no storage serves {scheme}:// (known: {known}; or give a local path)"
+        )
+    bucket, _, prefix = text.split("://", 1)[1].partition("/")
+    if not bucket:
+        raise ValueError(f"the URL names no bucket ({scheme}://bucket/run)")
+    prefix = prefix.strip("/")
+    return f"{scheme}://{bucket}/{prefix}" if prefix else f"{scheme}://{bucket}"

@@ -1,0 +1,785 @@
+"""An object storage on S3, GCS or Azure: ``s3://bucket/prefix`` through obstore.
+
+==================  ===========================================================
+``put``             ``obstore.put``: one request up to :data:`PART_SIZE`, a
+                    multipart upload of :data:`PART_SIZE` parts,
+                    :data:`PART_CONCURRENCY` at a time, above it; a
+                    :class:`~pathlib.Path` is streamed from the file
+``put_if_absent``   ``mode="create"`` (``If-None-Match: *``)
+``put_if_match``    ``mode={"e_tag": version}`` (``If-Match``; on GCS the
+                    generation, ``x-goog-if-generation-match``)
+``get``             one ``GET``; its size is read from the answer's headers
+                    and a body larger than ``limit`` is never read
+``get_range``       a ranged ``GET``
+``download``        ``HEAD``, then ranged ``GET`` s of :data:`DOWNLOAD_PART`
+                    bytes, each on the version first seen (``If-Match``),
+                    streamed into the sink
+``head``            ``HEAD``
+``list``            ``LIST`` of the prefix's folder, filtered to the prefix
+``delete``          ``HEAD`` then ``DELETE``
+==================  ===========================================================
+
+:attr:`ObjectInfo.version <dp_ckpt_plugin.storage.objects.ObjectInfo.version>`
+is the ETag on S3 and Azure, the generation on GCS: what the store compares.
+
+Settings come the way users already give them (:mod:`.aws` for S3; obstore
+reads ``GOOGLE_*`` and ``AZURE_*`` itself). Transient errors (5xx, timeouts,
+refused or reset connections) are retried by obstore with
+:data:`RETRIES` retries and exponential backoff, within
+:data:`RETRY_TIMEOUT`, so a dead endpoint fails in seconds; then one
+:class:`~dp_ckpt_plugin.storage.objects.StorageUnavailableError` names the
+URL and the cause in one line, with every credential scrubbed.
+
+obstore is imported when a storage is made, never when this module is.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import BinaryIO, TypeVar
+from urllib.parse import urlsplit
+
+from ..errors import ConfigError
+from . import aws
+from .objects import (
+    SMALL_OBJECT_LIMIT,
+    Capabilities,
+    KeyExistsError,
+    KeyMissingError,
+    ObjectInfo,
+    Source,
+    StorageUnavailableError,
+    VersionMismatchError,
+    check_key,
+    check_prefix,
+)
+
+#: Size of one part of a multipart upload (and the largest single-request put).
+PART_SIZE = 16 << 20
+#: Parts of one upload in flight at once.
+PART_CONCURRENCY = 4
+#: Bytes of one ranged ``GET`` of :meth:`CloudStorage.download`.
+DOWNLOAD_PART = 64 << 20
+#: Least bytes handed to the sink at a time while downloading.
+STREAM_CHUNK = 1 << 20
+#: Retries of a request that met a transient error.
+RETRIES = 3
+#: First and longest pause between retries (seconds; doubled each retry).
+FIRST_BACKOFF = 0.2
+MAX_BACKOFF = 2.0
+#: No retry is started this many seconds after a request's first attempt.
+RETRY_TIMEOUT = 15.0
+#: Seconds to wait for a connection.
+CONNECT_TIMEOUT = 3.0
+#: Seconds one request (a part, a range) may take in all.
+REQUEST_TIMEOUT = 120.0
+#: Times a conditional put answered ``409 Conflict`` (a concurrent
+#: conditional write in flight) is sent again.
+CONFLICT_RETRIES = 3
+
+#: Scheme -> obstore's kind of store.
+SCHEMES = {"s3": "s3", "gs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure"}
+
+_CONDITIONAL = Capabilities(
+    create_if_absent=True,
+    compare_and_swap=True,
+    ranged_get=True,
+    durable_put=True,
+    multipart=True,
+    links=False,
+)
+#: What each kind of store enforces (obstore implements both conditional
+#: modes on S3, GCS and Azure).
+CAPABILITIES = {"s3": _CONDITIONAL, "gcs": _CONDITIONAL, "azure": _CONDITIONAL}
+
+_S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_GCS_BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")
+_AZURE_CONTAINER = re.compile(r"[a-z0-9](?!.*--)[a-z0-9-]{1,61}[a-z0-9]")
+_BUCKET_RULES = {
+    "s3": "3 to 63 lowercase letters, digits, dots and hyphens, starting and "
+    "ending with a letter or digit",
+    "gcs": "3 to 63 lowercase letters, digits, dots, hyphens and underscores, "
+    "starting and ending with a letter or digit",
+    "azure": "3 to 63 lowercase letters, digits and single hyphens, starting "
+    "and ending with a letter or digit",
+}
+#: Names of settings whose values are secret (environment and options).
+_SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|SAS|KEY|CREDENTIAL", re.IGNORECASE)
+_SECRET_PATTERNS = (
+    re.compile(r"(X-Amz-(?:Signature|Credential|Security-Token)=)[^&\s\"']+", re.I),
+    re.compile(r"(Signature=)[0-9a-fA-F]+"),
+    re.compile(r"((?:^|[?&])sig=)[^&\s\"']+"),
+    re.compile(r"(AccountKey=)[^;\s\"']+"),
+    re.compile(r"(Authorization:?\s*)\S+(?:\s+\S+)?", re.I),
+)
+
+T = TypeVar("T")
+
+
+def parse_url(url: str) -> tuple[str, str, str, str]:
+    """Split an object-store URL into ``(scheme, bucket, account, prefix)``.
+
+    ``account`` is the Azure account of an ``abfs://container@account...``
+    URL, else ``""``.
+
+    Raises
+    ------
+    ConfigError
+        In one line naming the URL: an unknown scheme, no bucket, a bucket
+        name the store refuses, credentials in the URL, a query, or a prefix
+        with empty, ``.`` or ``..`` parts.
+    """
+    scheme, _, rest = url.partition("://")
+    scheme = scheme.lower()
+    if scheme not in SCHEMES:
+        known = ", ".join(f"{s}://" for s in SCHEMES)
+        raise ConfigError(
+            f"{url}: unknown scheme {scheme or '(none)'!r} (known: {known})"
+        )
+    kind = SCHEMES[scheme]
+    if "@" in rest and (scheme == "az" or kind != "azure"):
+        host = rest.rpartition("@")[2].split("/")[0]
+        raise ConfigError(
+            f"{scheme}://***@{host}: credentials do not belong in the URL; give "
+            "them through the environment or a profile"
+        )
+    parts = urlsplit(f"{scheme}://{rest}")
+    netloc, account = parts.netloc, ""
+    if kind == "azure" and "@" in netloc:
+        netloc, _, host = netloc.partition("@")
+        account = host.split(".")[0]
+    elif ":" in netloc:
+        raise ConfigError(
+            f"{url}: a port does not belong in the URL; give the endpoint "
+            "through AWS_ENDPOINT_URL or the storage's options"
+        )
+    if parts.query or parts.fragment:
+        raise ConfigError(f"{url}: an object-store URL has no query or fragment")
+    if not netloc:
+        raise ConfigError(
+            f"{url} names no bucket: write {scheme}://BUCKET/PREFIX"
+            if kind != "azure"
+            else f"{url} names no container: write {scheme}://CONTAINER/PREFIX"
+        )
+    if not _valid_bucket(kind, netloc):
+        word = "container" if kind == "azure" else "bucket"
+        raise ConfigError(
+            f"{url}: {netloc!r} is not a valid {word} name ({_BUCKET_RULES[kind]})"
+        )
+    prefix = parts.path.strip("/")
+    if prefix and any(p in ("", ".", "..") for p in prefix.split("/")):
+        raise ConfigError(f"{url}: the prefix {prefix!r} has empty, '.' or '..' parts")
+    return scheme, netloc, account, prefix
+
+
+def _valid_bucket(kind: str, name: str) -> bool:
+    if kind == "s3":
+        if not _S3_BUCKET.fullmatch(name) or ".." in name:
+            return False
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            return True
+        return False
+    if kind == "gcs":
+        return bool(_GCS_BUCKET.fullmatch(name)) and (
+            len(name) <= 63 or all(len(p) <= 63 for p in name.split("."))
+        )
+    return bool(_AZURE_CONTAINER.fullmatch(name))
+
+
+def _import_obstore():
+    try:
+        import obstore
+        import obstore.exceptions
+        import obstore.store
+    except ImportError:
+        raise ConfigError(
+            "object storage needs obstore: pip install 'dp-ckpt-plugin[s3]'"
+        ) from None
+    return obstore
+
+
+class CloudStorage:
+    """Objects in an S3 bucket, a GCS bucket or an Azure container.
+
+    Parameters
+    ----------
+    url : str
+        ``s3://bucket/prefix``, ``gs://bucket/prefix``, ``az://container/prefix``
+        or ``abfs[s]://container@account.dfs.core.windows.net/prefix``.
+    **options
+        Settings of obstore's store (``region``, ``endpoint``,
+        ``access_key_id``, ...; S3 also takes ``profile``), and
+        ``client_options`` / ``retry_config`` overriding this module's.
+
+    Raises
+    ------
+    ConfigError
+        For a bad URL, a profile that cannot be read, or no obstore.
+    StorageUnavailableError
+        When no credentials can be found at all (S3, with the instance
+        metadata service turned off by ``AWS_EC2_METADATA_DISABLED``).
+    """
+
+    def __init__(self, url: str, **options: object) -> None:
+        scheme, bucket, account, prefix = parse_url(url)
+        self.scheme = scheme
+        self.kind = SCHEMES[scheme]
+        self.bucket = bucket
+        self.prefix = prefix
+        self.url = f"{scheme}://{url.split('://', 1)[1].split('/', 1)[0]}" + (
+            f"/{prefix}" if prefix else ""
+        )
+        self.capabilities = CAPABILITIES[self.kind]
+        #: Calls made, by primitive (``put``, ``head``, ...), and ``requests``:
+        #: the HTTP requests they took (not counting obstore's retries).
+        self.counts: Counter[str] = Counter()
+        self._count_lock = threading.Lock()
+        self._obstore = _import_obstore()
+        environ = dict(os.environ)
+        self._secrets = _secret_values(options, environ)
+        self.settings: aws.AwsSettings | None = None
+        if self.kind == "s3":
+            self.settings = aws.resolve(options, environ)
+            self._secrets += self.settings.secrets()
+            self._check_credentials(environ)
+        self._store = self._open(options, environ, account)
+
+    def __repr__(self) -> str:
+        return f"CloudStorage({self.url!r})"
+
+    # -- making the store -------------------------------------------------------
+    def _check_credentials(self, environ: Mapping[str, str]) -> None:
+        settings = self.settings
+        if settings is None or settings.static:
+            return
+        elsewhere = any(
+            environ.get(name)
+            for name in (
+                "AWS_WEB_IDENTITY_TOKEN_FILE",
+                "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                "AWS_SKIP_SIGNATURE",
+            )
+        )
+        if not elsewhere and aws._truthy(environ.get("AWS_EC2_METADATA_DISABLED")):
+            raise StorageUnavailableError(self.url, "reach", _NO_CREDENTIALS)
+
+    def _open(self, options: dict, environ: Mapping[str, str], account: str):
+        store_module = self._obstore.store
+        options = dict(options)
+        client = {
+            "connect_timeout": dt.timedelta(seconds=CONNECT_TIMEOUT),
+            "timeout": dt.timedelta(seconds=REQUEST_TIMEOUT),
+            **(options.pop("client_options", None) or {}),
+        }
+        retry = {
+            "max_retries": RETRIES,
+            "retry_timeout": dt.timedelta(seconds=RETRY_TIMEOUT),
+            "backoff": {
+                "init_backoff": dt.timedelta(seconds=FIRST_BACKOFF),
+                "max_backoff": dt.timedelta(seconds=MAX_BACKOFF),
+                "base": 2,
+            },
+            **(options.pop("retry_config", None) or {}),
+        }
+        prefix = self.prefix or None
+        try:
+            if self.kind == "s3":
+                return self._open_s3(store_module, options, client, retry, prefix)
+            endpoints = [
+                str(v)
+                for k, v in [*options.items(), *environ.items()]
+                if re.search(r"URL|ENDPOINT", k, re.I) and isinstance(v, str)
+            ]
+            if any(e.startswith("http://") for e in endpoints):
+                client.setdefault("allow_http", True)
+            if self.kind == "gcs":
+                return store_module.GCSStore(
+                    self.bucket,
+                    prefix=prefix,
+                    client_options=client,
+                    retry_config=retry,
+                    **options,
+                )
+            if account:
+                options.setdefault("account_name", account)
+            return store_module.AzureStore(
+                self.bucket,
+                prefix=prefix,
+                client_options=client,
+                retry_config=retry,
+                **options,
+            )
+        except (ValueError, TypeError, self._obstore.exceptions.BaseError) as exc:
+            raise ConfigError(f"{self.url}: {self._cause(exc)}") from None
+
+    def _open_s3(self, store_module, options: dict, client: dict, retry: dict, prefix):
+        settings = self.settings
+        handled = (
+            "profile",
+            "region",
+            "endpoint",
+            "aws_endpoint_url_s3",
+            "access_key_id",
+            "secret_access_key",
+            "session_token",
+            "token",
+        )
+        config = {k: v for k, v in options.items() if k not in handled}
+        config["region"] = settings.region
+        if settings.endpoint:
+            config["endpoint"] = settings.endpoint
+            if settings.endpoint.startswith("http://"):
+                client.setdefault("allow_http", True)
+        if settings.static:
+            config["access_key_id"] = settings.access_key_id
+            config["secret_access_key"] = settings.secret_access_key
+            if settings.session_token:
+                config["session_token"] = settings.session_token
+        return store_module.S3Store(
+            self.bucket,
+            prefix=prefix,
+            client_options=client,
+            retry_config=retry,
+            **config,
+        )
+
+    # -- plumbing ---------------------------------------------------------------
+    def url_of(self, key: str) -> str:
+        """The URL of the object at ``key``."""
+        return f"{self.url}/{check_key(key)}"
+
+    def _count(self, op: str, requests: int = 1) -> None:
+        with self._count_lock:
+            self.counts[op] += 1
+            self.counts["requests"] += requests
+
+    def _scrub(self, text: str) -> str:
+        for secret in sorted(self._secrets, key=len, reverse=True):
+            if len(secret) >= 4:
+                text = text.replace(secret, "***")
+        for pattern in _SECRET_PATTERNS:
+            text = pattern.sub(r"\1***", text)
+        return text
+
+    def _cause(self, exc: BaseException) -> str:
+        """What went wrong, in one line, with no secret in it."""
+        return describe(exc, self._scrub, self.bucket)
+
+    def _fail(self, what: str, key: str | None, exc: BaseException) -> Exception:
+        url = f"{self.url}/{key}" if key else self.url
+        return StorageUnavailableError(url, what, self._cause(exc))
+
+    def _run(self, what: str, key: str | None, call: Callable[[], T]) -> T:
+        """``call()``, any error of obstore's turned into one clear error."""
+        errors = self._obstore.exceptions
+        try:
+            return call()
+        except (
+            errors.BaseError,
+            OSError,
+            ValueError,
+            RuntimeError,
+            TimeoutError,
+        ) as exc:
+            if isinstance(exc, (KeyExistsError, VersionMismatchError, KeyMissingError)):
+                raise
+            raise self._fail(what, key, exc) from None
+
+    def _version(self, found: Mapping) -> str:
+        if self.kind == "gcs" and found.get("version"):
+            return str(found["version"])
+        return str(found.get("e_tag") or found.get("version") or "")
+
+    def _info(self, key: str, meta: Mapping) -> ObjectInfo:
+        modified = meta.get("last_modified")
+        when = modified.timestamp() if isinstance(modified, dt.datetime) else 0.0
+        return ObjectInfo(key, int(meta["size"]), self._version(meta), when)
+
+    # -- the protocol -------------------------------------------------------------
+    def put(self, key: str, data: Source) -> ObjectInfo:
+        """Write a whole object, replacing any (multipart above :data:`PART_SIZE`)."""
+        check_key(key)
+        size, source = _prepare(data)
+        parts = -(-size // PART_SIZE) if size > PART_SIZE else 0
+        self._count("put", parts + 2 if parts else 1)
+        put = self._obstore.put
+
+        def call():
+            return put(
+                self._store,
+                key,
+                source,
+                chunk_size=PART_SIZE,
+                max_concurrency=PART_CONCURRENCY,
+            )
+
+        if isinstance(data, Path):
+            try:
+                with open(data, "rb") as handle:
+                    size = os.fstat(handle.fileno()).st_size
+                    source = handle
+                    found = self._run("write", key, call)
+            except OSError as exc:
+                raise StorageUnavailableError(
+                    self.url_of(key), "write", f"cannot read {data}: {exc.strerror}"
+                ) from None
+        else:
+            found = self._run("write", key, call)
+        return ObjectInfo(key, size, self._version(found), time.time())
+
+    def _conditional(self, op: str, what: str, key: str, data: bytes, mode):
+        check_key(key)
+        payload = bytes(data)
+        self._count(op)
+        errors = self._obstore.exceptions
+        put = self._obstore.put
+        for attempt in range(CONFLICT_RETRIES + 1):
+            try:
+                found = put(self._store, key, payload, mode=mode, use_multipart=False)
+            except (errors.BaseError, OSError, ValueError, RuntimeError) as exc:
+                conflict = "409 Conflict" in str(exc)
+                if conflict and attempt < CONFLICT_RETRIES:
+                    # a concurrent conditional write was in flight: S3 says
+                    # to send it again (obstore words it as the condition)
+                    with self._count_lock:
+                        self.counts["requests"] += 1
+                    time.sleep(FIRST_BACKOFF * 2**attempt)
+                    continue
+                if conflict:
+                    raise self._fail(what, key, exc) from None
+                if isinstance(exc, errors.AlreadyExistsError):
+                    raise KeyExistsError(self.url_of(key)) from None
+                if op == "put_if_match" and isinstance(
+                    exc, (errors.PreconditionError, FileNotFoundError)
+                ):
+                    raise VersionMismatchError(self.url_of(key)) from None
+                raise self._fail(what, key, exc) from None
+            return ObjectInfo(key, len(payload), self._version(found), time.time())
+        raise AssertionError("unreachable")
+
+    def put_if_absent(self, key: str, data: bytes) -> ObjectInfo:
+        """Create an object; :class:`KeyExistsError` if one is there."""
+        return self._conditional("put_if_absent", "create", key, data, "create")
+
+    def put_if_match(self, key: str, data: bytes, version: str) -> ObjectInfo:
+        """Replace an object still at ``version``; :class:`VersionMismatchError` if not."""
+        mode = {"version": version} if self.kind == "gcs" else {"e_tag": version}
+        return self._conditional("put_if_match", "replace", key, data, mode)
+
+    def get(
+        self, key: str, limit: int = SMALL_OBJECT_LIMIT
+    ) -> tuple[bytes, ObjectInfo] | None:
+        """A small object and its version; ``None`` when absent.
+
+        The size is read from the answer's headers first: the body of an
+        object larger than ``limit`` is not read.
+        """
+        check_key(key)
+        self._count("get")
+        get = self._obstore.get
+
+        def call():
+            try:
+                found = get(self._store, key)
+            except FileNotFoundError:
+                return None
+            info = self._info(key, found.meta)
+            if info.size > limit:
+                return info
+            return bytes(found.bytes()), info
+
+        found = self._run("read", key, call)
+        if isinstance(found, ObjectInfo):
+            raise StorageUnavailableError(
+                self.url_of(key), "read", f"{found.size} bytes, more than {limit}"
+            )
+        return found
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes ``start`` to ``end`` (exclusive) of an object (fewer at its end)."""
+        check_key(key)
+        if start < 0 or end < start:
+            raise ValueError(f"not a byte range: {start} to {end}")
+        self._count("get_range")
+        get_range = self._obstore.get_range
+
+        def call():
+            if end > start:
+                try:
+                    return bytes(get_range(self._store, key, start=start, end=end))
+                except FileNotFoundError:
+                    raise KeyMissingError(self.url_of(key)) from None
+                except (ValueError, self._obstore.exceptions.BaseError) as exc:
+                    if "range" not in str(exc).lower() and "416" not in str(exc):
+                        raise
+            # an empty range, or one past the end: the object must still be there
+            with self._count_lock:
+                self.counts["requests"] += 1
+            if self._head(key) is None:
+                raise KeyMissingError(self.url_of(key))
+            return b""
+
+        return self._run("read", key, call)
+
+    def download(self, key: str, sink: BinaryIO) -> ObjectInfo:
+        """Stream an object into ``sink``; return what it was.
+
+        Read in ranges of :data:`DOWNLOAD_PART` bytes, each of the version
+        first seen: an object replaced meanwhile raises
+        :class:`VersionMismatchError` (the sink then holds a part of it).
+        """
+        check_key(key)
+        errors = self._obstore.exceptions
+        get = self._obstore.get
+
+        def call():
+            info = self._head(key)
+            if info is None:
+                raise KeyMissingError(self.url_of(key))
+            with self._count_lock:
+                self.counts["requests"] += 1 + -(-info.size // DOWNLOAD_PART)
+            for start in range(0, info.size, DOWNLOAD_PART):
+                end = min(start + DOWNLOAD_PART, info.size)
+                options = {"range": (start, end)}
+                if self.kind == "gcs" and info.version.isdigit():
+                    options["version"] = info.version
+                else:
+                    options["if_match"] = info.version
+                try:
+                    found = get(self._store, key, options=options)
+                except (errors.PreconditionError, FileNotFoundError):
+                    raise VersionMismatchError(self.url_of(key)) from None
+                for chunk in found.stream(min_chunk_size=STREAM_CHUNK):
+                    sink.write(chunk)
+            return info
+
+        with self._count_lock:
+            self.counts["download"] += 1
+        return self._run("read", key, call)
+
+    def _head(self, key: str) -> ObjectInfo | None:
+        try:
+            return self._info(key, self._obstore.head(self._store, key))
+        except FileNotFoundError:
+            return None
+
+    def head(self, key: str) -> ObjectInfo | None:
+        """What the object at ``key`` is, or ``None``."""
+        check_key(key)
+        self._count("head")
+        return self._run("look up", key, lambda: self._head(key))
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        """The objects whose keys start with ``prefix`` (any string), by key."""
+        check_prefix(prefix)
+        folder = prefix.rpartition("/")[0]
+        self._count("list", 0)
+        listing = self._obstore.list
+
+        def call():
+            found = []
+            for chunk in listing(self._store, folder or None, chunk_size=1000):
+                with self._count_lock:
+                    self.counts["requests"] += 1
+                found += [
+                    self._info(meta["path"], meta)
+                    for meta in chunk
+                    if meta["path"].startswith(prefix)
+                ]
+            return sorted(found, key=lambda info: info.key)
+
+        return iter(self._run("list", f"{prefix}*" if prefix else None, call))
+
+    def delete(self, key: str) -> bool:
+        """Remove an object; ``False`` if it was not there."""
+        check_key(key)
+        self._count("delete", 2)
+        delete = self._obstore.delete
+
+        def call():
+            if self._head(key) is None:
+                return False
+            try:
+                delete(self._store, key)
+            except FileNotFoundError:
+                return False
+            return True
+
+        return self._run("delete", key, call)
+
+    # -- beyond the protocol --------------------------------------------------------
+    def check(self) -> None:
+        """Reach the bucket once (one listing of at most one object).
+
+        Raises
+        ------
+        StorageUnavailableError
+            In one line: the bucket does not exist, the credentials are
+            refused or missing, the endpoint does not answer.
+        """
+        self._count("check")
+        listing = self._obstore.list
+
+        def call():
+            next(iter(listing(self._store, None, chunk_size=1)), None)
+
+        self._run("reach", None, call)
+
+    @property
+    def aborts_uploads(self) -> bool:
+        """Whether :meth:`abort_incomplete_uploads` can run here (S3, static keys)."""
+        return self.kind == "s3" and self.settings is not None and self.settings.static
+
+    def abort_incomplete_uploads(
+        self, prefix: str, older_than_seconds: float, *, page: int = 1000
+    ) -> int:
+        """Abort the multipart uploads under ``prefix`` begun that long ago or more.
+
+        A writer killed during a multipart upload leaves its parts stored,
+        and billed, but invisible to ``list``. Ages are measured by the
+        server's clock (its ``Date`` against each upload's ``Initiated``).
+
+        ``page`` is how many uploads one listing request asks for.
+
+        Returns
+        -------
+        int
+            How many uploads were aborted.
+
+        Raises
+        ------
+        StorageUnavailableError
+            When the storage cannot do it (not S3, or credentials left to
+            obstore's chain), or the requests fail.
+        """
+        what = "abort the incomplete uploads under"
+        if not self.aborts_uploads:
+            raise StorageUnavailableError(
+                self.url,
+                what,
+                "only S3 storage with keys from the options, the environment or a "
+                "profile can list them; set a lifecycle rule on the bucket instead",
+            )
+        self._count("abort_incomplete_uploads", 0)
+        base = f"{self.prefix}/" if self.prefix else ""
+        uploads = aws.MultipartUploads(self.settings, self.bucket)
+        try:
+            aborted = 0
+            found = uploads.uploads_older_than(base + prefix, older_than_seconds, page)
+            for upload in found:
+                with self._count_lock:
+                    self.counts["requests"] += 1
+                aborted += uploads.abort(upload)
+        except (aws.S3RequestError, OSError, ValueError) as exc:
+            raise StorageUnavailableError(
+                self.url, what, self._scrub(str(exc).splitlines()[0])
+            ) from None
+        with self._count_lock:
+            self.counts["requests"] += 1
+        return aborted
+
+
+_NO_CREDENTIALS = (
+    "no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
+    "AWS_PROFILE with a profile in ~/.aws/credentials"
+)
+
+
+def _secret_values(options: Mapping[str, object], environ: Mapping[str, str]):
+    found = []
+    for name, value in [*options.items(), *environ.items()]:
+        if isinstance(value, str) and len(value) >= 8 and _SECRET_NAME.search(name):
+            found.append(value)
+    return tuple(found)
+
+
+def _prepare(data: Source) -> tuple[int, object]:
+    """The size of a source and what obstore is handed (an open file for a Path)."""
+    if isinstance(data, (bytes, bytearray)):
+        return len(data), data
+    if isinstance(data, memoryview):
+        view = data if data.format == "B" and data.ndim == 1 else data.cast("B")
+        return view.nbytes, view
+    if isinstance(data, Path):
+        return 0, None  # opened by the caller
+    position = data.tell()
+    end = data.seek(0, os.SEEK_END)
+    data.seek(position)
+    return end - position, data
+
+
+_PERFORMING = re.compile(r"Error performing (\w+) (\S+)")
+_STATUS = re.compile(r"status code: (\d{3})( [A-Za-z][A-Za-z ]*[a-z])?")
+_CODE = re.compile(r"<Code>([^<]+)</Code>(?:\s*<Message>([^<]*)</Message>)?")
+_RETRIES = re.compile(r"after (\d+) retries")
+_ELAPSED = re.compile(r" in ([\d.]+)(µs|ms|s)\b")
+
+
+def describe(exc: BaseException, scrub: Callable[[str], str], bucket: str) -> str:
+    """The cause of an obstore error in one short line (scrubbed by ``scrub``).
+
+    ``no answer from http://host:port (error sending request, after 3
+    retries in 1.4 s)``, ``the server answered 503 Service Unavailable
+    (SlowDown: Please reduce your request rate; after 3 retries)``,
+    ``the bucket b does not exist``, ``access denied (AccessDenied: ...)``.
+    """
+    text = scrub(str(exc).split("Debug source:")[0])
+    flat = " ".join(text.split())
+    code = _CODE.search(flat)
+    status = _STATUS.search(flat)
+    retried = _RETRIES.search(flat)
+    elapsed = _ELAPSED.search(flat)
+    after = ""
+    if retried and int(retried.group(1)):
+        after = f"after {retried.group(1)} retries"
+        if elapsed:
+            value, unit = float(elapsed.group(1)), elapsed.group(2)
+            seconds = value / {"µs": 1e6, "ms": 1e3, "s": 1.0}[unit]
+            after += f" in {seconds:.1f} s"
+    if code and code.group(1) == "NoSuchBucket":
+        return f"the bucket {bucket} does not exist"
+    performing = _PERFORMING.search(flat)
+    target = performing.group(2) if performing else ""
+    if "/latest/api/token" in target or "/latest/meta-data" in target:
+        return (
+            _NO_CREDENTIALS
+            + " (none in the environment or the profile files, and the instance "
+            "metadata service did not answer)"
+        )
+    if status:
+        said = f"{status.group(1)}{status.group(2) or ''}"
+        details = [
+            f"{code.group(1)}: {code.group(2)}" if code and code.group(2) else ""
+        ]
+        details.append(after)
+        inner = "; ".join(d for d in details if d)
+        lead = (
+            "access denied, the server answered"
+            if said[:3] in ("401", "403")
+            else ("the server answered")
+        )
+        return f"{lead} {said}" + (f" ({inner})" if inner else "")
+    if performing and ("sending request" in flat or "connect" in flat.lower()):
+        split = urlsplit(target)
+        where = f"{split.scheme}://{split.netloc}" if split.netloc else target
+        reason = (
+            "error sending request"
+            if "sending request" in flat
+            else "connection failed"
+        )
+        return f"no answer from {where} ({reason}" + (f", {after})" if after else ")")
+    if "builder error" in flat:
+        return f"the request could not be built ({flat[:200]})"
+    first = flat.removeprefix("Generic S3 error: ").removeprefix("Generic error: ")
+    return first[:300] or type(exc).__name__
