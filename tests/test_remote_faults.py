@@ -77,23 +77,27 @@ def calls(pm, tmp_path) -> list[tuple[str, str]]:
     return seen
 
 
+def _at(storage, key):
+    return storage.url_of(key) if key else storage.url
+
+
 def _kinds(op):
     """(name, error(storage, key), after) of each failure a call of ``op`` can meet."""
     yield (
         "503",
-        lambda s, k: StorageUnavailableError(s.url_of(k), op, "503 Slow Down"),
+        lambda s, k: StorageUnavailableError(_at(s, k), op, "503 Slow Down"),
         False,
     )
     if op in ("put", "put_if_absent", "put_if_match", "delete"):
         yield (
             "timeout",
-            lambda s, k: StorageUnavailableError(s.url_of(k), op, "timed out"),
+            lambda s, k: StorageUnavailableError(_at(s, k), op, "timed out"),
             True,
         )
     if op == "put_if_match":
-        yield "412", lambda s, k: VersionMismatchError(s.url_of(k)), False
+        yield "412", lambda s, k: VersionMismatchError(_at(s, k)), False
     if op == "put_if_absent":
-        yield "412", lambda s, k: KeyExistsError(s.url_of(k)), False
+        yield "412", lambda s, k: KeyExistsError(_at(s, k)), False
 
 
 def test_a_failure_at_every_remote_call(pm, tmp_path):

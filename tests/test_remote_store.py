@@ -375,3 +375,34 @@ def test_saves_restore_exactly_through_the_remote_store(pm, tmp_path, mem):
     with remote_store(pm, tmp_path / "b", mem) as store:
         back = store.load(store.resolve("latest"))
     assert back["w"].tobytes() == state["w"].tobytes() and back["n"] == 7
+
+
+def test_a_new_writer_removes_only_what_dead_writers_left_unnamed(pm, tmp_path, mem):
+    with remote_store(pm, tmp_path / "a", mem, keep=0) as store:
+        save_steps(store, [1, 2])
+    # a writer of epoch 1 died mid-upload: a payload and a record HEAD never named
+    mem.put("e000001/model.ckpt-3.h5", b"torn")
+    mem.put("e000001/.model.ckpt-3.h5.commit.json", b"{}")
+    mem.put("notes/by-a-user.txt", b"mine")
+    named_before = head_of(mem).referenced()
+    with remote_store(pm, tmp_path / "b", mem, keep=0) as store:
+        store.open()
+        store.remote.flush(30)
+        keys = {i.key for i in mem.list("")}
+    assert "e000001/model.ckpt-3.h5" not in keys
+    assert "e000001/.model.ckpt-3.h5.commit.json" not in keys
+    assert "notes/by-a-user.txt" in keys  # not under an epoch's folder: never touched
+    assert named_before <= keys
+
+
+def test_recovery_keeps_what_an_archive_names(pm, tmp_path, mem):
+    with remote_store(pm, tmp_path / "a", mem) as store:
+        save_steps(store, [1, 2])
+    with remote_store(pm, tmp_path / "b", mem) as store:
+        save_steps(store, [1])  # a fresh run: steps 1 and 2 of epoch 1 are archived
+    with remote_store(pm, tmp_path / "c", mem) as store:
+        store.open()
+        store.remote.flush(30)
+    head = head_of(mem)
+    archived = heads.Head.parse(mem.get(head.archives[0])[0], "archive")
+    assert all(mem.head(k) is not None for k in archived.referenced())

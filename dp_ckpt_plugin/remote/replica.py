@@ -52,6 +52,7 @@ from .head import Entry, FencedError, Head
 from .keys import archive_key, payload_key, record_key
 from .lease import DEFAULT_TTL, Holder, Lease
 from .probe import probe
+from .recovery import recover
 
 log = logging.getLogger("dp_ckpt_plugin")
 
@@ -378,6 +379,10 @@ class RemoteStore:
 
     # -- the uploader thread ----------------------------------------------------
     def _run(self) -> None:
+        try:  # first, what dead writers left (the only listing of a run)
+            recover(self.storage, self.head, self.epoch)
+        except CheckpointError as exc:
+            log.warning("%s: recovery skipped: %s", self.url, exc)
         pause = self.first_pause
         while True:
             with self._lock:

@@ -119,7 +119,7 @@ class MemoryStorage:
         match = key if callable(key) else (lambda k, want=key: want in (None, k))
         build = error or (
             lambda k: StorageUnavailableError(
-                self.url_of(k), op, "503 Slow Down (injected)"
+                self.url_of(k) if k else self.url, op, "503 Slow Down (injected)"
             )
         )
         with self._hooks_lock:
