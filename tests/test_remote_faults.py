@@ -49,7 +49,7 @@ def scenario(pm, staging, storage) -> tuple[list[int], BaseException | None]:
         for step in STEPS:
             store.save(step, make_payload(step))
             saved.append(step)
-        store.remote.flush(10)
+            store.remote.flush(10)  # each uploaded: a backlog sends the newest only
     except CheckpointError as exc:
         error = exc
     else:

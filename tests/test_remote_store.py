@@ -41,9 +41,10 @@ def kept_steps(storage, prefix=PREFIX):
 
 
 def save_steps(store, steps):
+    """Save and upload each step (a backlog would send only the newest)."""
     for step in steps:
         store.save(step, make_payload(step))
-    store.remote.flush(30)
+        store.remote.flush(30)
 
 
 def test_each_checkpoint_goes_payload_record_head(pm, tmp_path, mem):

@@ -9,6 +9,10 @@
     dp-ckpt verify models [--digest]   # check every checkpoint against its record
     dp-ckpt prune models --dry-run     # what retention removes, then remove it
     dp-ckpt adopt models [--dry-run]   # commit records for plain deepmd-kit files
+    dp-ckpt sync models s3://bucket/run   # copy a store, local <-> remote, verified
+
+Every command that takes a store directory also takes the URL of a store on
+object storage (:mod:`.remote`).
 
 One module per subcommand, each with ``add_arguments(parser)`` and
 ``run(args) -> int``. The commands know no trainer: they read what a store
@@ -33,7 +37,7 @@ from .. import __version__
 from ..errors import CheckpointError
 
 #: The subcommands, each a module of this package.
-SUBCOMMANDS = ("ls", "resolve", "show", "inspect", "verify", "prune", "adopt")
+SUBCOMMANDS = ("ls", "resolve", "show", "inspect", "verify", "prune", "adopt", "sync")
 #: Exit status of a failure (a corrupt checkpoint, a held lock, nothing found).
 FAILURE = 1
 #: Exit status of a usage error (an unknown option, a directory that is not one).
@@ -51,10 +55,14 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
-def store_directory(value: str) -> Path:
-    """An argument naming an existing store directory."""
+def store_directory(value: str) -> Path | str:
+    """An argument naming an existing store directory (or a remote store's URL)."""
     from ..errors import UnreadableFileError
     from ..storage import default_storage
+    from .remote import is_remote
+
+    if is_remote(value):
+        return value  # read when the command runs
 
     path = Path(value)
     try:
@@ -133,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     """
     try:
         args = build_parser().parse_args(argv)
+        from . import remote
+
+        if remote.applies(args):
+            return remote.run(args)
         return args.run(args)
     except UsageError as exc:
         return _fail(exc, USAGE)

@@ -38,6 +38,12 @@ DESCRIPTION = (
 DEFAULT_DEPTH = 6
 
 
+def _file_or_url(value: str) -> Path | str:
+    from .remote import is_remote
+
+    return value if is_remote(value) else Path(value)
+
+
 def _depth(value: str) -> int:
     try:
         depth = int(value)
@@ -52,7 +58,11 @@ def _depth(value: str) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``inspect``."""
-    parser.add_argument("path", type=Path, help="a checkpoint file")
+    parser.add_argument(
+        "path",
+        type=_file_or_url,
+        help="a checkpoint file, or its URL in a remote store",
+    )
     parser.add_argument(
         "--depth",
         type=_depth,

@@ -88,6 +88,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DAYS",
         help="with --archives: remove the archives made more than DAYS days ago",
     )
+    parser.add_argument(
+        "--release-lease",
+        action="store_true",
+        help="of a remote store: remove a writer lease whose holder is gone",
+    )
     for key, doc in OPTIONS.items():
         flags = ["--" + key.replace("_", "-")]
         if key in ALIASES:

@@ -45,7 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_digest_flag(parser)
 
 
-def _existing(value: str) -> Path:
+def _existing(value: str) -> Path | str:
+    from .remote import is_remote
+
+    if is_remote(value):
+        return value  # a remote store, read when the command runs
     path = Path(value)
     try:
         found = default_storage().entry(path, follow=True)

@@ -113,10 +113,12 @@ class Entry:
 
 @dataclass(frozen=True)
 class FamilyState:
-    """A family in HEAD: what it keeps (by step) and what it publishes."""
+    """A family in HEAD: what it keeps (by step), what it publishes, and the
+    name of its pointer in a local copy of the store."""
 
     kept: tuple[Entry, ...] = ()
     latest: str | None = None
+    pointer: str | None = None
 
     def entry(self, key: str | None) -> Entry | None:
         """The kept entry of ``key``, or ``None``."""
@@ -170,7 +172,14 @@ class Head:
         return not any(s.kept for s in self.families.values())
 
     # -- changing (each change idempotent) ---------------------------------------
-    def with_entry(self, prefix: str, entry: Entry, *, publish: str | None) -> Head:
+    def with_entry(
+        self,
+        prefix: str,
+        entry: Entry,
+        *,
+        publish: str | None,
+        pointer: str | None = None,
+    ) -> Head:
         """Add ``entry`` to ``prefix`` (replacing one of its step); publish ``publish``."""
         state = self.family(prefix)
         kept = [e for e in state.kept if e.step != entry.step or e.key == entry.key]
@@ -178,14 +187,16 @@ class Head:
             kept.append(entry)
         kept.sort(key=lambda e: e.step)
         latest = publish if publish is not None else state.latest
-        return self._with(prefix, FamilyState(tuple(kept), latest))
+        return self._with(
+            prefix, FamilyState(tuple(kept), latest, pointer or state.pointer)
+        )
 
     def without(self, prefix: str, keys: Iterable[str]) -> Head:
         """Drop the entries of ``keys`` from ``prefix`` (never its published one)."""
         state = self.family(prefix)
         doomed = set(keys) - {state.latest}
         kept = tuple(e for e in state.kept if e.key not in doomed)
-        return self._with(prefix, FamilyState(kept, state.latest))
+        return self._with(prefix, FamilyState(kept, state.latest, state.pointer))
 
     def archived(self, archive: str, keep: Callable[[str, Entry], bool]) -> Head:
         """Move what ``keep`` refuses out of every family into ``archive``."""
@@ -195,7 +206,7 @@ class Head:
             latest = state.latest if any(e.key == state.latest for e in kept) else None
             if latest is None and kept:
                 latest = kept[-1].key
-            families[prefix] = FamilyState(kept, latest)
+            families[prefix] = FamilyState(kept, latest, state.pointer)
         archives = (
             self.archives if archive in self.archives else (*self.archives, archive)
         )
@@ -233,6 +244,7 @@ class Head:
             "families": {
                 prefix: {
                     "latest": state.latest,
+                    "pointer": state.pointer,
                     "kept": [e.to_dict() for e in state.kept],
                 }
                 for prefix, state in self.families.items()
@@ -319,9 +331,16 @@ def _key(value: object) -> bool:
 def _family(raw: Mapping, prefix: str, source: str) -> FamilyState:
     kept_raw = raw.get("kept")
     latest = raw.get("latest")
+    pointer = raw.get("pointer")
     if type(kept_raw) is not list or not (latest is None or _key(latest)):
         raise InvalidRecordError(
             f"HEAD {source}: family {prefix!r} must have a 'kept' list and a 'latest' key"
+        )
+    if pointer is not None and not (
+        _text(pointer) and "/" not in pointer and pointer not in (".", "..")
+    ):
+        raise InvalidRecordError(
+            f"HEAD {source}: the pointer of family {prefix!r} must be a file name"
         )
     kept = []
     for item in kept_raw:
@@ -361,7 +380,7 @@ def _family(raw: Mapping, prefix: str, source: str) -> FamilyState:
         raise InvalidRecordError(
             f"HEAD {source}: family {prefix!r} publishes {latest}, which it does not keep"
         )
-    return FamilyState(tuple(kept), latest)
+    return FamilyState(tuple(kept), latest, pointer)
 
 
 def read(storage: ObjectStorage) -> tuple[Head | None, str | None]:

@@ -498,7 +498,8 @@ class RemoteStore:
         def change(head: Head) -> Head:
             doomed.clear()
             for prefix, (config, entry) in entries.items():
-                head = head.with_entry(prefix, entry, publish=None)
+                pointer = config.family.pointer
+                head = head.with_entry(prefix, entry, publish=None, pointer=pointer)
                 head = head.with_entry(
                     prefix, entry, publish=self._chosen(config, head, entry)
                 )

@@ -1,0 +1,194 @@
+"""``dp-ckpt sync SRC DST``: copy a store between a directory and object storage.
+
+- A local store to a remote one (``dp-ckpt sync models s3://bucket/run``):
+  every committed checkpoint the remote store does not hold yet is uploaded
+  as a training run uploads it (the writer lease taken, each file checked
+  against its commit record from the handle it is sent from, payload, record,
+  then HEAD), each family published as its pointer says; nothing of the
+  remote store is removed. The staging directory a run left checkpoints in
+  that it could not upload is a local store too.
+- A remote store to a directory (``dp-ckpt sync s3://bucket/run models``):
+  every checkpoint HEAD keeps is downloaded, hashed on the way and committed
+  with its record; the pointer and alias of each family then name what HEAD
+  publishes. Checkpoints already there with the same record are not fetched
+  again; another file at a name is archived, never overwritten.
+
+Afterwards every checkpoint copied is verified at its destination (a remote
+one downloaded and hashed; a local one was hashed as it was written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ..config import FamilyConfig
+from ..errors import CheckpointError
+from ..layout import POINTER_NAME, Family
+from ..publish import publish, targets
+from ..retention import KeepAll
+from ..storage.local import LocalStorage
+from ..storage.registry import storage_for
+from . import FAILURE, UsageError, output
+from .remote import _check, _head, is_remote
+
+HELP = "copy a store between a directory and object storage, verified"
+DESCRIPTION = (
+    "Copy a checkpoint store from a local directory to a remote store "
+    "(s3://bucket/run) or back, as a training run would write it: committed "
+    "checkpoints only, verified against their commit records, pointers "
+    "published; nothing is removed at the destination."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``sync``."""
+    parser.add_argument("source", help="a store directory, or a remote store's URL")
+    parser.add_argument("destination", help="a remote store's URL, or a directory")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Copy; exit status 1 if anything copied does not verify."""
+    source, destination = args.source, args.destination
+    if is_remote(source) == is_remote(destination):
+        raise UsageError(
+            "sync copies between a directory and a remote store (s3://...): "
+            f"{source} and {destination} are both "
+            + ("remote" if is_remote(source) else "local")
+        )
+    started = time.monotonic()
+    if is_remote(destination):
+        copied, problems = upload(Path(source), destination)
+    else:
+        copied, problems = download(source, Path(destination))
+    size = sum(c["size"] for c in copied)
+    seconds = time.monotonic() - started
+    if args.json:
+        output.print_json(
+            {
+                "source": str(source),
+                "destination": str(destination),
+                "copied": copied,
+                "problems": problems,
+                "bytes": size,
+            }
+        )
+    else:
+        for problem in problems:
+            sys.stdout.write(f"{problem}\n")
+        sys.stdout.write(
+            f"copied {len(copied)} checkpoint(s), {size / 1e6:.1f} MB, from {source} "
+            f"to {destination} in {seconds:.1f} s; "
+            + ("all verified" if not problems else f"{len(problems)} did not verify")
+            + "\n"
+        )
+    return 0 if not problems else FAILURE
+
+
+def upload(directory: Path, url: str) -> tuple[list[dict], list[str]]:
+    """Send the committed checkpoints of a local store to the store at ``url``."""
+    from ..remote.replica import RemoteStore, _Job
+    from .inventory import read_inventory
+
+    inventory = read_inventory(directory)
+    if not inventory.checkpoints():
+        raise UsageError(f"{directory} holds no committed checkpoint to send")
+    storage = storage_for(url)
+    local = LocalStorage(directory)
+    remote = RemoteStore(storage, format=inventory.format or "torch", staging=local)
+    remote.start()
+    copied, problems = [], []
+    try:
+        held = {
+            (p, e.name, e.digest)
+            for p, s in remote.head.families.items()
+            for e in s.kept
+        }
+        for view in inventory.families:
+            config = FamilyConfig(view.family, KeepAll())
+            for checkpoint in view.checkpoints:
+                key = (view.family.prefix, checkpoint.name, checkpoint.record.digest)
+                if key in held:
+                    continue
+                remote._upload(
+                    {view.family.prefix: [_Job(config, checkpoint, time.monotonic())]}
+                )
+                entry = remote.uploaded[-1]
+                copied.append(
+                    {
+                        "family": view.family.prefix,
+                        "step": entry.step,
+                        "size": entry.size,
+                        "url": storage.url_of(entry.key),
+                    }
+                )
+                problem = _check(storage, entry, True)
+                if problem is not None:
+                    problems.append(f"{storage.url_of(entry.key)}: {problem}")
+            pointed = view.pointer
+            if pointed is not None:
+                state = remote.head.family(view.family.prefix)
+                chosen = next((e for e in state.kept if e.name == pointed), None)
+                if chosen is not None and state.latest != chosen.key:
+                    remote._head = _published(
+                        storage, remote, view.family.prefix, chosen
+                    )
+    finally:
+        remote.close(wait=0)
+    return copied, problems
+
+
+def _published(storage, remote, prefix, chosen):
+    from ..remote import head as heads
+
+    def change(head):
+        return head.with_entry(prefix, chosen, publish=chosen.key)
+
+    swap = heads.update(storage, remote.epoch, change, known=remote._head)
+    return swap.head, swap.version
+
+
+def download(url: str, directory: Path) -> tuple[list[dict], list[str]]:
+    """Fetch every checkpoint the store at ``url`` keeps into ``directory``."""
+    from ..lock import StoreLock
+    from ..remote.fetch import Found, _record, fetch
+
+    storage = storage_for(url)
+    head = _head(storage)
+    local = LocalStorage(directory)
+    local.make_dirs(directory, durable=True)
+    lock = StoreLock(directory, storage=local)
+    lock.acquire()
+    copied, problems = [], []
+    try:
+        for prefix, state in head.families.items():
+            for entry in state.kept:
+                try:
+                    record = _record(storage, entry)
+                    found = Found(storage.url, prefix, entry, record, "sync")
+                    path = fetch(storage, found, directory, local)
+                except CheckpointError as exc:
+                    problems.append(f"{storage.url_of(entry.key)}: {exc}")
+                    continue
+                copied.append(
+                    {
+                        "family": prefix,
+                        "step": entry.step,
+                        "size": entry.size,
+                        "path": str(path),
+                    }
+                )
+            published = state.published
+            if published is not None and (directory / published.name).exists():
+                suffix = published.name[len(f"{prefix}-{published.step}") :]
+                family = Family(prefix, suffix, state.pointer or POINTER_NAME)
+                publish(
+                    directory / published.name,
+                    targets(directory, family),
+                    storage=local,
+                )
+    finally:
+        lock.release()
+    return copied, problems
