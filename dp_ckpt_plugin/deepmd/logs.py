@@ -264,6 +264,20 @@ def save_line(
 def finished_line(report: SaveReport | None, store, cwd: Path | None = None) -> str:
     """Where the latest checkpoint is, for the end of a run with ``save_dir``."""
     pointer = shown(store.directory / store.primary.pointer, cwd)
+    remote = store.remote
+    if remote.url is not None and report is not None and report.last is not None:
+        step, path = report.last
+        sent = [e for e in remote.uploaded if e.name == Path(path).name]
+        where = (
+            remote.storage.url_of(sent[-1].key)
+            if sent
+            else f"{shown(path, cwd)} (its upload to {remote.url} is not done)"
+        )
+        return (
+            f"training ended; the latest checkpoint is {where} (step {step}), named "
+            f"by {remote.url}/HEAD: continue with --restart latest or freeze with "
+            f"freeze -c {remote.url}"
+        )
     if report is not None and report.last is not None:
         step, path = report.last
         return (

@@ -235,3 +235,19 @@ def resolve_for_reading(pm, spec: str, *, suffix: str, cwd: Path | None = None):
     for warning in found.warnings:
         log.warning("%s", warning)
     return found
+
+
+def for_deepmd(config: dict[str, Any], settings: RunSettings) -> dict[str, Any]:
+    """The training input as deepmd-kit is handed it.
+
+    The deprecated top-level ``dp_ckpt`` section goes (it was validated), and
+    a ``save_dir`` on object storage becomes its local staging directory:
+    deepmd-kit's own checkpoint code only ever sees a local path.
+    """
+    from .argcheck import strip_old_section
+
+    strip_old_section(config)
+    training = config.get("training")
+    if settings.save_url is not None and isinstance(training, dict):
+        training["save_dir"] = str(settings.save_dir)
+    return config

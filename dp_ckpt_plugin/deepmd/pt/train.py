@@ -30,13 +30,13 @@ from deepmd.pt.entrypoints import main as pt_main
 from deepmd.pt.train import training
 
 from ...ranks import current_ranks
-from ..argcheck import strip_old_section
 from ..checkpointing import HostRun
 from ..cli import prepare_training
 from ..exact import seed_rngs
 from ..preempt import ignore_in_worker
 from ..prepare import PreparedRun
 from ..runtime import GroupAlreadyUp, start_process_group, swapped
+from ..settings import for_deepmd
 from . import DESCRIPTOR
 from .batches import ResumableLoader, resumable
 from .trainer import make_trainer_class
@@ -52,10 +52,13 @@ def train(flags, prepared: PreparedRun | None) -> None:
         prepared = prepare_training(HOST, flags.INPUT, flags, current_ranks())
     try:
         run = HostRun.from_prepared(prepared, prepared.settings.training)
+        settings = prepared.settings
         loader = pt_main.j_loader
         with (
             swapped(training, "Trainer", make_trainer_class(run)),
-            swapped(pt_main, "j_loader", lambda path: strip_old_section(loader(path))),
+            swapped(
+                pt_main, "j_loader", lambda path: for_deepmd(loader(path), settings)
+            ),
             swapped(pt_main, "dist", GroupAlreadyUp(pt_main.dist)),
             swapped(
                 training,

@@ -30,12 +30,12 @@ from deepmd.pt_expt.entrypoints.main import PTExptTrainEntrypoint
 from deepmd.pt_expt.train import training
 
 from ...ranks import current_ranks
-from ..argcheck import strip_old_section
 from ..checkpointing import HostRun
 from ..cli import prepare_training
 from ..exact import seed_rngs
 from ..prepare import PreparedRun
 from ..runtime import start_process_group, swapped
+from ..settings import for_deepmd
 from . import DESCRIPTOR
 from .trainer import make_trainer_class
 
@@ -99,7 +99,7 @@ class CheckpointTrainEntrypoint(PTExptTrainEntrypoint):
 
     def load_config(self, input_file: str) -> dict[str, Any]:
         # validated already by the preflight
-        return strip_old_section(super().load_config(input_file))
+        return for_deepmd(super().load_config(input_file), self.prepared.settings)
 
     def setup_run(self, options, config) -> None:
         super().setup_run(options, config)
