@@ -27,7 +27,6 @@ module is imported.
 from __future__ import annotations
 
 import collections
-import contextlib
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -102,32 +101,24 @@ def _torch_leaves(torch) -> tuple:
 
 @hookimpl(trylast=True)
 def on_save_step(format: str, step: int, state: Any, file: BinaryIO):
-    """Write ``state`` with ``torch.save`` into ``file``.
+    """Write ``state`` with ``torch.save`` into ``file``, torch's defaults unchanged.
 
     When the storage names the open file by a path (``file.os_path``), torch
     writes to that path: its own file writer is faster than writes through
-    a Python file object (about 200 ms against 300 ms for 256 MiB here).
+    a Python file object (about 200 ms against 300 ms for 256 MiB here), and
+    the path ends in the checkpoint's final name, so the file is byte for
+    byte what ``torch.save(state, final_path)`` writes (torch names the
+    folder inside its zip archive after the file). Nothing of torch's
+    configuration is changed: the archive keeps its CRC32 of every member
+    (``unzip -t`` and ``zipfile`` check them), and a ``torch.save`` of
+    another thread meanwhile is not touched.
     """
     if format != NAME:
         return None
     import torch
 
-    with _without_zip_crc32():
-        torch.save(state, getattr(file, "os_path", None) or file)
+    torch.save(state, getattr(file, "os_path", None) or file)
     return True
-
-
-def _without_zip_crc32():
-    """Skip the CRC32 torch's zip writer computes: the store's digest covers it.
-
-    The archive stays a valid zip that ``torch.load`` (and plain deepmd-kit)
-    reads; only the redundant checksum pass over the bytes goes.
-    """
-    try:
-        from torch.utils.serialization import config
-    except ImportError:  # torch without the option: keep its default
-        return contextlib.nullcontext()
-    return config.patch({"save.compute_crc32": False})
 
 
 @hookimpl(trylast=True)

@@ -362,12 +362,15 @@ class LocalStorage:
         """Write a checkpoint under a temporary name; return it and its digest.
 
         As :meth:`write_temp`, for a payload: the file object ``writer`` gets
-        also carries ``os_path``, a path naming the open temporary file
-        (``/proc/self/fd/<n>``), when the system has one and nothing
-        interposes on the writes, so that a serializer faster with a path
-        than with a Python file object (``torch.save``) writes by name into
-        the file this storage created (``O_EXCL | O_NOFOLLOW``: a name
-        planted meanwhile is never written). A write by path that fails
+        also carries ``os_path``, a path naming the open temporary file by
+        the payload's final name (see ``_FinalName``), when the system has
+        one (``/proc/self/fd``) and nothing interposes on the writes, so
+        that a serializer faster with a path than with a Python file object
+        (``torch.save``) writes by name into the file this storage created
+        (``O_EXCL | O_NOFOLLOW``: a name planted meanwhile is never
+        written), and one that records the name (``torch.save`` names its
+        archive's folder after it) writes what it writes to the final path.
+        A write by path that fails
         without an OS error (``torch.save`` words its own) is done again
         through the file object, which reports the cause.
 
@@ -388,14 +391,15 @@ class LocalStorage:
             with os.fdopen(fd, "w+b") as handle:
                 step = "write"
                 wrapped = self._wrap_handle(handle, tmp)
-                recorder = _ErrorRecorder(wrapped)
+                named = None
                 if digest is not None and wrapped is handle and _FD_PATHS:
-                    recorder.os_path = f"/proc/self/fd/{fd}"
+                    named = _FinalName(self, fd, tmp, path.name)
+                recorder = _ErrorRecorder(wrapped, named)
                 try:
                     writer(recorder)
                 except Exception as exc:
                     if (
-                        recorder.os_path is None
+                        not recorder.named
                         or isinstance(exc, TypeError)
                         or _os_cause(exc) is not None
                     ):
@@ -406,8 +410,11 @@ class LocalStorage:
                     # words: write again through the file, which names the cause
                     handle.seek(0)
                     handle.truncate()
-                    recorder.os_path = None
+                    recorder.forget_path()
                     writer(recorder)
+                finally:
+                    if named is not None:
+                        named.close()
                 handle.flush()
                 if digest is None:
                     if durable:
@@ -704,6 +711,63 @@ def _digest_while(fd: int, digest, fsync) -> str:
         mapped.close()
 
 
+class _FinalName:
+    """The open temporary file of a payload, named by the payload's final name.
+
+    ``torch.save`` names the folder inside its zip archive after the file it
+    is given (``model.ckpt-30/`` for ``model.ckpt-30.pt``; ``3/`` for
+    ``/proc/self/fd/3``). So that a checkpoint is byte for byte the file
+    ``torch.save`` to its final path writes, the writer is given a path
+    ending in the final name: a hard link to the open temporary file, in a
+    new directory of the store with a temporary name (swept like a
+    temporary file when a crash leaves it), named through that directory's
+    descriptor (``/proc/self/fd/<n>/<final name>``), so that a link planted
+    on the way is never followed. The link and the directory go once the
+    writer returns (:meth:`close`). Where no hard link can be made, the open
+    file's own ``/proc/self/fd/<n>`` is given (the archive's folder is then
+    named after the descriptor).
+    """
+
+    def __init__(self, storage: LocalStorage, fd: int, tmp: Path, final: str) -> None:
+        self.storage = storage
+        self.fd = fd
+        self.tmp = tmp
+        self.final = final
+        self.folder: Path | None = None
+        self.dirfd: int | None = None
+
+    def path(self) -> str:
+        """Make the link; return the path naming the open file by its final name."""
+        folder = self.tmp.parent / temp_name(self.final)
+        self.storage._check(folder, "write")
+        try:
+            self.storage._sys_mkdir(folder)
+            self.folder = folder
+            self.storage._sys_link(self.tmp, folder / self.final)
+            self.dirfd = os.open(
+                folder, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC
+            )
+        except OSError:
+            self.close()
+            return f"/proc/self/fd/{self.fd}"
+        if not self.storage.is_open_file(folder / self.final, self.fd):
+            self.close()  # something else is at the temporary name: never write it
+            return f"/proc/self/fd/{self.fd}"
+        return f"/proc/self/fd/{self.dirfd}/{self.final}"
+
+    def close(self) -> None:
+        """Remove the link and its directory (a crash leaves them to the sweep)."""
+        folder, self.folder = self.folder, None
+        if self.dirfd is not None:
+            os.close(self.dirfd)
+            self.dirfd = None
+        if folder is not None:
+            with contextlib.suppress(OSError):
+                self.storage._sys_unlink(folder / self.final)
+            with contextlib.suppress(OSError):
+                self.storage._sys_rmdir(folder)
+
+
 class _ErrorRecorder:
     """A file object that remembers the first OS error its methods raised.
 
@@ -713,11 +777,32 @@ class _ErrorRecorder:
     error; the store still reports the real cause (``No space left on device``).
     """
 
-    def __init__(self, handle: BinaryIO) -> None:
+    def __init__(self, handle: BinaryIO, named: _FinalName | None = None) -> None:
         self._handle = handle
         self.error: OSError | None = None
-        #: A path naming the open file, for a writer to write by name, or None.
-        self.os_path: str | None = None
+        self._named = named
+        self._path: str | None = None
+
+    @property
+    def os_path(self) -> str | None:
+        """A path naming the open file, for a writer to write by name, or None.
+
+        Made on first use (:class:`_FinalName`): a writer that never asks
+        for it (h5py) costs nothing.
+        """
+        if self._path is None and self._named is not None:
+            self._path = self._named.path()
+        return self._path
+
+    @property
+    def named(self) -> bool:
+        """Whether the writer was given a path (:attr:`os_path` was asked for)."""
+        return self._path is not None
+
+    def forget_path(self) -> None:
+        """Give no path from now on: the writer writes through the file object."""
+        self._named = None
+        self._path = None
 
     def write(self, data) -> int:
         """Write to the file, remembering an OS error (the hot path: no wrapper)."""
