@@ -16,7 +16,8 @@ one steady save, from ``strace -f``) do not depend on noise. Run::
     .venv/bin/python benchmarks/run.py --only save     # one section
 
 Sections: ``save`` (synchronous durable saves), ``async`` (background saves:
-the loop's stall, stall plus persist), ``strace`` (bytes read, fsync calls),
+the loop's stall, stall plus persist), ``crc`` (what skipping torch's zip
+CRC32 would save; the plugin keeps it), ``strace`` (bytes read, fsync calls),
 ``count`` (save and ``latest`` with 2,000 kept against 10), ``digest`` (the
 digest read back from the page cache against hashing while writing), ``dp``
 (``dp --pt-expt train``, a checkpoint every step), ``import`` (the entry
@@ -327,6 +328,42 @@ def section_async(work: Path, sizes: list[int], rounds: int) -> None:
                 "<= 1.3",
                 ratio <= 1.3,
             )
+
+
+def section_crc(work: Path, sizes: list[int], rounds: int) -> None:
+    """What skipping torch's zip CRC32 would save (the plugin keeps it).
+
+    torch has no per-call switch for it, only its process-wide configuration
+    (``torch.serialization.set_crc32_options``), which this section sets
+    around its own variant, in this thread, and puts back.
+    """
+    import torch
+
+    print("\n[crc] torch.save + fsync with torch's CRC32 (its default) and without")
+    for mib in sizes:
+        state = make_state(mib)
+        with_crc = torch_save_fsync(work, state)
+        plain = torch_save_fsync(work, state)
+
+        def without_crc(plain=plain) -> float:
+            torch.serialization.set_crc32_options(False)
+            try:
+                return plain()
+            finally:
+                torch.serialization.set_crc32_options(True)
+
+        times = interleaved(
+            {"with CRC32 (torch's default)": with_crc, "CRC32 off": without_crc},
+            rounds,
+        )
+        print(f"  {mib} MiB:")
+        for label, values in times.items():
+            show(label, values)
+        on, off = med(times["with CRC32 (torch's default)"]), med(times["CRC32 off"])
+        print(
+            f"  {mib} MiB CRC32 off / on: {off / on:.3f} "
+            f"(saves {(on - off) * 1e3:.1f} ms of {on * 1e3:.1f} ms, median)"
+        )
 
 
 def _background(manager, state, persisted: list[float]) -> Callable[[], float]:
@@ -733,7 +770,7 @@ def section_import(rounds: int) -> None:
     )
 
 
-SECTIONS = ["save", "async", "strace", "count", "digest", "dp", "import"]
+SECTIONS = ["save", "async", "crc", "strace", "count", "digest", "dp", "import"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -762,6 +799,8 @@ def main(argv: list[str] | None = None) -> int:
             section_save(work, sizes, rounds)
         if "async" in sections:
             section_async(work, [s for s in sizes if s >= 64] or sizes, rounds)
+        if "crc" in sections:
+            section_crc(work, sizes, rounds)
         if "strace" in sections:
             section_strace(work, 32)
         if "count" in sections:
