@@ -28,7 +28,14 @@ from pathlib import Path
 
 from ..errors import CheckpointError
 from .host import descriptor
-from .logs import demote_replaced_lines, describe_checked, describe_how, shown
+from .logs import (
+    command_loggers,
+    demote_replaced_lines,
+    describe_checked,
+    describe_how,
+    scoped_logging,
+    shown,
+)
 from .preempt import Stopped
 
 log = logging.getLogger("dp_ckpt_plugin")
@@ -47,11 +54,19 @@ def main(args: list[str] | argparse.Namespace | None = None, *, host: str) -> No
         return
     from deepmd.loggers.loggers import set_log_handles
 
-    set_log_handles(
-        flags.log_level, Path(flags.log_path) if flags.log_path else None, mpi_log=None
-    )
-    share_deepmd_handlers(log)
-    demote_replaced_lines()
+    with scoped_logging(command_loggers()):
+        set_log_handles(
+            flags.log_level,
+            Path(flags.log_path) if flags.log_path else None,
+            mpi_log=None,
+        )
+        share_deepmd_handlers(log)
+        demote_replaced_lines()
+        run_command(flags, host)
+
+
+def run_command(flags: argparse.Namespace, host: str) -> None:
+    """Run the command; a user's mistake or a stop ends it with one line."""
     try:
         if flags.command == "train":
             run_train(flags, host)

@@ -27,6 +27,8 @@ module is imported.
 from __future__ import annotations
 
 import collections
+import contextlib
+import threading
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -123,13 +125,100 @@ def on_save_step(format: str, step: int, state: Any, file: BinaryIO):
 
 @hookimpl(trylast=True)
 def on_load_step(format: str, path: Path):
-    """Read a checkpoint with ``torch.load(weights_only=True)`` on the CPU."""
+    """Read a checkpoint with ``torch.load(weights_only=True)`` on the CPU.
+
+    torch's allowlist of globals is process-wide (it has no per-call one):
+    it is left untouched unless the checkpoint names one of
+    :func:`safe_globals` (a payload holding NumPy values), and then widened
+    for the load by :func:`_allowing` only, thread-safely.
+    """
     if format != NAME:
         return None
     import torch
 
-    with torch.serialization.safe_globals(safe_globals()):
+    with _allowing(torch, path):
         return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _needed(torch, path: Path) -> list:
+    """:func:`safe_globals` if the checkpoint at ``path`` names one of them, else none."""
+    try:
+        named = set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+    except Exception:  # not an archive torch reads: torch.load says why
+        return []
+    allowed = safe_globals()
+    # all of them once one is named: torch's scan does not list every class
+    # the unpickler meets (NumPy's dtype classes come through numpy.dtype)
+    if any(_names(g, n) for g in allowed for n in named):
+        return allowed
+    return []
+
+
+def _names(value, name: str) -> bool:
+    """Whether the pickled global ``name`` is ``value`` (``numpy.core`` or ``_core``)."""
+    module, qualname = value.__module__, value.__qualname__
+    return name == f"{module}.{qualname}" or (
+        name.endswith(f".{qualname}") and name.split(".")[0] == module.split(".")[0]
+    )
+
+
+#: Loads in flight that widened torch's allowlist, and what they added.
+_ALLOWED: dict = {"loads": 0, "added": []}
+_ALLOWED_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _allowing(torch, path: Path):
+    """Widen torch's allowlist for a load of ``path`` that needs it (:func:`_needed`).
+
+    Only what the list lacks is added, and only that is removed, by the
+    last load in flight to finish (a count under a lock): a global the user
+    allowed stays allowed, and a load of another thread never loses one
+    midway. While loads of ours are in flight torch's scan cannot tell what
+    a file needs (it reports only globals not yet allowed): a load then
+    counts itself in. Nothing is changed for a checkpoint without NumPy
+    values or ``bytes``.
+    """
+    from torch.serialization import add_safe_globals, get_safe_globals
+
+    with _ALLOWED_LOCK:
+        extra = safe_globals() if _ALLOWED["loads"] else _needed(torch, path)
+        if extra:
+            have = set(get_safe_globals())
+            missing = [g for g in extra if g not in have]
+            add_safe_globals(missing)
+            _ALLOWED["added"] += missing
+            _ALLOWED["loads"] += 1
+    if not extra:
+        yield
+        return
+    try:
+        yield
+    finally:
+        with _ALLOWED_LOCK:
+            _ALLOWED["loads"] -= 1
+            if _ALLOWED["loads"] == 0:
+                _remove(_ALLOWED["added"])
+                _ALLOWED["added"] = []
+
+
+def _remove(added: list) -> None:
+    """Take ``added`` out of torch's allowlist, leaving everything else in it."""
+    from torch import _weights_only_unpickler as unpickler
+
+    remove = getattr(unpickler, "_remove_safe_globals", None)
+    if remove is not None:  # one assignment of torch's set: what safe_globals does
+        remove(added)
+        return
+    from torch.serialization import (
+        add_safe_globals,
+        clear_safe_globals,
+        get_safe_globals,
+    )
+
+    kept = [g for g in get_safe_globals() if g not in added]
+    clear_safe_globals()
+    add_safe_globals(kept)
 
 
 def safe_globals() -> list:
