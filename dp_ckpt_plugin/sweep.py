@@ -9,7 +9,8 @@ to the store's own files:
   family's pointer or alias, the lock's holder file, the store's manifest;
   beside a mirror, only temporaries of that mirror's own name; a directory
   of that form (where a payload's temporary file is linked under its final
-  name while it is written) goes with what it holds, never deeper;
+  name while it is written) goes with that link, and only if nothing else
+  is in it;
 - commit records of a configured family whose checkpoint is gone (a kill
   between the two unlinks of a prune, or a prune whose record removal waits
   for the next save). A record whose checkpoint was moved into an archive (a
@@ -115,16 +116,19 @@ def _names(directory: Path, storage: Storage) -> list[tuple[str, str]]:
 def remove_leftover(
     path: Path, kind: str, removed: list[Path], storage: Storage
 ) -> None:
-    """Remove a temporary file, or a temporary directory with the links it holds.
+    """Remove a temporary file, or a temporary directory and the link it holds.
 
-    A directory loses only its own entries that are not directories (the
-    store puts one link there), then itself; nothing below is followed.
+    The store puts one entry in such a directory: a link to a payload's
+    temporary file under the payload's final name. Only that entry goes
+    (never a directory, nothing below followed), then the directory if it
+    is empty; anything else in it stays, and so does the directory.
     """
     if kind != "dir":
         _remove(path, removed, storage)
         return
+    final = temp_target(path.name)
     for name, inside in _names(path, storage):
-        if inside != "dir":
+        if name == final and inside != "dir":
             _remove(path / name, [], storage)
     if storage.remove_dir(path):
         removed.append(path)

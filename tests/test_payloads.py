@@ -197,9 +197,13 @@ def test_a_leftover_linking_directory_is_swept(tmp_path):
     (folder / "model.ckpt-2.pt").hardlink_to(tmp)
     kept = directory / ".user-folder"
     kept.mkdir()
+    planted = directory / temp_name("model.ckpt-3.pt")
+    planted.mkdir()
+    (planted / "notes.txt").write_text("a user's")
     with CheckpointManager(directory, format="torch") as manager:
         manager.save(2, state_of("torch", 2))
     names = sorted(p.name for p in directory.iterdir())
     assert tmp.name not in names and folder.name not in names
     assert kept.is_dir()
+    assert (planted / "notes.txt").read_text() == "a user's"  # not the store's link
     assert_valid_zip(directory / "model.ckpt-2.pt")
