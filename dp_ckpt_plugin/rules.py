@@ -39,7 +39,7 @@ from .errors import (
     UnsafePointerError,
 )
 from .hookspecs import hookimpl
-from .layout import ARCHIVE_DIR, Family
+from .layout import ARCHIVE_DIR, Family, parse_numbered, step_in_name
 from .pointers import is_inside, read_pointer
 from .quarantine import quarantine
 from .records import CommitRecord, read_record
@@ -47,7 +47,6 @@ from .resolution import (
     ResolveContext,
     Resolved,
     follow_link,
-    step_from_name,
     unrecorded_note,
 )
 from .storage import Storage
@@ -221,7 +220,9 @@ class _Search:
     def found(
         self, path: Path, record: CommitRecord | None, checked: str, how: str, rule: str
     ) -> Resolved:
-        step = record.step if record else step_from_name(path, self.ctx.family)
+        step = (
+            record.step if record else step_in_name(path.name, self.ctx.family.suffix)
+        )
         family = (
             record.family
             if record
@@ -428,10 +429,7 @@ def _numbered_name(name: str, suffix: str) -> bool:
     the configured one (a run restarting from another run's store); what it
     may not name is the pointer itself, the lock, a record or a directory.
     """
-    if name.startswith(".") or not name.endswith(suffix):
-        return False
-    prefix, dash, _ = name[: len(name) - len(suffix)].rpartition("-")
-    return bool(prefix and dash) and Family(prefix, suffix).step_of(name) is not None
+    return not name.startswith(".") and parse_numbered(name, suffix) is not None
 
 
 def _provably_committed(path: Path, storage: Storage) -> bool:

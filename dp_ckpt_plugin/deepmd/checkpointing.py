@@ -30,6 +30,7 @@ from ..errors import CheckpointError
 from ..storage import local_storage
 from ..store import CheckpointStore
 from .exact import restart_line
+from .loading import ServedPayloads
 from .logs import SaveReport, demote_replaced_lines, finished_line
 from .naming import ema_prefix
 from .preempt import Stopped, StopSignals
@@ -64,6 +65,9 @@ class HostRun:
         The host folder (``pt_expt``, ``pt``) whose trainer this is.
     exact_resume : bool
         ``training._dp_ckpt.exact_resume`` (:mod:`.exact`).
+    payloads : ServedPayloads
+        The verified bytes of the checkpoints the run starts from, served to
+        deepmd-kit's loaders until the loop starts (:mod:`.loading`).
     """
 
     store: CheckpointStore | None
@@ -76,6 +80,7 @@ class HostRun:
     retention: Mapping[str, Any] | None = None
     host: str | None = None
     exact_resume: bool = True
+    payloads: ServedPayloads = field(default_factory=ServedPayloads)
     #: The step of the last checkpoint this run saved.
     last_saved: int | None = None
 
@@ -95,6 +100,7 @@ class HostRun:
             retention=prepared.settings.options.retention,
             host=prepared.host,
             exact_resume=prepared.settings.options.exact_resume,
+            payloads=prepared.payloads,
         )
 
     # -- set-up ----------------------------------------------------------------------
@@ -132,7 +138,11 @@ class HostRun:
             log.info("%s", restart_line(step, found))
 
     def loop_started(self) -> None:
-        """The training loop starts: a stop signal now waits for a step boundary."""
+        """The training loop starts: a stop signal now waits for a step boundary.
+
+        The trainer is built: the checkpoint's bytes are given up.
+        """
+        self.payloads.stop()
         if self.stop is not None:
             self.stop.in_loop = True
 

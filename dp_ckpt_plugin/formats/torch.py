@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..hookspecs import hookimpl
-from . import FormatInfo
+from . import FormatInfo, reading
 
 NAME = "torch"
 SUFFIX = ".pt"
@@ -131,14 +131,15 @@ def _without_zip_crc32():
 
 
 @hookimpl(trylast=True)
-def on_load_step(format: str, path: Path):
-    """Read a checkpoint with ``torch.load(weights_only=True)`` on the CPU."""
+def on_load_step(format: str, path: Path, file: BinaryIO | None):
+    """Read a checkpoint from ``file`` with ``torch.load(weights_only=True)`` on the CPU."""
     if format != NAME:
         return None
     import torch
 
+    source = reading(path, file)
     with torch.serialization.safe_globals(safe_globals()):
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(source, map_location="cpu", weights_only=True)
 
 
 def safe_globals() -> list:

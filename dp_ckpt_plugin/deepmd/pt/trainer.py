@@ -144,7 +144,7 @@ def make_trainer_class(host_run: HostRun) -> type:
         # -- exact resume -----------------------------------------------------
         def _dp_continue(self, restart: str) -> None:
             """Put the random generators and the batches where the checkpoint left them."""
-            entry = read_entry(restart)
+            entry = read_entry(host_run.payloads.file(restart))
             self._dp_redoes_step = not isinstance(entry, dict)
             found = self._dp_exact.continuation(entry)
             if found.exact:

@@ -132,7 +132,9 @@ def make_trainer_class(host_run: HostRun) -> type:
 
         def _dp_continue(self, restart: str) -> None:
             """Put the random generators and the data where the checkpoint left them."""
-            found = self._dp_exact.continuation(read_entry(restart))
+            found = self._dp_exact.continuation(
+                read_entry(host_run.payloads.file(restart))
+            )
             if found.exact:
                 for kind, by_task in (
                     ("train", self.training_data_by_task),
