@@ -63,7 +63,7 @@ def loads_with(
     hooks = Hooks.of(pm)
 
     def check(payload: PayloadBytes) -> None:
-        hooks.load_step(format, payload.path, payload.open())
+        hooks.load_step(format, payload.path, payload.reader())
 
     return check
 

@@ -431,7 +431,7 @@ class CheckpointStore:
         """
         name = resolved.record.format if resolved.record else self.format.name
         payload = payload_of(resolved, self.storage)
-        return self.hooks.load_step(name, resolved.path, payload.open())
+        return self.hooks.load_step(name, resolved.path, payload.reader())
 
     def committed(self, family: str | None = None) -> list[Checkpoint]:
         """Return the committed checkpoints of a family, oldest first."""

@@ -130,6 +130,6 @@ def test_a_single_task_or_unreadable_checkpoint_is_left_to_deepmd(tmp_path):
     single = default_storage().read_payload(
         deepmd_like(tmp_path / "s.pt", {"descriptor": {}})
     )
-    assert heads_of(single.open()) is None
+    assert heads_of(single.reader()) is None
     check_head(single, None, command="dp --pt freeze")
     assert heads_of(io.BytesIO(b"not a checkpoint")) is None

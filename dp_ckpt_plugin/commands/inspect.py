@@ -24,7 +24,7 @@ from ..hooks import Hooks
 from ..layout import step_in_name
 from ..plugins import get_plugin_manager
 from ..records import CommitRecord, check_payload, read_record
-from ..storage import default_storage
+from ..storage import Storage, default_storage
 from . import FAILURE, UsageError, add_digest_flag, output
 
 HELP = "show what one checkpoint holds: step, format, record, payload structure"
@@ -75,10 +75,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def inspect_file(
-    path: Path, *, digest: bool, depth: int = DEFAULT_DEPTH
+    path: Path,
+    *,
+    digest: bool,
+    depth: int = DEFAULT_DEPTH,
+    storage: Storage | None = None,
 ) -> dict[str, Any]:
     """The ``--json`` form (documented in docs/command.md)."""
-    storage = default_storage()
+    storage = storage or default_storage()
     path = storage.real(Path(path).absolute())
     try:
         found = storage.entry(path)
@@ -95,7 +99,7 @@ def inspect_file(
     record: CommitRecord | None = None
     state, problem = "none", None
     try:
-        record = read_record(path)
+        record = read_record(path, storage=storage)
     except InvalidRecordError as exc:
         state, problem = "malformed", str(exc)
     if record is not None:
@@ -110,7 +114,7 @@ def inspect_file(
     walk = Walk(depth)
     error = None
     try:
-        walk.describe(hooks.load_step(fmt, path, payload.open()), "", 0)
+        walk.describe(hooks.load_step(fmt, path, payload.reader()), "", 0)
     except Exception as exc:  # whatever a format raises on a broken file
         error = why_not(exc)
     return {

@@ -37,7 +37,7 @@ def loads_with_torch(payload: PayloadBytes) -> None:
     """Raise unless a file's bytes load with ``torch.load(weights_only=True)`` as a dict."""
     import torch
 
-    state = torch.load(payload.open(), map_location="cpu", weights_only=True)
+    state = torch.load(payload.reader(), map_location="cpu", weights_only=True)
     if not isinstance(state, dict):
         raise ValueError(f"it holds a {type(state).__name__}, not a state dict")
 

@@ -39,7 +39,7 @@ def check_head(payload: PayloadBytes, head: str | None, *, command: str) -> None
         Naming the heads, when ``head`` is missing or not one of them.
     """
     path = payload.path
-    heads = heads_of(payload.open())
+    heads = heads_of(payload.reader())
     if heads is None:
         return
     names = ", ".join(heads)

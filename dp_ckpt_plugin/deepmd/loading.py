@@ -55,6 +55,7 @@ class ServedPayloads:
         #: How many ``torch.load`` calls each path was served from its bytes.
         self.served: Counter[str] = Counter()
         self._real: Any = None
+        self._installed: Any = None
         self._guard = threading.Lock()
         for payload in payloads:
             self.add(payload)
@@ -73,7 +74,7 @@ class ServedPayloads:
         held = self.get(path)
         if held is None:
             held = self.storage.read_payload(Path(_key(path)))
-        return held.open()
+        return held.reader()
 
     # -- serving deepmd-kit's torch.load -------------------------------------------
     def start(self) -> None:
@@ -83,8 +84,8 @@ class ServedPayloads:
         with self._guard:
             if self._real is not None or not self._held:
                 return
-            self._real = torch.load
-            torch.load = self._load
+            self._real, self._installed = torch.load, self._load
+            torch.load = self._installed
 
     def stop(self) -> None:
         """Stop serving and give the bytes up (idempotent)."""
@@ -92,9 +93,9 @@ class ServedPayloads:
             if self._real is not None:
                 import torch
 
-                if torch.load is self._load:
+                if torch.load is self._installed:
                     torch.load = self._real
-                self._real = None
+                self._real = self._installed = None
             self._held.clear()
 
     def __enter__(self) -> ServedPayloads:
@@ -114,10 +115,11 @@ class ServedPayloads:
             return (real or _torch_load())(f, *args, **kwargs)
         kwargs.pop("mmap", None)  # bytes in memory are not mapped
         self.served[_key(f)] += 1
-        return real(held.open(), *args, **kwargs)
+        return real(held.reader(), *args, **kwargs)
 
 
 def _torch_load():
-    import torch
+    """torch's own ``load`` (a reference kept past :meth:`ServedPayloads.stop`)."""
+    from torch.serialization import load
 
-    return torch.load
+    return load

@@ -46,4 +46,4 @@ def reading(path: Path, file: BinaryIO | None) -> BinaryIO:
     """What ``on_load_step`` reads: ``file``, else ``path`` read once by the storage."""
     if file is not None:
         return file
-    return default_storage().read_payload(Path(path)).open()
+    return default_storage().read_payload(Path(path)).reader()

@@ -89,7 +89,7 @@ class PayloadBytes(NamedTuple):
         """The number of bytes read."""
         return len(self.data)
 
-    def open(self) -> BinaryIO:
+    def reader(self) -> BinaryIO:
         """A binary file object reading these bytes from 0 (no copy)."""
         return io.BytesIO(self.data)
 
