@@ -148,6 +148,7 @@ ALLOWED: dict[str, dict[str, str]] = {
     "deepmd/loading.py": {
         "torch.load": "serves deepmd-kit's torch.load of a verified checkpoint "
         "from the bytes read once",
+        "torch.serialization.load": "torch's own load, for any other file",
     },
     "deepmd/checkpointing.py": {
         "torch.save": "into a file the storage created (files outside the store)",
