@@ -23,7 +23,6 @@ import pluggy
 
 from .catalogue import uncommitted
 from .checkpoint import Checkpoint
-from .digests import DEFAULT_ALGORITHM, digest_of_view
 from .hooks import Hooks
 from .layout import Family
 from .lock import StoreLock
@@ -103,19 +102,13 @@ def adopt_family(
             found.refused.append((path, why_not(exc)))
             continue
         step = family.step_of(path.name)
-        view = memoryview(payload.data)
-        try:
-            digest = digest_of_view(view, DEFAULT_ALGORITHM)
-        finally:
-            view.release()
         record = make_record(
             path,
             step=step,
             family=family.prefix,
             format=format,
             storage=storage,
-            digest=digest,
-            size=payload.size,
+            payload=payload,  # the bytes that loaded, not the file again
         )
         if not dry_run:
             write_record(path, record, durable=durable, storage=storage)

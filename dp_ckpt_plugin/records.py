@@ -269,14 +269,22 @@ def make_record(
     digest: str | None = None,
     size: int | None = None,
     metrics: Mapping[str, float] | None = None,
+    payload: PayloadBytes | None = None,
 ) -> CommitRecord:
     """Describe a durable payload.
 
     ``name`` is the file name the record is for, when ``checkpoint`` is still
-    a temporary file; ``digest`` and ``size`` what was computed while it was
-    written, else the file is measured and hashed now; ``metrics`` (see
-    :func:`check_metrics`) what the trainer reported with it.
+    a temporary file; ``digest`` and ``size`` what was computed once it was
+    written, or ``payload`` the bytes read from it, else the file is measured
+    and hashed now; ``metrics`` (see :func:`check_metrics`) what the trainer
+    reported with it.
     """
+    if payload is not None:
+        view = memoryview(payload.data)
+        try:
+            digest, size = digest_of_view(view, DEFAULT_ALGORITHM), payload.size
+        finally:
+            view.release()
     if size is None:
         found = storage.entry(checkpoint)
         if found is None:
