@@ -49,7 +49,7 @@ from .resolution import (
     follow_link,
     unrecorded_note,
 )
-from .storage import Storage
+from .storage import Storage, entry_or_none
 
 
 @hookimpl(trylast=True)
@@ -102,7 +102,7 @@ def _dispatch(search: _Search, spec: str, ctx: ResolveContext) -> Resolved | Non
             found = search.alias(prefix.parent / fam.alias, [ctx.cwd, prefix.parent])
         return found
     path = _absolute(Path(spec), ctx.cwd)
-    entry = _entry(storage, path, follow=True)
+    entry = entry_or_none(path, follow=True, storage=storage)
     if entry is not None and entry.is_dir:
         extra = (
             [_absolute(ctx.store_dir, ctx.cwd)]
@@ -123,7 +123,7 @@ def _dispatch(search: _Search, spec: str, ctx: ResolveContext) -> Resolved | Non
         return found
     search.looked.append(f"file {path}")
     alias = path.parent / f"{path.name}{fam.suffix}"
-    if _entry(storage, alias) is None:
+    if entry_or_none(alias, storage=storage) is None:
         search.looked.append(f"alias {alias}")
         return None
     # a prefix: its alias, else the newest committed checkpoint of that family
@@ -142,13 +142,6 @@ def _is_pointer(path: Path, ctx: ResolveContext) -> bool:
         return read_pointer(path, storage=ctx.storage) is not None
     except (InvalidRecordError, UnsafePointerError, UnreadableFileError):
         return False
-
-
-def _entry(storage: Storage, path: Path, *, follow: bool = False):
-    try:
-        return storage.entry(path, follow=follow)
-    except UnreadableFileError:
-        return None
 
 
 class _Search:
@@ -198,7 +191,7 @@ class _Search:
         spec = str(self.spec).rstrip("/")
         head, slash, tail = spec.rpartition("/")
         parent = _absolute(Path(head + slash or "."), self.ctx.cwd)
-        if not tail or _entry(self.storage, parent / tail) is not None:
+        if not tail or entry_or_none(parent / tail, storage=self.storage) is not None:
             return None
         words = [] if slash else ["latest", "best"]
         try:
@@ -329,7 +322,7 @@ class _Search:
                 f"<prefix>-<step>{family.suffix} checkpoint"
             )
             return None
-        entry = _entry(self.storage, target, follow=True)
+        entry = entry_or_none(target, follow=True, storage=self.storage)
         if entry is None or not entry.is_file:
             self.warnings.append(f"{label} names {target}, which does not exist")
             return None
@@ -353,7 +346,7 @@ class _Search:
     ) -> Resolved | None:
         self.looked.append(f"alias {alias}")
         family = family or self.ctx.family
-        entry = _entry(self.storage, alias)
+        entry = entry_or_none(alias, storage=self.storage)
         if entry is None:
             return None
         if entry.kind != "link":
@@ -363,7 +356,7 @@ class _Search:
             if entry.is_file:
                 self.looked.append(f"alias {alias} is a copy, not a link: skipped")
             return None
-        if _entry(self.storage, alias, follow=True) is None:
+        if entry_or_none(alias, follow=True, storage=self.storage) is None:
             self.warnings.append(f"alias {alias} dangles or loops")
             return None
         return self.follow(self.storage.real(alias), alias, "alias", roots, family)

@@ -43,7 +43,7 @@ from dargs import Argument
 from dargs.dargs import ArgumentError, ArgumentKeyError
 
 from ..errors import ConfigError, UnreadableFileError
-from ..storage import default_storage
+from ..storage import default_storage, entry_or_none
 from .retention_args import retention_args
 
 log = logging.getLogger("dp_ckpt_plugin")
@@ -624,11 +624,11 @@ def _check_directory_usable(path: Path, key: str) -> None:
                 f"`{key}` names directory {path}, which is not writable by this user"
             )
         return
-    link = _entry(storage, path)
+    link = entry_or_none(path, storage=storage)
     if link is not None and link.kind == "link":
         raise ConfigError(f"`{key}` names {path}, which is a broken symbolic link")
     ancestor = nearest_existing_ancestor(path)
-    found = _entry(storage, ancestor, follow=True)
+    found = entry_or_none(ancestor, follow=True, storage=storage)
     if found is None or not found.is_dir:
         raise ConfigError(
             f"`{key}`: directory {path} cannot be created because {ancestor} "
@@ -656,14 +656,6 @@ def nearest_existing_ancestor(path: Path) -> Path:
     """
     storage = default_storage()
     for candidate in (path, *path.parents):
-        if _entry(storage, candidate) is not None:
+        if entry_or_none(candidate, storage=storage) is not None:
             return candidate
     return Path(path.anchor)
-
-
-def _entry(storage, path: Path, *, follow: bool = False):
-    """What ``path`` is, or ``None`` when absent or unreadable."""
-    try:
-        return storage.entry(path, follow=follow)
-    except UnreadableFileError:
-        return None

@@ -204,13 +204,9 @@ def run_change_bias(flags: argparse.Namespace, host: str) -> None:
 
 def _is_file(path: Path) -> bool:
     """Whether ``path`` is an existing file (links followed), as the storage sees it."""
-    from ..errors import UnreadableFileError
-    from ..storage import default_storage
+    from ..storage import entry_or_none
 
-    try:
-        found = default_storage().entry(path, follow=True)
-    except UnreadableFileError:
-        return False
+    found = entry_or_none(path, follow=True)
     return found is not None and found.is_file
 
 

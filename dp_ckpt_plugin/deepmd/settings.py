@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, UnreadableFileError
+from ..errors import ConfigError
 from ..layout import Family
 from ..publish import Mirror
 from ..resolution import ResolveContext
 from ..retention import KeepLast
-from ..storage import default_storage
+from ..storage import entry_or_none
 from ..store import FamilyConfig
 from .argcheck import PluginOptions, check_save_dir, plugin_options
 from .naming import ema_family
@@ -200,19 +200,13 @@ def normalized_spec(spec: str, cwd: Path | None = None) -> str:
 
 def is_directory(path: Path) -> bool:
     """Whether ``path`` is a directory (links followed); an unreadable name is not."""
-    try:
-        found = default_storage().entry(path, follow=True)
-    except UnreadableFileError:
-        return False
+    found = entry_or_none(path, follow=True)
     return found is not None and found.is_dir
 
 
 def _names_something(path: Path) -> bool:
     """Whether anything (a dangling link too) has the name ``path``."""
-    try:
-        return default_storage().entry(path) is not None
-    except UnreadableFileError:
-        return False
+    return entry_or_none(path) is not None
 
 
 #: What a resolver plugin's specification looks like: a word, then ``:...``.

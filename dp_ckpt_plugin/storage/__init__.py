@@ -41,6 +41,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO, NamedTuple, Protocol, runtime_checkable
 
+from ..errors import UnreadableFileError
+
 #: Most bytes a record, pointer, manifest or holder note may hold.
 SMALL_FILE_LIMIT = 1 << 20
 
@@ -179,6 +181,20 @@ def local_storage(
 def default_storage() -> Storage:
     """An unconfined POSIX storage, for readers with no store of their own."""
     return local_storage()
+
+
+def entry_or_none(
+    path: Path, *, follow: bool = False, storage: Storage | None = None
+) -> Entry | None:
+    """What ``path`` is (``Storage.entry``), or ``None`` when absent or unreadable.
+
+    For a question that has no answer to give about a name the system
+    refuses to describe: "is it a directory?" is then "no".
+    """
+    try:
+        return (storage or default_storage()).entry(path, follow=follow)
+    except UnreadableFileError:
+        return None
 
 
 def text_of(data: bytes | None) -> str | None:
