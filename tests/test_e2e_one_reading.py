@@ -165,25 +165,21 @@ def test_a_restart_reads_its_checkpoint_once(trained, backend, tmp_path):
     assert_read_once(trace, workdir / "models" / "model.ckpt-10.pt")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_freeze_reads_its_checkpoint_once(trained, backend, tmp_path):
-    workdir = copy_tree(trained[backend], tmp_path / "freeze")
-    trace = tmp_path / "freeze.trace"
-    traced(
-        dp("freeze", "-c", "models", "-o", "frozen", backend=backend), workdir, trace
-    ).check()
-    assert any(p.name.startswith("frozen") for p in workdir.iterdir())
-    assert_read_once(trace, workdir / "models" / "model.ckpt-10.pt")
+#: A reading command, and the file it makes in the working directory.
+READERS = {
+    "freeze": (["freeze", "-c", "models", "-o", "frozen"], "frozen.*"),
+    "change-bias": (["change-bias", "models", "-s", "data/valid"], "*_updated.pt"),
+}
 
 
+@pytest.mark.parametrize("command", READERS)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_change_bias_reads_its_checkpoint_once(trained, backend, tmp_path):
-    workdir = copy_tree(trained[backend], tmp_path / "change_bias")
-    trace = tmp_path / "change_bias.trace"
-    traced(
-        dp("change-bias", "models", "-s", "data/valid", backend=backend),
-        workdir,
-        trace,
-    ).check()
-    assert (workdir / "model.ckpt-10_updated.pt").is_file()
+def test_freeze_and_change_bias_read_their_checkpoint_once(
+    trained, backend, command, tmp_path
+):
+    workdir = copy_tree(trained[backend], tmp_path / command)
+    args, made = READERS[command]
+    trace = tmp_path / f"{command}.trace"
+    traced(dp(*args, backend=backend), workdir, trace).check()
+    assert list(workdir.glob(made)), f"{command} made nothing"
     assert_read_once(trace, workdir / "models" / "model.ckpt-10.pt")
