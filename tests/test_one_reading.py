@@ -170,12 +170,12 @@ def test_deepmds_torch_load_of_a_served_path_reads_the_verified_bytes(tmp_path):
     import torch
 
     pytest.importorskip("deepmd")
-    from dp_ckpt_plugin.deepmd.loading import ServedPayloads
+    from dp_ckpt_plugin.deepmd.loading import MISSING, ServedPayloads
 
     first, other = tmp_path / "a.pt", tmp_path / "b.pt"
     torch.save({"w": torch.ones(2)}, first)
     torch.save({"w": torch.zeros(2)}, other)
-    served = ServedPayloads([LocalStorage().read_payload(first)])
+    served = ServedPayloads([LocalStorage().read_payload(first)], keep=("w", "x"))
     real = torch.load
     with served:
         assert torch.load is not real
@@ -184,6 +184,10 @@ def test_deepmds_torch_load_of_a_served_path_reads_the_verified_bytes(tmp_path):
         loaded = torch.load(str(first), map_location="cpu", weights_only=True)
         mapped = torch.load(first, weights_only=True, mmap=True)
         assert loaded["w"].tolist() == mapped["w"].tolist() == [1.0, 1.0]
+        # the keys asked for are kept from the first load: no load of their own
+        assert served.kept(first, "w").tolist() == [1.0, 1.0]
+        assert served.kept(first, "x", "absent") is None
+        assert served.kept(tmp_path / "c.pt", "w", MISSING) is MISSING
         # a path that is not held goes to torch as it is
         torch.save({"x": 1}, tmp_path / "c.pt")
         assert torch.load(tmp_path / "c.pt", weights_only=True) == {"x": 1}

@@ -29,8 +29,8 @@ from typing import Any
 from ..errors import CheckpointError
 from ..storage import local_storage
 from ..store import CheckpointStore
-from .exact import restart_line
-from .loading import ServedPayloads
+from .exact import KEY, on_cpu, read_entry, restart_line
+from .loading import MISSING, ServedPayloads
 from .logs import SaveReport, demote_replaced_lines, finished_line
 from .naming import ema_prefix
 from .preempt import Stopped, StopSignals
@@ -131,6 +131,17 @@ class HostRun:
                 f"input: {mismatch}. Nothing was changed; restart from a "
                 "checkpoint of this model, or use --finetune"
             ) from None
+
+    def exact_entry(self, restart: str) -> Any:
+        """The plugin's entry (:data:`.exact.KEY`) of the checkpoint restarted from.
+
+        As deepmd-kit's trainer loaded it from the verified bytes; read from
+        those bytes only if the trainer did not.
+        """
+        entry = self.payloads.kept(restart, KEY, MISSING)
+        if entry is MISSING:
+            return read_entry(self.payloads.file(restart))
+        return on_cpu(entry)
 
     def resumed(self, step: int | None, found, *, chief: bool) -> None:
         """A restart read its checkpoint: say in one line whether it continues exactly."""

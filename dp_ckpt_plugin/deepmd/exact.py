@@ -254,6 +254,20 @@ def read_entry(file: BinaryIO) -> Any:
     return payload.get(KEY) if isinstance(payload, dict) else None
 
 
+def on_cpu(value: Any) -> Any:
+    """``value`` with every tensor in it on the CPU (as :func:`read_entry` loads it).
+
+    deepmd-kit's trainer loads its checkpoint onto its device; the plugin's
+    entry, kept from that load, is moved back.
+    """
+    if isinstance(value, dict):
+        return {k: on_cpu(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(on_cpu(v) for v in value)
+    cpu = getattr(value, "cpu", None)
+    return cpu() if callable(cpu) else value
+
+
 def restart_line(step: int | None, found: Continuation) -> str:
     """The one log line of a restart: exact or not, and why not."""
     at = f" at step {step}" if step is not None else ""

@@ -28,6 +28,9 @@ from typing import Any, BinaryIO
 
 from ..storage import PayloadBytes, Storage, default_storage
 
+#: What :meth:`ServedPayloads.kept` gives for a path nothing was served for.
+MISSING = object()
+
 
 def _key(path: str | os.PathLike) -> str:
     return os.path.abspath(os.fspath(path))
@@ -42,6 +45,10 @@ class ServedPayloads:
         The bytes to serve (``None`` entries are skipped).
     storage : Storage, optional
         What reads a checkpoint that is not held (:meth:`file`).
+    keep : iterable of str
+        Keys of a served payload to keep once deepmd-kit loaded it
+        (:meth:`kept`): the plugin's own entry, read then from deepmd-kit's
+        load instead of a load of its own.
     """
 
     def __init__(
@@ -49,9 +56,12 @@ class ServedPayloads:
         payloads: Iterable[PayloadBytes | None] = (),
         *,
         storage: Storage | None = None,
+        keep: Iterable[str] = (),
     ) -> None:
         self.storage = storage or default_storage()
+        self.keep = tuple(keep)
         self._held: dict[str, PayloadBytes] = {}
+        self._kept: dict[str, dict[str, Any]] = {}
         #: How many ``torch.load`` calls each path was served from its bytes.
         self.served: Counter[str] = Counter()
         self._real: Any = None
@@ -68,6 +78,15 @@ class ServedPayloads:
     def get(self, path: str | os.PathLike) -> PayloadBytes | None:
         """The bytes held for ``path``, or ``None``."""
         return self._held.get(_key(path))
+
+    def kept(self, path: str | os.PathLike, key: str, default: Any = None) -> Any:
+        """The value at ``key`` of what the first served load of ``path`` gave.
+
+        ``default`` when nothing was served, the key was not kept, or the
+        payload was no dict; :data:`MISSING` distinguishes "not served" from
+        a payload without the key (``None``).
+        """
+        return self._kept.get(_key(path), {}).get(key, default)
 
     def file(self, path: str | os.PathLike) -> BinaryIO:
         """A file object over the bytes of ``path``: those held, else read once now."""
@@ -97,6 +116,7 @@ class ServedPayloads:
                     torch.load = self._real
                 self._real = self._installed = None
             self._held.clear()
+            self._kept.clear()
 
     def __enter__(self) -> ServedPayloads:
         self.start()
@@ -114,8 +134,13 @@ class ServedPayloads:
         if held is None or real is None:
             return (real or _torch_load())(f, *args, **kwargs)
         kwargs.pop("mmap", None)  # bytes in memory are not mapped
-        self.served[_key(f)] += 1
-        return real(held.reader(), *args, **kwargs)
+        key = _key(f)
+        self.served[key] += 1
+        loaded = real(held.reader(), *args, **kwargs)
+        if self.keep and key not in self._kept:
+            found = loaded if isinstance(loaded, dict) else {}
+            self._kept[key] = {k: found.get(k) for k in self.keep}
+        return loaded
 
 
 def _torch_load():

@@ -38,6 +38,7 @@ from ..resolution import ResolveContext, Resolved, payload_of, resolve_restart
 from ..storage import default_storage
 from ..store import CheckpointStore
 from .adopt import adopt
+from .exact import KEY as EXACT_KEY
 from .host import descriptor
 from .loading import ServedPayloads
 from .logs import SaveReport, restart_line, startup_line
@@ -130,7 +131,7 @@ def prepare_run(
     stop = StopSignals(settings.options.stop_signals).install()
     store = None
     created = False
-    payloads = ServedPayloads()
+    payloads = ServedPayloads(keep=(EXACT_KEY,))  # read from deepmd-kit's load
     try:
         adopted: list[Path] = []
         if settings.save_dir is not None:
