@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..hookspecs import hookimpl
-from . import FormatInfo
+from . import FormatInfo, reading
 
 NAME = "torch"
 SUFFIX = ".pt"
@@ -124,8 +124,8 @@ def on_save_step(format: str, step: int, state: Any, file: BinaryIO):
 
 
 @hookimpl(trylast=True)
-def on_load_step(format: str, path: Path):
-    """Read a checkpoint with ``torch.load(weights_only=True)`` on the CPU.
+def on_load_step(format: str, path: Path, file: BinaryIO | None):
+    """Read a checkpoint from ``file`` with ``torch.load(weights_only=True)`` on the CPU.
 
     torch's allowlist of globals is process-wide (it has no per-call one):
     it is left untouched unless the checkpoint names one of
@@ -136,16 +136,22 @@ def on_load_step(format: str, path: Path):
         return None
     import torch
 
-    with _allowing(torch, path):
-        return torch.load(path, map_location="cpu", weights_only=True)
+    source = reading(path, file)
+    with _allowing(torch, source):
+        return torch.load(source, map_location="cpu", weights_only=True)
 
 
-def _needed(torch, path: Path) -> list:
-    """:func:`safe_globals` if the checkpoint at ``path`` names one of them, else none."""
+def _needed(torch, source: BinaryIO) -> list:
+    """:func:`safe_globals` if the checkpoint in ``source`` names one of them, else none.
+
+    The scan reads the bytes already held; ``source`` is rewound after it.
+    """
     try:
-        named = set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+        named = set(torch.serialization.get_unsafe_globals_in_checkpoint(source))
     except Exception:  # not an archive torch reads: torch.load says why
         return []
+    finally:
+        source.seek(0)
     allowed = safe_globals()
     # all of them once one is named: torch's scan does not list every class
     # the unpickler meets (NumPy's dtype classes come through numpy.dtype)
@@ -168,8 +174,8 @@ _ALLOWED_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def _allowing(torch, path: Path):
-    """Widen torch's allowlist for a load of ``path`` that needs it (:func:`_needed`).
+def _allowing(torch, source: BinaryIO):
+    """Widen torch's allowlist for a load of ``source`` that needs it (:func:`_needed`).
 
     Only what the list lacks is added, and only that is removed, by the
     last load in flight to finish (a count under a lock): a global the user
@@ -182,7 +188,7 @@ def _allowing(torch, path: Path):
     from torch.serialization import add_safe_globals, get_safe_globals
 
     with _ALLOWED_LOCK:
-        extra = safe_globals() if _ALLOWED["loads"] else _needed(torch, path)
+        extra = safe_globals() if _ALLOWED["loads"] else _needed(torch, source)
         if extra:
             have = set(get_safe_globals())
             missing = [g for g in extra if g not in have]

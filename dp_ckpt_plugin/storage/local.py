@@ -29,7 +29,12 @@ from typing import BinaryIO
 
 from ..errors import CheckpointWriteError, UnreadableFileError, describe_os_error
 from ..layout import temp_name, temp_target
-from . import SMALL_FILE_LIMIT, Entry
+from . import SMALL_FILE_LIMIT, Entry, PayloadBytes
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None
 
 #: Errors meaning "this filesystem makes no symlinks", not "something broke".
 _NO_SYMLINK_ERRNOS = frozenset(
@@ -43,6 +48,8 @@ _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _FD_PATHS = os.path.isdir("/proc/self/fd")
 #: Below this size a payload is hashed inline, not beside its fsync.
 _INLINE_DIGEST = 4 << 20
+#: Times a lock whose file vanished under it is tried again before giving up.
+_LOCK_ATTEMPTS = 5
 _KINDS = (
     (stat.S_ISREG, "file"),
     (stat.S_ISDIR, "dir"),
@@ -143,6 +150,9 @@ class LocalStorage:
 
     def _sys_link(self, source: Path, dest: Path) -> None:
         os.link(source, dest, follow_symlinks=False)
+
+    def _sys_flock(self, fd: int, path: Path) -> None:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
     def _wrap_handle(self, handle: BinaryIO, path: Path) -> BinaryIO:
         """The file object a writer gets (a test may wrap it to fail writes)."""
@@ -323,12 +333,43 @@ class LocalStorage:
         self.count("payload_open")
         return os.fdopen(fd, "rb")
 
+    def read_payload(self, path: Path) -> PayloadBytes:
+        """Read a checkpoint file whole: one opening, one pass over its bytes.
+
+        Opened as :meth:`open_payload` opens it (a regular file only). The
+        bytes are what the front door verifies and what every loader reads,
+        so a file replaced at ``path`` afterwards is never loaded unverified.
+        Counted: ``payload_read`` and ``payload_bytes``.
+
+        Raises
+        ------
+        FileNotFoundError
+            When it is gone.
+        UnreadableFileError
+            When it is not a regular file or cannot be read.
+        """
+        with self.open_payload(path) as handle:
+            try:
+                found = _entry(os.fstat(handle.fileno()))
+                data = handle.read()
+            except OSError as exc:
+                raise UnreadableFileError(
+                    path, f"cannot be read: {describe_os_error(exc)}"
+                ) from None
+        self.count("payload_read")
+        self.count("payload_bytes", len(data))
+        return PayloadBytes(Path(path), data, found)
+
     def free_bytes(self, directory: Path) -> int | None:
         """The bytes available to this user under ``directory``, if known."""
         try:
             return shutil.disk_usage(directory).free
         except OSError:
             return None
+
+    def writable(self, directory: Path) -> bool:
+        """Whether this process may create entries in ``directory``."""
+        return os.access(directory, os.W_OK | os.X_OK)
 
     # -- writing -----------------------------------------------------------------
     def _create(self, path: Path) -> int:
@@ -611,20 +652,77 @@ class LocalStorage:
         return True
 
     def remove_dir(self, path: Path) -> bool:
-        """Remove an empty directory; ``False`` if it is gone or not empty."""
-        self._check(path, "remove the directory")
+        """Remove an empty directory; ``False`` if it is gone or not empty.
+
+        The storage's own root is one it may remove (a store that created
+        its directory and failed to start leaves nothing).
+        """
+        if self.root is None or Path(os.path.abspath(path)) != self.root:
+            self._check(path, "remove the directory")
         try:
             self._sys_rmdir(path)
         except OSError:
             return False
         return True
 
-    def open_lock(self, path: Path) -> int:
-        """Open (creating it if need be) the lock file ``path``; return its descriptor.
+    # -- the single-writer lock -------------------------------------------------
+    def lock_file(self, path: Path) -> _HeldLock | None:
+        """Take the exclusive lock of the lock file ``path``; ``None`` if another holds it.
 
-        Never through a link and never anything but a regular file: a link
-        or a FIFO planted at the lock's name is refused.
+        The file is created if need be, never through a link and never as
+        anything but a regular file (a link or a FIFO planted at its name is
+        refused). The lock is the kernel's (``flock``): it dies with its
+        holder, even by ``SIGKILL``. A file its releasing holder removed
+        between this open and this ``flock`` is not taken for the lock: the
+        file now at ``path`` is locked instead (a few times at most, then
+        ``None``).
+
+        Raises
+        ------
+        CheckpointWriteError
+            When the lock file cannot be opened, or is not a regular file.
         """
+        if fcntl is None:  # pragma: no cover - not POSIX
+            from filelock import FileLock, Timeout
+
+            fallback = FileLock(str(path), timeout=0, thread_local=False)
+            try:
+                fallback.acquire(timeout=0)
+            except Timeout:
+                return None
+            return _HeldLock(path, -1, fallback)
+        for _ in range(_LOCK_ATTEMPTS):
+            fd = self._open_lock(path)
+            try:
+                self._sys_flock(fd, path)
+            except BlockingIOError:
+                os.close(fd)
+                return None
+            except BaseException:
+                os.close(fd)
+                raise
+            if self._names(path, fd):
+                return _HeldLock(path, fd)
+            os.close(fd)  # a releasing holder removed this file meanwhile
+        return None
+
+    def unlock_file(self, held: _HeldLock) -> None:
+        """Give up a lock :meth:`lock_file` took, removing its file.
+
+        The file is removed while it is still locked, and only if it is
+        still the one at its path; closing it then releases the lock.
+        """
+        if held.fallback is not None:  # pragma: no cover - not POSIX
+            held.fallback.release(force=True)
+            return
+        try:
+            if self._names(held.path, held.fd):
+                self.remove_quietly(held.path)
+        finally:
+            os.close(held.fd)
+
+    def _open_lock(self, path: Path) -> int:
+        """Open (creating it if need be) the lock file ``path``; return its descriptor."""
         self._check(path, "create the lock file")
         try:
             fd = self._sys_open(
@@ -645,7 +743,7 @@ class LocalStorage:
             )
         return fd
 
-    def is_open_file(self, path: Path, fd: int) -> bool:
+    def _names(self, path: Path, fd: int) -> bool:
         """Whether ``path`` names the file open as ``fd`` (same device and inode)."""
         try:
             now = os.fstat(fd)
@@ -653,6 +751,21 @@ class LocalStorage:
         except OSError:
             return False
         return (found.st_dev, found.st_ino) == (now.st_dev, now.st_ino)
+
+    def holds(self, held: _HeldLock) -> bool:
+        """Whether the lock file at its path is still the one ``held`` locked."""
+        return held.fallback is not None or self._names(held.path, held.fd)
+
+
+class _HeldLock:
+    """A lock :meth:`LocalStorage.lock_file` took: the lock file and its descriptor."""
+
+    __slots__ = ("fallback", "fd", "path")
+
+    def __init__(self, path: Path, fd: int, fallback: object = None) -> None:
+        self.path = path
+        self.fd = fd
+        self.fallback = fallback
 
 
 def _release(exc: BaseException | None) -> None:
