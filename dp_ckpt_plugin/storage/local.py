@@ -863,7 +863,7 @@ class _FinalName:
         except OSError:
             self.close()
             return f"/proc/self/fd/{self.fd}"
-        if not self.storage.is_open_file(folder / self.final, self.fd):
+        if not self.storage._names(folder / self.final, self.fd):
             self.close()  # something else is at the temporary name: never write it
             return f"/proc/self/fd/{self.fd}"
         return f"/proc/self/fd/{self.dirfd}/{self.final}"
