@@ -16,7 +16,8 @@ one steady save, from ``strace -f``) do not depend on noise. Run::
     .venv/bin/python benchmarks/run.py --only save     # one section
 
 Sections: ``save`` (synchronous durable saves), ``async`` (background saves:
-the loop's stall, stall plus persist), ``strace`` (bytes read, fsync calls),
+the loop's stall, stall plus persist), ``crc`` (what skipping torch's zip
+CRC32 would save; the plugin keeps it), ``strace`` (bytes read, fsync calls),
 ``count`` (save and ``latest`` with 2,000 kept against 10), ``digest`` (the
 digest read back from the page cache against hashing while writing), ``dp``
 (``dp --pt-expt train``, a checkpoint every step), ``import`` (the entry
@@ -238,6 +239,22 @@ class Saver:
         return run
 
 
+def with_cpu(fn: Callable[[], float], sink: list[float]) -> Callable[[], float]:
+    """``fn``, also putting the process's CPU time of each call (every thread) in ``sink``.
+
+    CPU time moves much less than wall time with the load of a shared machine;
+    a save's work beyond the baseline's shows in it whatever the other cores do.
+    """
+
+    def run() -> float:
+        used = time.process_time()
+        seconds = fn()
+        sink.append(time.process_time() - used)
+        return seconds
+
+    return run
+
+
 # -- sections ---------------------------------------------------------------------------
 
 
@@ -248,13 +265,15 @@ def section_save(work: Path, sizes: list[int], rounds: int) -> None:
         data = serialized(state)
         manager = manager_for(work / f"manager-{mib}")
         dp_store = dp_store_for(work / f"dp-{mib}")
+        cpu: dict[str, list[float]] = {}
+        variants = {
+            "torch.save to a path + fsync": torch_save_fsync(work, state),
+            "raw write + fsync of the same bytes": raw_write_fsync(work, data),
+            "CheckpointManager.save": Saver(manager)(state),
+            "the dp host's store": Saver(dp_store)(state),
+        }
         times = interleaved(
-            {
-                "torch.save to a path + fsync": torch_save_fsync(work, state),
-                "raw write + fsync of the same bytes": raw_write_fsync(work, data),
-                "CheckpointManager.save": Saver(manager)(state),
-                "the dp host's store": Saver(dp_store)(state),
-            },
+            {k: with_cpu(fn, cpu.setdefault(k, [])) for k, fn in variants.items()},
             rounds,
         )
         manager.close()
@@ -262,6 +281,12 @@ def section_save(work: Path, sizes: list[int], rounds: int) -> None:
         print(f"  {mib} MiB ({len(data) / (1 << 20):.1f} MiB serialized):")
         for label, values in times.items():
             show(label, values)
+        for label in ("torch.save to a path + fsync", "CheckpointManager.save"):
+            show(f"CPU time, {label}", cpu[label])
+        extra = med(cpu["CheckpointManager.save"]) - med(
+            cpu["torch.save to a path + fsync"]
+        )
+        print(f"  {'':60s} {extra * 1e3:9.1f}   (ms of CPU the manager adds, median)")
         base = med(times["torch.save to a path + fsync"])
         for label in ("CheckpointManager.save", "the dp host's store"):
             ratio = med(times[label]) / base
@@ -327,6 +352,56 @@ def section_async(work: Path, sizes: list[int], rounds: int) -> None:
                 "<= 1.3",
                 ratio <= 1.3,
             )
+
+
+def section_crc(work: Path, sizes: list[int], rounds: int) -> None:
+    """What skipping torch's zip CRC32 would save (the plugin keeps it).
+
+    torch has no per-call switch for it, only its process-wide configuration
+    (``torch.serialization.set_crc32_options``), which this section sets
+    around its own variant, in this thread, and puts back. Besides the wall
+    time, the CPU time of the process (``time.process_time``, every thread)
+    is printed: it moves much less with the load of a shared machine.
+    """
+    import torch
+
+    print("\n[crc] torch.save + fsync with torch's CRC32 (its default) and without")
+    path = work / "crc.pt"
+    for mib in sizes:
+        state = make_state(mib)
+        cpu: dict[str, list[float]] = {"on": [], "off": []}
+
+        def save(kind: str, state=state, cpu=cpu) -> float:
+            torch.serialization.set_crc32_options(kind == "on")
+            try:
+                start, used = time.perf_counter(), time.process_time()
+                torch.save(state, path)
+                fsync_path(path)
+                seconds = time.perf_counter() - start
+                cpu[kind].append(time.process_time() - used)
+            finally:
+                torch.serialization.set_crc32_options(True)
+            path.unlink()
+            return seconds
+
+        times = interleaved(
+            {
+                "with CRC32 (torch's default)": lambda: save("on"),
+                "CRC32 off": lambda: save("off"),
+            },
+            rounds,
+        )
+        print(f"  {mib} MiB:")
+        for label, values in times.items():
+            show(label, values)
+        show("CPU time, with CRC32", cpu["on"])
+        show("CPU time, CRC32 off", cpu["off"])
+        on, off = med(times["with CRC32 (torch's default)"]), med(times["CRC32 off"])
+        print(
+            f"  {mib} MiB CRC32 off / on: {off / on:.3f} "
+            f"(saves {(on - off) * 1e3:.1f} ms of {on * 1e3:.1f} ms, median; "
+            f"CPU {med(cpu['off']) / med(cpu['on']):.3f})"
+        )
 
 
 def _background(manager, state, persisted: list[float]) -> Callable[[], float]:
@@ -733,7 +808,7 @@ def section_import(rounds: int) -> None:
     )
 
 
-SECTIONS = ["save", "async", "strace", "count", "digest", "dp", "import"]
+SECTIONS = ["save", "async", "crc", "strace", "count", "digest", "dp", "import"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -762,6 +837,8 @@ def main(argv: list[str] | None = None) -> int:
             section_save(work, sizes, rounds)
         if "async" in sections:
             section_async(work, [s for s in sizes if s >= 64] or sizes, rounds)
+        if "crc" in sections:
+            section_crc(work, sizes, rounds)
         if "strace" in sections:
             section_strace(work, 32)
         if "count" in sections:

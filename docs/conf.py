@@ -43,7 +43,7 @@ napoleon_type_aliases = {
             "hooks": ["Hooks"],
             "catalogue": ["Catalogue"],
             "resume": ["ResumeState"],
-            "storage": ["Storage", "Entry"],
+            "storage": ["Storage", "Entry", "PayloadBytes"],
             "storage.local": ["LocalStorage"],
             "errors": ["InvalidRecordError", "CorruptCheckpointError"],
             "layout": ["Family"],

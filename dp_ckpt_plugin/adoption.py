@@ -2,9 +2,10 @@
 
 A checkpoint written by a trainer without the plugin (plain deepmd-kit, say)
 is a numbered file with no commit record: ``latest`` does not see it and
-retention does not count it. Adopting it checks that it loads (through the
-``on_load_step`` hook of its format) and then writes its commit record, so
-that from then on it is a committed checkpoint like any other.
+retention does not count it. Adopting it reads it once, checks that those
+bytes load (through the ``on_load_step`` hook of its format) and writes the
+commit record that describes them (their size and digest), so that from then
+on it is a committed checkpoint like any other.
 
 A file that does not load is reported and left without a record; a file whose
 record exists but is malformed is never touched (the record is evidence).
@@ -26,7 +27,7 @@ from .hooks import Hooks
 from .layout import Family
 from .lock import StoreLock
 from .records import make_record, record_path, write_record
-from .storage import Storage, local_storage
+from .storage import PayloadBytes, Storage, local_storage
 
 
 @dataclass
@@ -54,12 +55,14 @@ class Adoption:
     malformed: list[Path] = field(default_factory=list)
 
 
-def loads_with(pm: pluggy.PluginManager | Hooks, format: str) -> Callable[[Path], None]:
-    """A check that raises unless a file loads through ``on_load_step`` of ``format``."""
+def loads_with(
+    pm: pluggy.PluginManager | Hooks, format: str
+) -> Callable[[PayloadBytes], None]:
+    """A check that raises unless a file's bytes load through ``on_load_step`` of ``format``."""
     hooks = Hooks.of(pm)
 
-    def check(path: Path) -> None:
-        hooks.load_step(format, path)
+    def check(payload: PayloadBytes) -> None:
+        hooks.load_step(format, payload.path, payload.reader())
 
     return check
 
@@ -74,7 +77,7 @@ def adopt_family(
     directory: Path,
     family: Family,
     format: str,
-    check: Callable[[Path], None],
+    check: Callable[[PayloadBytes], None],
     *,
     storage: Storage,
     durable: bool = True,
@@ -83,7 +86,8 @@ def adopt_family(
     """Give commit records to the numbered files of ``family`` that have none.
 
     The caller holds the store's lock (unless ``dry_run``: then nothing is
-    written). ``check`` raises when a file does not load.
+    written). Each file is read once; ``check`` raises when those bytes do
+    not load, and the record describes them.
     """
     found = Adoption(family, format)
     paths = uncommitted(directory, family, storage=storage)
@@ -92,13 +96,19 @@ def adopt_family(
             found.malformed.append(path)  # evidence, never overwritten
             continue
         try:
-            check(path)
+            payload = storage.read_payload(path)
+            check(payload)
         except Exception as exc:
             found.refused.append((path, why_not(exc)))
             continue
         step = family.step_of(path.name)
         record = make_record(
-            path, step=step, family=family.prefix, format=format, storage=storage
+            path,
+            step=step,
+            family=family.prefix,
+            format=format,
+            storage=storage,
+            payload=payload,  # the bytes that loaded, not the file again
         )
         if not dry_run:
             write_record(path, record, durable=durable, storage=storage)

@@ -42,7 +42,9 @@ class BackgroundWriter:
         only waits for it, and commits.
     """
 
-    def __init__(self, process_root: Path | None = None, storage=None) -> None:
+    def __init__(
+        self, process_root: Path | None = None, storage=None, format: str = "torch"
+    ) -> None:
         self.process = None
         if not process_root:
             self.snapshots = Snapshotter()
@@ -51,7 +53,7 @@ class BackgroundWriter:
             from .writer_process import WriterProcess
 
             self.snapshots = SharedSnapshotter()
-            self.process = WriterProcess(process_root, storage)
+            self.process = WriterProcess(process_root, storage, format)
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future | None = None
         self._lock = threading.Lock()
@@ -62,7 +64,9 @@ class BackgroundWriter:
         from .writer_process import uses_process
 
         remote = uses_process(writer, store.format.name, store.storage, store.hooks)
-        return cls(store.directory if remote else None, store.storage)
+        return cls(
+            store.directory if remote else None, store.storage, store.format.name
+        )
 
     def take(self, step: int, state: Any) -> Any:
         """A consistent copy of ``state``, or what the writer process writes."""

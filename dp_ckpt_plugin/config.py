@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from .layout import Family
 from .publish import Mirror
-from .retention import KeepLast, RetentionPolicy
+from .retention import KeepLast, RetentionPolicy, as_policy
 
 
 @dataclass
@@ -18,7 +18,8 @@ class FamilyConfig:
     family : Family
         Names of the family.
     policy : RetentionPolicy
-        Which committed checkpoints to keep.
+        Which committed checkpoints to keep (an object with ``keeps`` alone
+        is adapted, :func:`~dp_ckpt_plugin.retention.as_policy`, when set).
     mirrors : tuple of Mirror
         Pointers and aliases outside the store to keep up to date too (a
         host's compatibility files), each holding a path relative to its own
@@ -29,3 +30,8 @@ class FamilyConfig:
     family: Family
     policy: RetentionPolicy = field(default_factory=lambda: KeepLast(5))
     mirrors: tuple[Mirror, ...] = ()
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name == "policy":
+            value = as_policy(value)
+        super().__setattr__(name, value)

@@ -104,15 +104,15 @@ class Hooks:
             for impl in self.pm.hook.on_save_step.get_hookimpls()
         ]
 
-    def load_step(self, format: str, path: Path) -> Any:
-        """Read a payload through ``on_load_step``.
+    def load_step(self, format: str, path: Path, file: BinaryIO | None = None) -> Any:
+        """Read a payload through ``on_load_step``, from ``file`` (the verified bytes of ``path``).
 
         Raises
         ------
         CorruptCheckpointError
             When no plugin reads ``format``.
         """
-        state = self.pm.hook.on_load_step(format=format, path=path)
+        state = self.pm.hook.on_load_step(format=format, path=path, file=file)
         if state is None:
             raise CorruptCheckpointError(
                 f"no plugin reads format {format!r} (checkpoint {path})"

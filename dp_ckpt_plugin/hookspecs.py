@@ -94,18 +94,28 @@ def on_save_step(format: str, step: int, state: Any, file: BinaryIO) -> object |
 
 
 @hookspec(firstresult=True)
-def on_load_step(format: str, path: Path) -> Any | None:
+def on_load_step(format: str, path: Path, file: BinaryIO | None) -> Any | None:
     """Read back a payload written by :func:`on_save_step`.
 
     Called after the path was resolved and, where a commit record exists,
-    verified against it.
+    verified against it. The store reads the file once, verifies those bytes
+    and hands them over as ``file``: read the payload from ``file``, not
+    from ``path`` (a file replaced at ``path`` since it was verified is then
+    never loaded). An implementation written for dp-ckpt-plugin 0.3, which
+    takes ``format`` and ``path`` only, still works.
 
     Parameters
     ----------
     format : str
-        Name of the format that wrote the file.
+        Name of the format that wrote the file; an implementation of another
+        format returns ``None`` without reading ``file``.
     path : pathlib.Path
-        The checkpoint file.
+        The checkpoint file (for messages, and for a reader that needs a
+        name, such as a suffix).
+    file : BinaryIO or None
+        The verified bytes of ``path``, positioned at 0, readable and
+        seekable; ``None`` when a caller gave none (the built-in formats then
+        read ``path`` through the storage, once).
 
     Returns
     -------

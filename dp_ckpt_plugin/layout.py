@@ -4,6 +4,10 @@ Nothing here touches the filesystem. The names are chosen so that no glob of
 numbered checkpoints (``<prefix>-*<suffix>``) or of aliases
 (``<prefix><suffix>``, ``<prefix>.*``) can match a temporary file or a commit
 record: both start with a dot.
+
+A numbered name is taken apart in one place, :func:`parse_numbered`: a
+family's :meth:`Family.step_of`, resolution and the ``dp-ckpt`` commands all
+read names through it.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import os
 import re
 import secrets
 from dataclasses import dataclass
+from typing import NamedTuple
 
 #: Default name of a family's latest pointer file.
 POINTER_NAME = "checkpoint"
@@ -78,13 +83,46 @@ class Family:
         Only names this family writes count: ``<prefix>-<step><suffix>`` with a
         step in canonical decimal form (no sign, no leading zeros).
         """
-        head = f"{self.prefix}-"
-        if not (name.startswith(head) and name.endswith(self.suffix)):
+        found = parse_numbered(name, self.suffix)
+        return found.step if found is not None and found.prefix == self.prefix else None
+
+
+class NumberedName(NamedTuple):
+    """A numbered checkpoint name, ``<prefix>-<step><suffix>``, taken apart."""
+
+    prefix: str
+    step: int
+    suffix: str
+
+
+def parse_numbered(name: str, suffix: str | None = None) -> NumberedName | None:
+    """Take a numbered checkpoint name apart, or return ``None``.
+
+    ``<prefix>-<step><suffix>`` with a prefix that is not empty and a step in
+    canonical decimal form (no sign, no leading zeros). The suffix is
+    ``suffix`` when given (the name must end with it), else the name's last
+    dot-part (``.pt`` of ``model.ckpt-20.pt``).
+    """
+    if suffix is None:
+        dot = name.rfind(".")
+        if dot < 0 or dot == len(name) - 1:
             return None
-        text = name[len(head) : len(name) - len(self.suffix)]
-        if not _STEP_RE.fullmatch(text):
-            return None
-        return int(text)
+        suffix = name[dot:]
+    elif not suffix or not name.endswith(suffix):
+        return None
+    prefix, dash, text = name[: len(name) - len(suffix)].rpartition("-")
+    if not (prefix and dash and _STEP_RE.fullmatch(text)):
+        return None
+    return NumberedName(prefix, int(text), suffix)
+
+
+def step_in_name(name: str, suffix: str | None = None) -> int | None:
+    """The step a numbered name of any prefix encodes (``suffix`` first), or ``None``.
+
+    For a file without a commit record: its step as its name says.
+    """
+    found = (suffix and parse_numbered(name, suffix)) or parse_numbered(name)
+    return found.step if found else None
 
 
 def temp_name(final_name: str) -> str:

@@ -1,16 +1,17 @@
 """The single-writer lock of a checkpoint directory.
 
-The lock is an OS file lock (``flock`` on POSIX, ``filelock`` elsewhere), so
-the kernel releases it when its holder dies, even by SIGKILL: a lock left
-behind never blocks. Beside it, a small JSON file names the holder (host, pid,
-command, start time) so that the refusal can say who holds the directory.
+The lock is an OS file lock, taken and given up by the storage
+(:meth:`~dp_ckpt_plugin.storage.local.LocalStorage.lock_file`: ``flock`` on POSIX,
+``filelock`` elsewhere), so the kernel releases it when its holder dies, even
+by SIGKILL: a lock left behind never blocks. Beside it, a small JSON file
+names the holder (host, pid, command, start time) so that the refusal can say
+who holds the directory.
 
 Releasing removes both files, so a run that ends (or fails to start) leaves
-none behind. The lock file is removed while it is still locked, and a writer
-that locks a file checks afterwards that the file is still the one at the
-lock's path (same device and inode): a file removed by a releasing holder
-between another writer's ``open`` and its ``flock`` is never taken for the
-lock.
+none behind. The storage removes the lock file while it is still locked, and
+a writer that locks a file checks afterwards that the file is still the one
+at the lock's path: a file removed by a releasing holder between another
+writer's ``open`` and its ``flock`` is never taken for the lock.
 """
 
 from __future__ import annotations
@@ -26,14 +27,6 @@ from .errors import CheckpointWriteError, StoreLockedError, UnreadableFileError
 from .layout import HOLDER_NAME, LOCK_NAME
 from .records import load_json, shorten
 from .storage import Storage, local_storage
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not POSIX
-    fcntl = None
-
-#: Times a lock whose file vanished under it is tried again before giving up.
-_ATTEMPTS = 5
 
 
 class StoreLock:
@@ -52,33 +45,20 @@ class StoreLock:
         self.directory = Path(directory)
         self.storage = storage or local_storage(self.directory)
         self.path = self.directory / LOCK_NAME
-        self._fd: int | None = None
-        self._fallback = None
-        if fcntl is None:  # pragma: no cover - not POSIX
-            from filelock import FileLock
-
-            self._fallback = FileLock(str(self.path), timeout=0, thread_local=False)
+        self._held: object | None = None
 
     @property
     def held(self) -> bool:
         """Whether this object holds the lock."""
-        if self._fallback is not None:  # pragma: no cover - not POSIX
-            return self._fallback.is_locked
-        return self._fd is not None
+        return self._held is not None
 
     def acquire(self) -> None:
         """Take the lock or raise :class:`StoreLockedError` naming the holder."""
         if self.held:
             return
-        if self._fallback is not None:  # pragma: no cover - not POSIX
-            from filelock import Timeout
-
-            try:
-                self._fallback.acquire(timeout=0)
-            except Timeout:
-                raise self._refusal() from None
-        else:
-            self._fd = self._lock_file()
+        self._held = self.storage.lock_file(self.path)
+        if self._held is None:
+            raise self._refusal()
         holder = {
             "host": socket.gethostname(),
             "pid": os.getpid(),
@@ -94,23 +74,6 @@ class StoreLock:
         except CheckpointWriteError:
             self.release()
             raise
-
-    def _lock_file(self) -> int:
-        """Open and ``flock`` the lock file; return its descriptor."""
-        for _ in range(_ATTEMPTS):
-            fd = self.storage.open_lock(self.path)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                raise self._refusal() from None
-            except BaseException:
-                os.close(fd)
-                raise
-            if self.storage.is_open_file(self.path, fd):
-                return fd
-            os.close(fd)  # a releasing holder removed this file meanwhile
-        raise self._refusal()
 
     def _refusal(self) -> StoreLockedError:
         return StoreLockedError(
@@ -138,16 +101,8 @@ class StoreLock:
         if not self.held:
             return
         self.storage.remove_quietly(self.directory / HOLDER_NAME)
-        if self._fallback is not None:  # pragma: no cover - not POSIX
-            self._fallback.release(force=True)
-            return
-        fd, self._fd = self._fd, None
-        try:
-            if self.storage.is_open_file(self.path, fd):
-                # while still locked: see the module doc
-                self.storage.remove_quietly(self.path)
-        finally:
-            os.close(fd)  # closing releases the flock
+        held, self._held = self._held, None
+        self.storage.unlock_file(held)  # removes the lock file, then releases
 
     def __enter__(self) -> StoreLock:
         self.acquire()

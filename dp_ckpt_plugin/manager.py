@@ -16,7 +16,7 @@ import logging
 import os
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -181,13 +181,14 @@ class CheckpointManager:
         return self._resolve(spec).path
 
     def restore(self, spec: str = "latest") -> Restored:
-        """Resolve ``spec``, verify it and read it back."""
-        found = self._resolve(spec)
-        return Restored(found.step, found.path, self.store.load(found), found)
+        """Resolve ``spec``, verify it and read it back (the file is read once)."""
+        found = self._resolve(spec, load=True)
+        state = self.store.load(found)
+        return Restored(found.step, found.path, state, replace(found, payload=None))
 
-    def _resolve(self, spec: str) -> Resolved:
+    def _resolve(self, spec: str, *, load: bool = False) -> Resolved:
         self.store.wait()
-        found = self.store.resolve(spec, digest=self.verify == "digest")
+        found = self.store.resolve(spec, digest=self.verify == "digest", load=load)
         for warning in found.warnings:  # said once, here
             log.warning("%s", warning)
         return found

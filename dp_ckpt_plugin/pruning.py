@@ -104,16 +104,13 @@ class Pruner:
         self.settle(synced=True)
         family = config.family
         self.resume.committed(family, checkpoint.step)
-        entries = self.catalogue.of(family)
-        keeps_all = getattr(config.policy, "keeps_all", None)
-        if keeps_all is not None and keeps_all(len(entries)):
+        if config.policy.keeps_all(len(self.catalogue.of(family))):
             return []  # nothing to plan: the policy keeps a family this size whole
         doomed = plan_prune(
-            {c.name: c.step for c in entries.values()},
+            self.catalogue.candidates(family),
             current_step=checkpoint.step,
             protected=self.protected(family, checkpoint.path),
             policy=config.policy,
-            metrics={c.name: c.record.metrics or {} for c in entries.values()},
         )
         paths = [self.directory / name for name in doomed]
         try:

@@ -58,8 +58,8 @@ class Publisher:
     """What a store's families publish, step after step.
 
     The checkpoint just written; for a family ranked by a metric (its policy
-    has a ``leader``, such as :class:`~dp_ckpt_plugin.retention.KeepBest`),
-    its best. Never a step below one this publisher published already: a save
+    is ``ranked``, as :class:`~dp_ckpt_plugin.retention.KeepBest` is), its
+    ``leader``: its best. Never a step below one this publisher published already: a save
     that finishes late (another thread's) does not move ``latest`` back.
 
     Parameters
@@ -88,9 +88,8 @@ class Publisher:
         family = config.family
         chosen, step = checkpoint.path, checkpoint.step
         last = self._steps.get(family.prefix, -1)
-        leader = getattr(config.policy, "leader", None)
-        if leader is not None:
-            best = leader(candidates())
+        if config.policy.ranked:
+            best = config.policy.leader(candidates())
             chosen = self.directory / best.name if best is not None else chosen
         elif step < last:
             if self.durable:  # the new payload's name, which publication makes durable

@@ -24,10 +24,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .digests import ALGORITHMS, DEFAULT_ALGORITHM, digest_of
+from .digests import ALGORITHMS, DEFAULT_ALGORITHM, digest_of, digest_of_view
 from .errors import CorruptCheckpointError, InvalidRecordError, UnreadableFileError
 from .layout import record_name
-from .storage import Storage, default_storage
+from .storage import PayloadBytes, Storage, default_storage
 
 #: Version of the record format this package writes; it reads 1 and 2.
 FORMAT_VERSION = 2
@@ -269,14 +269,22 @@ def make_record(
     digest: str | None = None,
     size: int | None = None,
     metrics: Mapping[str, float] | None = None,
+    payload: PayloadBytes | None = None,
 ) -> CommitRecord:
     """Describe a durable payload.
 
     ``name`` is the file name the record is for, when ``checkpoint`` is still
-    a temporary file; ``digest`` and ``size`` what was computed while it was
-    written, else the file is measured and hashed now; ``metrics`` (see
-    :func:`check_metrics`) what the trainer reported with it.
+    a temporary file; ``digest`` and ``size`` what was computed once it was
+    written, or ``payload`` the bytes read from it, else the file is measured
+    and hashed now; ``metrics`` (see :func:`check_metrics`) what the trainer
+    reported with it.
     """
+    if payload is not None:
+        view = memoryview(payload.data)
+        try:
+            digest, size = digest_of_view(view, DEFAULT_ALGORITHM), payload.size
+        finally:
+            view.release()
     if size is None:
         found = storage.entry(checkpoint)
         if found is None:
@@ -381,30 +389,61 @@ def verify(
         raise CorruptCheckpointError(
             f"checkpoint {checkpoint} is not a regular file ({found.kind})"
         )
-    size = found.size
+    _check_size(checkpoint, found.size, record)
+    if digest:
+        try:
+            _check_digest_of(
+                checkpoint,
+                record,
+                lambda algorithm: digest_of(checkpoint, algorithm, storage=storage),
+            )
+        except UnreadableFileError as exc:
+            raise CorruptCheckpointError(f"checkpoint {exc}") from None
+
+
+def check_payload(payload: PayloadBytes, record: CommitRecord, *, digest: bool) -> None:
+    """Check bytes read from a checkpoint (:meth:`~dp_ckpt_plugin.storage.local.LocalStorage.read_payload`) against its record.
+
+    As :func:`verify`, on the bytes in memory: what is checked here is what
+    the caller then loads, whatever happens to the file meanwhile.
+
+    Raises
+    ------
+    CorruptCheckpointError
+        Naming the file and what does not match.
+    """
+    _check_size(payload.path, payload.size, record)
+    if digest:
+        view = memoryview(payload.data)
+        try:
+            _check_digest_of(
+                payload.path, record, lambda algorithm: digest_of_view(view, algorithm)
+            )
+        finally:
+            view.release()
+
+
+def _check_size(checkpoint: Path, size: int, record: CommitRecord) -> None:
     if not record.accepts(size):
         raise CorruptCheckpointError(
             f"checkpoint {checkpoint} has {size} bytes but its commit record says {record.size} "
             "(torn or truncated write)"
         )
-    if digest:
-        allowed = {record.digest}
-        if record.replaces is not None:
-            allowed.add(record.replaces[1])
-        try:
-            actual = {
-                d: digest_of(checkpoint, d.partition(":")[0], storage=storage)
-                for d in allowed
-            }
-        except UnreadableFileError as exc:
-            raise CorruptCheckpointError(f"checkpoint {exc}") from None
-        if not any(actual[d] == d for d in allowed):
-            mine = actual[record.digest]
-            raise CorruptCheckpointError(
-                f"checkpoint {checkpoint} does not match the {record.algorithm} digest "
-                f"of its commit record ({mine.partition(':')[2][:12]}… instead of "
-                f"{record.digest.partition(':')[2][:12]}…)"
-            )
+
+
+def _check_digest_of(checkpoint: Path, record: CommitRecord, digest_with) -> None:
+    """Compare ``digest_with(algorithm)`` with the record's digest (or the one it replaces)."""
+    allowed = {record.digest}
+    if record.replaces is not None:
+        allowed.add(record.replaces[1])
+    actual = {d: digest_with(d.partition(":")[0]) for d in allowed}
+    if not any(actual[d] == d for d in allowed):
+        mine = actual[record.digest]
+        raise CorruptCheckpointError(
+            f"checkpoint {checkpoint} does not match the {record.algorithm} digest "
+            f"of its commit record ({mine.partition(':')[2][:12]}… instead of "
+            f"{record.digest.partition(':')[2][:12]}…)"
+        )
 
 
 # -- metrics ------------------------------------------------------------------------

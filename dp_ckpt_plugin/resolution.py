@@ -10,23 +10,36 @@ is checked against its commit record at the level the context asks for
 (rule 32 of ``docs/guarantees.md``); a :class:`Verifier` shared with the rules
 hashes each file once.
 
+A caller that will load the checkpoint asks for its bytes
+(``ResolveContext.load``): the file is then opened once and read once, those
+bytes are verified, and :attr:`Resolved.payload` hands the same bytes on to
+every loader, so a file replaced after it was verified is never loaded.
+Other ranks read the file once themselves and check it at the level the
+chief did (:func:`payload_of`).
+
 Warnings are returned (:attr:`Resolved.warnings`), never logged here: the
 caller says them once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .checkpoint import Checkpoint
-from .errors import InvalidRecordError, RestartNotFoundError
-from .layout import Family
+from .errors import (
+    CorruptCheckpointError,
+    InvalidRecordError,
+    RestartNotFoundError,
+    UnreadableFileError,
+)
+from .layout import Family, step_in_name
 from .ranks import Ranks, SingleProcess
-from .records import CommitRecord, read_record, verify
-from .storage import Storage, default_storage
+from .records import CommitRecord, check_payload, read_record, verify
+from .storage import PayloadBytes, Storage, default_storage
 
 if TYPE_CHECKING:
     from .remote.fetch import RemoteSource
@@ -46,11 +59,17 @@ class Verifier:
     A file is identified by its real path, device, inode, size and time, so
     a file replaced meanwhile is checked again; the front door asks again
     for what a rule checked already, at no cost.
+
+    With ``keep``, a file is checked by reading it whole from one opening
+    (:meth:`~dp_ckpt_plugin.storage.local.LocalStorage.read_payload`) and the bytes last found good are kept
+    (:meth:`payload`): the caller loads exactly what was verified.
     """
 
-    def __init__(self, storage: Storage) -> None:
+    def __init__(self, storage: Storage, *, keep: bool = False) -> None:
         self.storage = storage
+        self.keep = keep
         self._done: dict[tuple, bool] = {}
+        self._kept: tuple[tuple, bool, PayloadBytes] | None = None
 
     def verify(self, path: Path, record: CommitRecord, *, digest: bool) -> None:
         """:func:`~dp_ckpt_plugin.records.verify`, remembered.
@@ -62,6 +81,9 @@ class Verifier:
         FileNotFoundError
             When it is gone.
         """
+        if self.keep:
+            self._read_checked(path, record, digest=digest)
+            return
         found = self.storage.entry(path, follow=True)
         key = (
             self.storage.real(path),
@@ -74,6 +96,44 @@ class Verifier:
             return
         verify(path, record, digest=digest, storage=self.storage)
         self._done[key] = digest or self._done.get(key, False)
+
+    def payload(
+        self, path: Path, record: CommitRecord | None, *, digest: bool
+    ) -> PayloadBytes:
+        """The bytes of ``path``, checked against ``record`` (unchecked without one).
+
+        The bytes :meth:`verify` kept when they are those of ``path`` and
+        ``record``; otherwise the file is read now, once.
+
+        Raises
+        ------
+        CorruptCheckpointError
+            When they do not match the record.
+        FileNotFoundError
+            When it is gone.
+        """
+        if record is None:
+            try:
+                return self.storage.read_payload(path)
+            except UnreadableFileError as exc:
+                raise CorruptCheckpointError(f"checkpoint {exc}") from None
+        return self._read_checked(path, record, digest=digest)
+
+    def _read_checked(
+        self, path: Path, record: CommitRecord, *, digest: bool
+    ) -> PayloadBytes:
+        key = (self.storage.real(path), record.size, record.digest, record.replaces)
+        if self._kept is not None:
+            kept_key, kept_digest, kept = self._kept
+            if kept_key == key and (kept_digest or not digest):
+                return kept
+        try:
+            payload = self.storage.read_payload(path)
+        except UnreadableFileError as exc:
+            raise CorruptCheckpointError(f"checkpoint {exc}") from None
+        check_payload(payload, record, digest=digest)
+        self._kept = (key, digest, payload)  # the last one found good, only
+        return payload
 
 
 @dataclass
@@ -109,6 +169,10 @@ class ResolveContext:
         The remote store the run's ``save_dir`` names, when it is one:
         ``latest``, ``best`` and its checkpoints' names are read from its
         HEAD and fetched into the staging directory.
+    load : bool
+        Whether the caller loads the checkpoint: then it is read whole from
+        one opening, those bytes are verified and handed on
+        (:attr:`Resolved.payload`).
     """
 
     family: Family
@@ -121,15 +185,18 @@ class ResolveContext:
     storage: Storage | None = None
     verifier: Verifier | None = None
     remote: RemoteSource | None = None
+    load: bool = False
 
     def __post_init__(self) -> None:
         if self.storage is None:
             self.storage = default_storage()
         if self.verifier is None:
-            self.verifier = Verifier(self.storage)
+            self.verifier = Verifier(self.storage, keep=self.load)
 
     @classmethod
-    def of_store(cls, store, *, digest=False, cwd=None, family=None) -> ResolveContext:
+    def of_store(
+        cls, store, *, digest=False, cwd=None, family=None, load=False
+    ) -> ResolveContext:
         """The context of a :class:`~dp_ckpt_plugin.store.CheckpointStore`.
 
         Its directory, the family's pointer mirrors as fallbacks, its storage,
@@ -145,6 +212,7 @@ class ResolveContext:
             digest=digest,
             quarantine=store.is_chief,
             storage=store.storage,
+            load=load,
             remote=store.remote.source(store),
         )
 
@@ -180,6 +248,9 @@ class Resolved:
     source : dp_ckpt_plugin.remote.fetch.Found or None
         For a checkpoint of a remote store: what HEAD and its record say of
         it; ``path`` is then its verified local copy.
+    payload : PayloadBytes or None
+        The checkpoint's bytes, read from one opening and verified, when the
+        context asked to load it (on the chief only: it is not broadcast).
     """
 
     checkpoint: Checkpoint
@@ -191,6 +262,7 @@ class Resolved:
     via: Path | None = None
     fell_back: bool = False
     source: Any = None
+    payload: PayloadBytes | None = field(default=None, repr=False, compare=False)
 
     @property
     def path(self) -> Path:
@@ -222,18 +294,21 @@ def resolve_restart(
     """
     ranks = ranks or SingleProcess()
     outcome: tuple[Resolved | None, BaseException | None] = (None, None)
+    admitted = None
     if ranks.rank == 0:
         try:
             found = hooks.propose_restart(spec, context)
             if found is None:
                 raise RestartNotFoundError(f"no plugin resolved restart {spec!r}")
-            outcome = (admit(found, context), None)
+            admitted = admit(found, context)
+            # the bytes stay on the chief: other ranks read their own
+            outcome = (dataclasses.replace(admitted, payload=None), None)
         except Exception as exc:
             outcome = (None, exc)
     found, error = ranks.broadcast(outcome)
     if error is not None:
         raise error
-    return found
+    return admitted if admitted is not None else found
 
 
 def admit(found: Resolved, ctx: ResolveContext) -> Resolved:
@@ -269,6 +344,7 @@ def admit(found: Resolved, ctx: ResolveContext) -> Resolved:
             f"{path} is not a committed checkpoint: {exc}"
         ) from None
     warnings = list(found.warnings)
+    payload = None
     if record is None:
         checked = "unverified"
         note = unrecorded_note(path)
@@ -276,17 +352,20 @@ def admit(found: Resolved, ctx: ResolveContext) -> Resolved:
             warnings.append(note)
         step, family = found.step, found.checkpoint.family
         if path.name != found.path.name:  # a link named something else
-            step = step_from_name(path, ctx.family)
+            step = step_in_name(path.name, ctx.family.suffix)
             family = (
                 ctx.family.prefix if ctx.family.step_of(path.name) is not None else None
             )
     else:
-        try:
-            ctx.verifier.verify(path, record, digest=ctx.digest)
-        except FileNotFoundError:
-            raise RestartNotFoundError(f"restart checkpoint {path} went away") from None
         checked = ctx.level
         step, family = record.step, record.family
+    try:
+        if record is not None:
+            ctx.verifier.verify(path, record, digest=ctx.digest)
+        if ctx.load:
+            payload = ctx.verifier.payload(path, record, digest=ctx.digest)
+    except FileNotFoundError:
+        raise RestartNotFoundError(f"restart checkpoint {path} went away") from None
     return Resolved(
         Checkpoint(path, step, family, record),
         checked,
@@ -297,7 +376,36 @@ def admit(found: Resolved, ctx: ResolveContext) -> Resolved:
         found.via or via,
         found.fell_back,
         found.source,
+        payload,
     )
+
+
+def payload_of(found: Resolved, storage: Storage | None = None) -> PayloadBytes:
+    """The bytes of a resolved checkpoint, to load: one opening, one read.
+
+    The chief's, kept by the front door (``ResolveContext.load``); on
+    another rank (or for a resolution that did not keep them) the file is
+    read now and checked against its record at the level the front door
+    checked it (``found.checked``), so no rank loads bytes that were not
+    verified.
+
+    Raises
+    ------
+    CorruptCheckpointError
+        When the bytes read do not match the record.
+    FileNotFoundError
+        When the file is gone.
+    """
+    if found.payload is not None:
+        return found.payload
+    storage = storage or default_storage()
+    try:
+        payload = storage.read_payload(found.path)
+    except UnreadableFileError as exc:
+        raise CorruptCheckpointError(f"checkpoint {exc}") from None
+    if found.record is not None and found.checked != "unverified":
+        check_payload(payload, found.record, digest=found.checked == "digest")
+    return payload
 
 
 def follow_link(path: Path, storage: Storage) -> tuple[Path, Path | None]:
@@ -320,13 +428,3 @@ def unrecorded_note(path: Path) -> str:
         f"{path} has no commit record, so it could not be verified "
         "(records are written for checkpoints saved to a save_dir)"
     )
-
-
-def step_from_name(path: Path, family: Family) -> int | None:
-    step = family.step_of(path.name)
-    if step is None:
-        # a file of another prefix: take the digits after the last '-'
-        stem = path.name[: -len(path.suffix)] if path.suffix else path.name
-        tail = stem.rpartition("-")[2]
-        step = int(tail) if tail.isdigit() and len(tail) < 19 else None
-    return step

@@ -10,10 +10,14 @@ checkpoints numbered above the current step are not the window's: they are
 left alone (an earlier run's are archived before a run's first save, rule
 14). A new policy needs no edit of the planner.
 
-A policy may also say, with ``keeps_all(count)``, that a family of ``count``
-checkpoints is kept whole whatever their steps (a window at least that wide,
-keep-all): the store then skips planning, so a save costs the same with 10 or
-10,000 checkpoints kept.
+A policy also answers two questions the protocol declares, with defaults
+for a policy that does not care (subclass :class:`RetentionPolicy` to inherit
+them; an object with ``keeps`` alone is adapted, :func:`as_policy`):
+``keeps_all(count)``, whether a family of ``count`` checkpoints is kept whole
+whatever their steps (a window at least that wide, keep-all: the store then
+skips planning, so a save costs the same with 10 or 10,000 checkpoints kept),
+and, for a policy that is ``ranked``, ``leader(candidates)``: the checkpoint
+its family publishes in place of the newest (its best).
 
 Each built-in policy has a ``name`` (stable, for programs) and a ``reason``
 (for people, such as ``"newest 5"``); :func:`explain_prune` says, for every
@@ -63,7 +67,15 @@ class Candidate(tuple):
 
 @runtime_checkable
 class RetentionPolicy(Protocol):
-    """Decides which committed checkpoints of a family to keep."""
+    """Decides which committed checkpoints of a family to keep.
+
+    ``keeps`` is the one a policy must say; ``keeps_all``, ``ranked`` and
+    ``leader`` have defaults here (subclass this protocol to inherit them).
+    """
+
+    #: Whether a family kept by this policy publishes its :meth:`leader` (its
+    #: best) in place of the newest checkpoint. ``False`` by default.
+    ranked: bool = False
 
     def keeps(
         self, candidates: Sequence[Candidate], protected: frozenset[str]
@@ -81,9 +93,70 @@ class RetentionPolicy(Protocol):
         """
         ...
 
+    def keeps_all(self, count: int) -> bool:
+        """Whether a family of ``count`` checkpoints is kept whole, whatever their steps.
+
+        ``True`` lets the store skip planning. ``False`` by default.
+        """
+        return False
+
+    def leader(self, candidates: Iterable[Candidate]) -> Candidate | None:
+        """The candidate a :attr:`ranked` family publishes in place of the newest.
+
+        ``None`` (the default, or when none qualifies): the newest is
+        published.
+        """
+        return None
+
+
+def as_policy(policy: object) -> RetentionPolicy:
+    """``policy`` itself, or, for an object with ``keeps`` alone, that object adapted.
+
+    The adapted policy keeps what the object keeps and answers the
+    protocol's other questions with their defaults; its name, reason and
+    keys are the object's.
+
+    Raises
+    ------
+    TypeError
+        When ``policy`` has no ``keeps``.
+    """
+    if isinstance(policy, RetentionPolicy):
+        return policy
+    if not callable(getattr(policy, "keeps", None)):
+        raise TypeError(
+            f"a retention policy has a keeps(candidates, protected) method; "
+            f"got {type(policy).__name__}"
+        )
+    return _KeepsOnly(policy)
+
 
 @dataclass(frozen=True)
-class KeepAll:
+class _KeepsOnly(RetentionPolicy):
+    """A policy written with ``keeps`` alone (see :func:`as_policy`)."""
+
+    policy: Any
+
+    @property
+    def name(self) -> str:
+        return name_of(self.policy)
+
+    @property
+    def reason(self) -> str:
+        return reason_of(self.policy)
+
+    def keeps(self, candidates, protected):
+        return self.policy.keeps(candidates, protected)
+
+    def explain(self, candidates, protected):
+        return explain(self.policy, candidates, protected)
+
+    def to_dict(self) -> dict[str, Any] | None:
+        return policy_to_dict(self.policy)
+
+
+@dataclass(frozen=True)
+class KeepAll(RetentionPolicy):
     """Keep every committed checkpoint."""
 
     name = "keep_all"
@@ -103,7 +176,7 @@ class KeepAll:
 
 
 @dataclass(frozen=True)
-class KeepLast:
+class KeepLast(RetentionPolicy):
     """Keep the newest ``count`` committed checkpoints; below one keeps all.
 
     Protected checkpoints occupy slots of the window: the family holds
@@ -142,7 +215,7 @@ class KeepLast:
 
 
 @dataclass(frozen=True)
-class KeepEveryNSteps:
+class KeepEveryNSteps(RetentionPolicy):
     """Keep milestones: every checkpoint whose step is a multiple of ``n``."""
 
     n: int
@@ -171,7 +244,7 @@ BEST_MODES = ("min", "max")
 
 
 @dataclass(frozen=True)
-class KeepBest:
+class KeepBest(RetentionPolicy):
     """Keep the ``count`` checkpoints with the best value of a reported metric.
 
     The value is read from each checkpoint's commit record (the ``metrics``
@@ -195,6 +268,7 @@ class KeepBest:
     metric: str
     mode: str = "min"
     name = "keep_best"
+    ranked = True
 
     def __post_init__(self) -> None:
         if type(self.count) is not int or self.count < 1:
@@ -252,11 +326,14 @@ class KeepBest:
 
 
 @dataclass(frozen=True)
-class AnyOf:
+class AnyOf(RetentionPolicy):
     """Keep what any of ``policies`` keeps."""
 
     policies: tuple[RetentionPolicy, ...]
     name = "any_of"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "policies", tuple(map(as_policy, self.policies)))
 
     @property
     def reason(self) -> str:
@@ -265,9 +342,7 @@ class AnyOf:
 
     def keeps_all(self, count: int) -> bool:
         """Whether one of the policies keeps a family of ``count`` whole."""
-        return any(
-            getattr(p, "keeps_all", lambda n: False)(count) for p in self.policies
-        )
+        return any(p.keeps_all(count) for p in self.policies)
 
     def keeps(self, candidates, protected):
         """The union of what each policy keeps."""
@@ -371,25 +446,34 @@ class Verdict:
         return bool(self.kept_by)
 
 
-def _split(
-    committed: Mapping[str, int],
-    current_step: int,
-    keep: frozenset[str],
-    metrics: Mapping[str, Mapping[str, float]] | None,
-) -> tuple[list[tuple[int, str]], list[Candidate]]:
-    """Those numbered above the current step (not protected), and the candidates."""
+def as_candidates(
+    committed: Mapping[str, int] | Iterable[Candidate],
+    metrics: Mapping[str, Mapping[str, float]] | None = None,
+) -> list[Candidate]:
+    """The committed checkpoints as candidates: given as such, or as names to steps.
+
+    The store passes candidates (``Checkpoint.candidate``, the one
+    conversion of a checkpoint); a caller with plain data may pass a mapping
+    of file names to steps and, in ``metrics``, what each record carries.
+    """
+    if not isinstance(committed, Mapping):
+        return list(committed)
     metrics = metrics or {}
-    remnants = sorted(
-        (s, n) for n, s in committed.items() if s > current_step and n not in keep
-    )
-    rest = sorted(
-        (s, n) for n, s in committed.items() if s <= current_step or n in keep
-    )
-    return remnants, [Candidate(n, s, metrics.get(n)) for s, n in rest]
+    return [Candidate(n, s, metrics.get(n)) for n, s in committed.items()]
+
+
+def _split(
+    candidates: list[Candidate], current_step: int, keep: frozenset[str]
+) -> tuple[list[Candidate], list[Candidate]]:
+    """Those numbered above the current step (not protected), and the others, by step."""
+    ordered = sorted(candidates, key=lambda c: (c.step, c.name))
+    above = [c for c in ordered if c.step > current_step and c.name not in keep]
+    rest = [c for c in ordered if c.step <= current_step or c.name in keep]
+    return above, rest
 
 
 def plan_prune(
-    committed: Mapping[str, int],
+    committed: Mapping[str, int] | Iterable[Candidate],
     *,
     current_step: int,
     protected: Iterable[str],
@@ -402,8 +486,9 @@ def plan_prune(
 
     Parameters
     ----------
-    committed : Mapping[str, int]
-        File name to step of every committed numbered checkpoint of a family.
+    committed : iterable of Candidate, or Mapping[str, int]
+        Every committed numbered checkpoint of a family (see
+        :func:`as_candidates`).
     current_step : int
         Step of the checkpoint just committed.
     protected : Iterable[str]
@@ -411,17 +496,17 @@ def plan_prune(
     policy : RetentionPolicy
         Which of the others to keep.
     metrics : Mapping[str, Mapping[str, float]], optional
-        File name to the metrics its commit record carries (for
-        :class:`KeepBest`).
+        With a mapping of names to steps: file name to the metrics its
+        commit record carries (for :class:`KeepBest`).
     """
     keep = frozenset(protected)
-    _, candidates = _split(committed, current_step, keep, metrics)
+    _, candidates = _split(as_candidates(committed, metrics), current_step, keep)
     kept = keep | policy.keeps(candidates, keep)
-    return [n for n, _ in candidates if n not in kept]
+    return [c.name for c in candidates if c.name not in kept]
 
 
 def explain_prune(
-    committed: Mapping[str, int],
+    committed: Mapping[str, int] | Iterable[Candidate],
     *,
     current_step: int,
     protected: Mapping[str, str] | Iterable[str],
@@ -445,10 +530,10 @@ def explain_prune(
         else dict.fromkeys(protected, "protected")
     )
     keep = frozenset(why_protected)
-    above, candidates = _split(committed, current_step, keep, metrics)
+    above, candidates = _split(as_candidates(committed, metrics), current_step, keep)
     kept = explain(policy, candidates, keep)
     why = f"numbered above the current step {current_step}"
-    verdicts = [Verdict(n, s, (("above_current_step", why),)) for s, n in above]
+    verdicts = [Verdict(c.name, c.step, (("above_current_step", why),)) for c in above]
     for name, step in candidates:
         by = [("protected", why_protected[name])] if name in keep else []
         verdicts.append(Verdict(name, step, (*by, *kept.get(name, ()))))

@@ -39,7 +39,7 @@ from .errors import (
     UnsafePointerError,
 )
 from .hookspecs import hookimpl
-from .layout import ARCHIVE_DIR, Family
+from .layout import ARCHIVE_DIR, Family, parse_numbered, step_in_name
 from .pointers import is_inside, read_pointer
 from .quarantine import quarantine
 from .records import CommitRecord, read_record
@@ -47,10 +47,9 @@ from .resolution import (
     ResolveContext,
     Resolved,
     follow_link,
-    step_from_name,
     unrecorded_note,
 )
-from .storage import Storage
+from .storage import Storage, entry_or_none
 
 
 @hookimpl(trylast=True)
@@ -103,7 +102,7 @@ def _dispatch(search: _Search, spec: str, ctx: ResolveContext) -> Resolved | Non
             found = search.alias(prefix.parent / fam.alias, [ctx.cwd, prefix.parent])
         return found
     path = _absolute(Path(spec), ctx.cwd)
-    entry = _entry(storage, path, follow=True)
+    entry = entry_or_none(path, follow=True, storage=storage)
     if entry is not None and entry.is_dir:
         extra = (
             [_absolute(ctx.store_dir, ctx.cwd)]
@@ -124,7 +123,7 @@ def _dispatch(search: _Search, spec: str, ctx: ResolveContext) -> Resolved | Non
         return found
     search.looked.append(f"file {path}")
     alias = path.parent / f"{path.name}{fam.suffix}"
-    if _entry(storage, alias) is None:
+    if entry_or_none(alias, storage=storage) is None:
         search.looked.append(f"alias {alias}")
         return None
     # a prefix: its alias, else the newest committed checkpoint of that family
@@ -143,13 +142,6 @@ def _is_pointer(path: Path, ctx: ResolveContext) -> bool:
         return read_pointer(path, storage=ctx.storage) is not None
     except (InvalidRecordError, UnsafePointerError, UnreadableFileError):
         return False
-
-
-def _entry(storage: Storage, path: Path, *, follow: bool = False):
-    try:
-        return storage.entry(path, follow=follow)
-    except UnreadableFileError:
-        return None
 
 
 class _Search:
@@ -199,7 +191,7 @@ class _Search:
         spec = str(self.spec).rstrip("/")
         head, slash, tail = spec.rpartition("/")
         parent = _absolute(Path(head + slash or "."), self.ctx.cwd)
-        if not tail or _entry(self.storage, parent / tail) is not None:
+        if not tail or entry_or_none(parent / tail, storage=self.storage) is not None:
             return None
         words = [] if slash else ["latest", "best"]
         try:
@@ -221,7 +213,9 @@ class _Search:
     def found(
         self, path: Path, record: CommitRecord | None, checked: str, how: str, rule: str
     ) -> Resolved:
-        step = record.step if record else step_from_name(path, self.ctx.family)
+        step = (
+            record.step if record else step_in_name(path.name, self.ctx.family.suffix)
+        )
         family = (
             record.family
             if record
@@ -328,7 +322,7 @@ class _Search:
                 f"<prefix>-<step>{family.suffix} checkpoint"
             )
             return None
-        entry = _entry(self.storage, target, follow=True)
+        entry = entry_or_none(target, follow=True, storage=self.storage)
         if entry is None or not entry.is_file:
             self.warnings.append(f"{label} names {target}, which does not exist")
             return None
@@ -352,7 +346,7 @@ class _Search:
     ) -> Resolved | None:
         self.looked.append(f"alias {alias}")
         family = family or self.ctx.family
-        entry = _entry(self.storage, alias)
+        entry = entry_or_none(alias, storage=self.storage)
         if entry is None:
             return None
         if entry.kind != "link":
@@ -362,7 +356,7 @@ class _Search:
             if entry.is_file:
                 self.looked.append(f"alias {alias} is a copy, not a link: skipped")
             return None
-        if _entry(self.storage, alias, follow=True) is None:
+        if entry_or_none(alias, follow=True, storage=self.storage) is None:
             self.warnings.append(f"alias {alias} dangles or loops")
             return None
         return self.follow(self.storage.real(alias), alias, "alias", roots, family)
@@ -428,10 +422,7 @@ def _numbered_name(name: str, suffix: str) -> bool:
     the configured one (a run restarting from another run's store); what it
     may not name is the pointer itself, the lock, a record or a directory.
     """
-    if name.startswith(".") or not name.endswith(suffix):
-        return False
-    prefix, dash, _ = name[: len(name) - len(suffix)].rpartition("-")
-    return bool(prefix and dash) and Family(prefix, suffix).step_of(name) is not None
+    return not name.startswith(".") and parse_numbered(name, suffix) is not None
 
 
 def _provably_committed(path: Path, storage: Storage) -> bool:

@@ -2,8 +2,8 @@
 
 :class:`SharedSnapshotter` is the :class:`~dp_ckpt_plugin.snapshot.Snapshotter`
 of a store whose background saves are written by a writer process
-(:mod:`~dp_ckpt_plugin.writer_process`): each tensor of the payload is copied
-into a buffer of anonymous shared memory (``memfd_create``), allocated once
+(:mod:`~dp_ckpt_plugin.writer_process`): each tensor and NumPy array of the
+payload is copied into a buffer of anonymous shared memory (``memfd_create``), allocated once
 and reused from save to save, which the writer process maps once. The
 snapshot is then pickled with each shared buffer replaced by a reference
 (``pickle``'s persistent ids), so only the structure of the payload crosses
@@ -32,17 +32,14 @@ from .snapshot import Snapshotter
 
 
 class _Buffer:
-    """One shared buffer: its memory file, map and the tensor viewing it."""
+    """One shared buffer: its memory file, map and the tensor or array viewing it."""
 
     def __init__(self, ident: int, nbytes: int, dtype, shape) -> None:
-        import torch
-
         self.ident = ident
         self.fd = os.memfd_create(f"dp_ckpt-snapshot-{ident}", os.MFD_CLOEXEC)
         os.ftruncate(self.fd, nbytes)
         self.map = mmap.mmap(self.fd, nbytes)
-        count = nbytes // torch.empty((), dtype=dtype).element_size()
-        self.tensor = torch.frombuffer(self.map, dtype=dtype, count=count).view(shape)
+        self.tensor = view_of(self.map, dtype, shape)
         self.pinned = False
 
     def close(self) -> None:
@@ -50,6 +47,28 @@ class _Buffer:
         with contextlib.suppress(BufferError):  # a view alive: it goes with it
             self.map.close()
         os.close(self.fd)
+
+
+def view_of(buffer, dtype, shape):
+    """A tensor (``dtype`` a ``torch.dtype``) or NumPy array viewing ``buffer``.
+
+    The writer process rebuilds the payload's leaves with it, from the
+    dtype and shape the persistent id carries (:meth:`SharedSnapshotter.pickled`).
+    """
+    import numpy as np
+
+    if isinstance(dtype, np.dtype):
+        return np.frombuffer(buffer, dtype=dtype, count=_count(shape)).reshape(shape)
+    import torch
+
+    return torch.frombuffer(buffer, dtype=dtype, count=_count(shape)).view(shape)
+
+
+def _count(shape) -> int:
+    count = 1
+    for n in shape:
+        count *= n
+    return count
 
 
 class SharedSnapshotter(Snapshotter):
@@ -85,6 +104,7 @@ class SharedSnapshotter(Snapshotter):
         nbytes = source.numel() * source.element_size()
         if (
             shared is None
+            or type(shared.tensor).__name__ == "ndarray"
             or shared.tensor.shape != source.shape
             or shared.tensor.dtype != source.dtype
         ):
@@ -104,6 +124,30 @@ class SharedSnapshotter(Snapshotter):
             out = type(value)(out, requires_grad=value.requires_grad)
         self._taken[id(out)] = shared
         return out
+
+    def _array(self, value: Any, path: str) -> Any:
+        dtype = value.dtype
+        if value.size == 0 or dtype.hasobject or dtype.itemsize == 0:
+            return super()._array(value, path)
+        shared = self._shared.get(path)
+        if (
+            shared is None
+            or type(shared.tensor) is not type(value)
+            or shared.tensor.dtype != dtype
+            or shared.tensor.shape != value.shape
+        ):
+            if shared is not None:
+                shared.close()
+            self._next += 1
+            shared = self._shared[path] = _Buffer(
+                self._next, value.nbytes, dtype, value.shape
+            )
+        self._buffers[path] = shared.tensor
+        import numpy as np
+
+        np.copyto(shared.tensor, value)
+        self._taken[id(shared.tensor)] = shared
+        return shared.tensor
 
     def _from_device(self, shared: _Buffer, source: Any) -> None:
         """Copy a CUDA tensor into its host buffer on a side stream (unmeasured)."""
@@ -145,10 +189,19 @@ class SharedSnapshotter(Snapshotter):
             if shared is None:
                 return None
             used[shared.ident] = shared.fd
+            shape = tuple(shared.tensor.shape)
+            if type(shared.tensor).__name__ == "ndarray":
+                return (
+                    "shared",
+                    shared.ident,
+                    shared.tensor.dtype.str,
+                    shape,
+                    "ndarray",
+                    False,
+                )
             kind = "parameter" if type(obj) is not type(shared.tensor) else "tensor"
             grad = bool(getattr(obj, "requires_grad", False))
             dtype = str(shared.tensor.dtype).removeprefix("torch.")
-            shape = tuple(shared.tensor.shape)
             return ("shared", shared.ident, dtype, shape, kind, grad)
 
         pickler.persistent_id = persistent_id

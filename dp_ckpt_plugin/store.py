@@ -27,6 +27,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ from .publish import Publisher
 from .ranks import Ranks, SingleProcess
 from .records import check_metrics
 from .remote.local import LocalOnly
-from .resolution import ResolveContext, Resolved, resolve_restart
+from .resolution import ResolveContext, Resolved, payload_of, resolve_restart
 from .resume import ResumeState
 from .storage import Storage, local_storage
 from .sweep import sweep
@@ -386,9 +387,12 @@ class CheckpointStore:
         digest: bool = False,
         cwd: Path | None = None,
         family: str | None = None,
+        load: bool = False,
     ) -> ResolveContext:
         """Return the resolution context of this store."""
-        return ResolveContext.of_store(self, digest=digest, cwd=cwd, family=family)
+        return ResolveContext.of_store(
+            self, digest=digest, cwd=cwd, family=family, load=load
+        )
 
     def resolve(
         self,
@@ -397,16 +401,30 @@ class CheckpointStore:
         digest: bool = False,
         cwd: Path | None = None,
         continues: bool = True,
+        load: bool = False,
+        context: ResolveContext | None = None,
     ) -> Resolved:
         """Resolve a restart specification (on the chief, broadcast to all).
 
         The checkpoint found is protected from retention until this run
-        commits one of a later step (see :meth:`protect_resumed`).
+        commits one of a later step (see :meth:`protect_resumed`); one
+        moved into quarantine on the way leaves the catalogue. ``load``
+        keeps its verified bytes for :meth:`load` (:attr:`Resolved.payload`).
+        A host with a context of its own (fallback pointers, a family read
+        from a directory) passes ``context``; it is read with this store's
+        storage, and ``digest``, ``cwd`` and ``load`` are then its own.
         """
         with self._mutex:
             if self.remote.url is not None:
                 self.open()  # a remote store's HEAD is fenced before latest is read
-            ctx = self.context(digest=digest, cwd=cwd) if self.is_chief else None
+            ctx = context or self.context(digest=digest, cwd=cwd, load=load)
+            # read with the chief's storage, and in this store's remote store
+            ctx = replace(
+                ctx,
+                storage=self.storage,
+                verifier=None,
+                remote=self.remote.source(self),
+            )
             found = resolve_restart(self.hooks, spec, ctx, self.ranks)
             found = self.remote.staged(found, self, continues=continues)
             for moved in found.moved_aside:  # corrupt files went to quarantine
@@ -427,9 +445,14 @@ class CheckpointStore:
         self.resume.start_from(path, self.directory, families, self.storage, continues)
 
     def load(self, resolved: Resolved) -> Any:
-        """Read a resolved checkpoint through its format."""
+        """Read a resolved checkpoint through its format, from its verified bytes.
+
+        The bytes the front door kept (``resolve(..., load=True)``), else the
+        file read once now and checked at the level it was resolved with.
+        """
         name = resolved.record.format if resolved.record else self.format.name
-        return self.hooks.load_step(name, resolved.path)
+        payload = payload_of(resolved, self.storage)
+        return self.hooks.load_step(name, resolved.path, payload.reader())
 
     def committed(self, family: str | None = None) -> list[Checkpoint]:
         """Return the committed checkpoints of a family, oldest first."""

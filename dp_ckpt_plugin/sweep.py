@@ -7,7 +7,10 @@ to the store's own files:
   ``.tmp-``, a pid, eight hex digits) whose final name is one the store
   writes: a numbered checkpoint of a configured family, its commit record, a
   family's pointer or alias, the lock's holder file, the store's manifest;
-  beside a mirror, only temporaries of that mirror's own name;
+  beside a mirror, only temporaries of that mirror's own name; a directory
+  of that form (where a payload's temporary file is linked under its final
+  name while it is written) goes with that link, and only if nothing else
+  is in it;
 - commit records of a configured family whose checkpoint is gone (a kill
   between the two unlinks of a prune, or a prune whose record removal waits
   for the next save). A record whose checkpoint was moved into an archive (a
@@ -51,7 +54,7 @@ def sweep(
     for name in entries:
         target = temp_target(name)
         if target is not None and _ours(target, families):
-            _remove(directory / name, removed, storage)
+            remove_leftover(directory / name, entries[name], removed, storage)
             continue
         checkpoint = record_target(name)
         if (
@@ -108,6 +111,27 @@ def _names(directory: Path, storage: Storage) -> list[tuple[str, str]]:
         return storage.names(directory)
     except UnreadableFileError:
         return []
+
+
+def remove_leftover(
+    path: Path, kind: str, removed: list[Path], storage: Storage
+) -> None:
+    """Remove a temporary file, or a temporary directory and the link it holds.
+
+    The store puts one entry in such a directory: a link to a payload's
+    temporary file under the payload's final name. Only that entry goes
+    (never a directory, nothing below followed), then the directory if it
+    is empty; anything else in it stays, and so does the directory.
+    """
+    if kind != "dir":
+        _remove(path, removed, storage)
+        return
+    final = temp_target(path.name)
+    for name, inside in _names(path, storage):
+        if name == final and inside != "dir":
+            _remove(path / name, [], storage)
+    if storage.remove_dir(path):
+        removed.append(path)
 
 
 def _remove(path: Path, removed: list[Path], storage: Storage) -> None:

@@ -1,9 +1,10 @@
 """The writer process: serializes, writes, hashes and fsyncs a payload.
 
 Started by :class:`~dp_ckpt_plugin.writer_process.WriterProcess` as
-``python -m dp_ckpt_plugin.writer_child <fd of messages> <fd of buffers> <D>``.
+``python -m dp_ckpt_plugin.writer_child <fd of messages> <fd of buffers> <D> <format>``.
 It maps the shared snapshot buffers it is sent (once each), rebuilds the
-payload around them and writes it with the torch format through a
+payload around them and writes it with the store's format (torch or HDF5,
+each message names it) through a
 :class:`~dp_ckpt_plugin.storage.local.LocalStorage` confined to the store
 directory ``D``, exactly as the store would in its own process; it answers
 with the temporary file and its digest, or the error. The store does the
@@ -34,15 +35,17 @@ class _Unpickler(pickle.Unpickler):
         self.buffers = buffers
 
     def persistent_load(self, pid):
-        import torch
+        from .shared import view_of
 
         _, ident, dtype, shape, kind, grad = pid
         mapped = self.buffers[ident]
-        dtype = getattr(torch, dtype)
-        count = 1
-        for n in shape:
-            count *= n
-        tensor = torch.frombuffer(mapped, dtype=dtype, count=count).view(shape)
+        if kind == "ndarray":
+            import numpy as np
+
+            return view_of(mapped, np.dtype(dtype), shape)
+        import torch
+
+        tensor = view_of(mapped, getattr(torch, dtype), shape)
         if kind == "parameter":
             return torch.nn.Parameter(tensor, requires_grad=grad)
         return tensor
@@ -51,8 +54,11 @@ class _Unpickler(pickle.Unpickler):
 def serve(conn: Connection, fds: socket.socket, root: Path) -> None:
     """Answer write requests until told to stop or the store is gone."""
     from .digests import digest_of_view
+    from .formats import hdf5 as hdf5_format
     from .formats import torch as torch_format
     from .storage.local import LocalStorage
+
+    formats = {torch_format.NAME: torch_format, hdf5_format.NAME: hdf5_format}
 
     storage = LocalStorage(root)
     buffers: dict[int, mmap.mmap] = {}
@@ -76,8 +82,10 @@ def serve(conn: Connection, fds: socket.socket, root: Path) -> None:
         try:
             state = _Unpickler(message["payload"], buffers).load()
 
-            def write(handle, state=state, step=message["step"]):
-                torch_format.on_save_step("torch", step, state, handle)
+            def write(
+                handle, state=state, step=message["step"], name=message["format"]
+            ):
+                formats[name].on_save_step(name, step, state, handle)
 
             tmp, digest = storage.write_payload(
                 Path(message["path"]),
@@ -99,7 +107,11 @@ def serve(conn: Connection, fds: socket.socket, root: Path) -> None:
 
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    import torch  # noqa: F401  (now, while the store's process builds its model)
+    # the serializer now, while the store's process builds its model
+    if argv[3:] == ["hdf5"]:
+        import h5py  # noqa: F401
+    else:
+        import torch  # noqa: F401
 
     conn = Connection(int(argv[0]))
     fds = socket.socket(fileno=int(argv[1]))

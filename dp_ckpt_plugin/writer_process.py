@@ -1,4 +1,4 @@
-"""The store's side of the writer process (background saves of the torch format).
+"""The store's side of the writer process (background saves, torch or HDF5 format).
 
 A background save in a thread shares the interpreter lock with the training
 loop: ``torch.save``'s pickling holds it, and the loop waits. With a writer
@@ -33,7 +33,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import sendfds
 from pathlib import Path
 
-from .errors import CheckpointWriteError
+from .errors import CheckpointWriteError, ConfigError
 from .layout import temp_pid, temp_target
 
 #: Seconds :meth:`WriterProcess.close` waits for the process before killing it.
@@ -49,11 +49,14 @@ class WriterProcess:
         The store directory; the process writes nowhere else.
     storage : Storage, optional
         The store's storage, to remove what a process that died left.
+    format : str, optional
+        The store's format, one of :data:`FORMATS`.
     """
 
-    def __init__(self, root: Path, storage=None) -> None:
+    def __init__(self, root: Path, storage=None, format: str = "torch") -> None:
         self.root = root
         self.storage = storage
+        self.format = format
         self._proc: subprocess.Popen | None = None
         self._conn: Connection | None = None
         self._fds: socket.socket | None = None
@@ -89,6 +92,7 @@ class WriterProcess:
                         str(theirs.fileno()),
                         str(their_fds.fileno()),
                         str(self.root),
+                        self.format,
                     ],
                     pass_fds=(theirs.fileno(), their_fds.fileno()),
                     stdin=subprocess.DEVNULL,
@@ -128,6 +132,7 @@ class WriterProcess:
             "op": "write",
             "path": str(path),
             "step": step,
+            "format": self.format,
             "payload": payload,
             "durable": durable,
             "new": [ident for ident, _ in new],
@@ -160,12 +165,14 @@ class WriterProcess:
         raise err
 
     def _remove_leftovers(self, path: Path, pid: int | None) -> None:
-        """Remove the temporary file a process that died left beside ``path``."""
+        """Remove the temporary file (and linking directory) a dead process left."""
         if self.storage is None or pid is None:
             return
-        for name, _ in self.storage.names(path.parent):
+        from .sweep import remove_leftover
+
+        for name, kind in self.storage.names(path.parent):
             if temp_pid(name) == pid and temp_target(name) == path.name:
-                self.storage.remove_quietly(path.parent / name)
+                remove_leftover(path.parent / name, kind, [], self.storage)
 
     def close(self) -> None:
         """Stop the process (it finishes nothing: no save is in flight then)."""
@@ -228,6 +235,8 @@ class RemotePayload:
 
 #: The ways a background save is written.
 WRITERS = ("auto", "process", "thread")
+#: The formats the writer process writes (the built-in ones).
+FORMATS = ("torch", "hdf5")
 
 
 def uses_process(writer: str, format_name: str, storage, hooks) -> bool:
@@ -236,17 +245,20 @@ def uses_process(writer: str, format_name: str, storage, hooks) -> bool:
     ``"thread"`` and ``"auto"`` (the default): the store's own thread; the
     figures decided (``docs/performance.md``: with deepmd-kit's small
     checkpoints saved every step, the thread cost less than the process).
-    ``"process"``: the writer process, for the torch format when nothing but
-    the built-in formats serializes (``on_save_step``) and the store writes
-    through the plain local storage; a store where that is not so is
-    refused. The environment variable ``DP_CKPT_WRITER`` (``process`` or
+    ``"process"``: the writer process, for either built-in format (torch,
+    HDF5) when nothing but the built-in formats serializes
+    (``on_save_step``) and the store writes through the plain local storage
+    on Linux; a store where that is not so is refused with a
+    :class:`~dp_ckpt_plugin.errors.ConfigError` naming what stands in the
+    way. The environment variable ``DP_CKPT_WRITER`` (``process`` or
     ``thread``) overrides ``"auto"``, for a host (``dp``) that has no option
     for it.
     """
+    asked = writer
     if writer == "auto":
         writer = os.environ.get("DP_CKPT_WRITER", "thread") or "thread"
     if writer not in WRITERS or writer == "auto":
-        raise ValueError(
+        raise ConfigError(
             f"writer must be one of {', '.join(WRITERS)}, got {writer!r}"
             " (DP_CKPT_WRITER: process or thread)"
         )
@@ -254,17 +266,24 @@ def uses_process(writer: str, format_name: str, storage, hooks) -> bool:
         return False
     from .storage.local import LocalStorage
 
-    builtin = all(
-        name.startswith("dp_ckpt_plugin.formats.") for name in hooks.serializers()
+    origin = "DP_CKPT_WRITER=process" if asked == "auto" else "writer='process'"
+    plugins = sorted(
+        name
+        for name in hooks.serializers()
+        if not name.startswith("dp_ckpt_plugin.formats.")
     )
-    if not (
-        format_name == "torch"
-        and type(storage) is LocalStorage
-        and builtin
-        and hasattr(os, "memfd_create")
-    ):
-        raise ValueError(
-            "writer='process' needs the torch format, the built-in serializers, "
-            "the local storage and Linux (memfd_create)"
+    if format_name not in FORMATS:
+        why = f"the format {format_name!r} (it writes {' and '.join(FORMATS)})"
+    elif type(storage) is not LocalStorage:
+        why = f"the storage {type(storage).__name__} (it writes the local storage)"
+    elif plugins:
+        why = (
+            f"the serializer plugin(s) {', '.join(plugins)} (it runs the built-in ones)"
         )
-    return True
+    elif not hasattr(os, "memfd_create"):
+        why = "this system (it needs Linux memfd_create)"
+    else:
+        return True
+    raise ConfigError(
+        f"{origin} cannot be used with {why}; use the thread writer (writer='thread')"
+    )

@@ -210,6 +210,10 @@ def assert_same(a, b):
         assert type(a) is type(b) and len(a) == len(b)
         for x, y in zip(a, b, strict=True):
             assert_same(x, y)
+    elif hasattr(a, "detach"):  # a tensor (a Parameter stays one)
+        assert type(a) is type(b) and a.requires_grad == b.requires_grad
+        assert a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape)
+        assert a.detach().equal(b.detach())
     elif hasattr(a, "dtype") and hasattr(a, "shape"):
         assert a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape)
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -262,12 +262,22 @@ def test_show_of_nothing_is_one_line_and_status_1(store, capsys):
 
 
 def test_verify_a_sound_store(store, capsys):
-    status, out, _ = dp_ckpt(capsys, "verify", store)
-    assert status == 0
-    assert "4 of 4 checkpoint(s) sound (size); 0 problem(s)" in out
-    status, data = as_json(capsys, "verify", store, "--digest")
+    """The content is checked by default; the summary says what was hashed, how fast."""
+    status, out, err = dp_ckpt(capsys, "verify", store)
+    assert status == 0 and err == ""
+    summary = out.strip().splitlines()[-1]
+    assert summary.startswith("4 of 4 checkpoint(s) sound (size, digest); 0 problem(s)")
+    total = sum(p.stat().st_size for p in store.glob("model.ckpt-*.h5"))
+    assert re.search(r"; hashed \d[\d.]* (B|kB|MB) in \d+\.\d\d s \(.+/s\)$", summary)
+    status, data = as_json(capsys, "verify", store)
     assert status == 0 and data["ok"] and data["checked"] == "digest"
+    assert data["hashed_bytes"] == total and data["seconds"] >= 0
     assert [c["step"] for c in data["checkpoints"]] == [4, 5, 8, 9]
+    status, out, _ = dp_ckpt(capsys, "verify", store, "--size-only")
+    assert status == 0
+    assert "4 of 4 checkpoint(s) sound (size); 0 problem(s); content not read" in out
+    status, data = as_json(capsys, "verify", store, "--size-only")
+    assert data["checked"] == "size" and data["hashed_bytes"] == 0
 
 
 def flip_a_byte(path):
@@ -276,17 +286,74 @@ def flip_a_byte(path):
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("flag", ["--digest", "--sha256"])
-def test_verify_finds_a_flipped_byte_only_with_the_digest(store, capsys, flag):
+@pytest.mark.parametrize("flag", [(), ("--digest",), ("--sha256",)], ids=str)
+def test_verify_finds_a_flipped_byte_unless_asked_for_sizes_only(store, capsys, flag):
     flip_a_byte(store / "model.ckpt-8.h5")
-    assert dp_ckpt(capsys, "verify", store)[0] == 0
-    status, data = as_json(capsys, "verify", store, flag)
+    assert dp_ckpt(capsys, "verify", store, "--size-only")[0] == 0
+    status, data = as_json(capsys, "verify", store, *flag)
     assert status == 1 and not data["ok"]
     (bad,) = [c for c in data["checkpoints"] if not c["ok"]]
     assert bad["name"] == "model.ckpt-8.h5" and "digest" in bad["problem"]
-    status, out, _ = dp_ckpt(capsys, "verify", store, flag)
+    status, out, _ = dp_ckpt(capsys, "verify", store, *flag)
     assert "CORRUPT" in out and "1 problem(s)" in out
     assert (store / "model.ckpt-8.h5").exists()  # reported, never moved
+
+
+def test_verify_size_only_and_digest_are_exclusive(store, capsys):
+    status, _, err = dp_ckpt(capsys, "verify", store, "--size-only", "--digest")
+    assert status == 2 and "not allowed with argument" in err
+    assert err.count("\n") == 1
+
+
+#: Run ``dp-ckpt verify`` with its progress threshold set by the first argument.
+_VERIFY_ON_A_TERMINAL = """
+import sys
+from dp_ckpt_plugin.commands import main, verify
+verify.PROGRESS_ABOVE = int(sys.argv[1])
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _verify_on_a_terminal(threshold: int, *args) -> tuple[int, str, bytes]:
+    """``dp-ckpt verify`` with standard error on a terminal; (status, stdout, stderr)."""
+    import pty
+
+    leader, follower = pty.openpty()
+    env = {**os.environ, "COLUMNS": "100", "TERM": "xterm"}
+    env.pop("NO_COLOR", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _VERIFY_ON_A_TERMINAL, str(threshold), *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=follower,
+        env=env,
+    )
+    os.close(follower)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 1 << 16)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    out = proc.stdout.read().decode()
+    os.close(leader)
+    return proc.wait(timeout=60), out, seen
+
+
+def test_verify_shows_a_progress_bar_on_a_terminal_for_a_large_store(store):
+    """Above the threshold: a bar on the terminal's stderr; --json stays clean."""
+    from dp_ckpt_plugin.commands.verify import PROGRESS_ABOVE
+
+    assert PROGRESS_ABOVE >= 100 << 20  # "a few hundred MiB"
+    status, out, err = _verify_on_a_terminal(1, "verify", store)
+    assert status == 0 and "hashing" in err.decode(errors="replace")
+    assert "4 of 4 checkpoint(s) sound" in out and "\x1b" not in out
+    status, out, err = _verify_on_a_terminal(1, "verify", store, "--json")
+    assert status == 0 and json.loads(out)["ok"] and b"hashing" not in err
+    status, out, err = _verify_on_a_terminal(PROGRESS_ABOVE, "verify", store)
+    assert status == 0 and b"hashing" not in err  # a small store: no bar
 
 
 def test_verify_finds_a_torn_file_malformed_record_and_dangling_pointer(store, capsys):

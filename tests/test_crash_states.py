@@ -828,7 +828,7 @@ def holds(path: Path, want: dict, pm) -> bool:
         return False
     try:
         verify(path, record, digest=True)
-        state = pm.hook.on_load_step(format="hdf5", path=path)
+        state = pm.hook.on_load_step(format="hdf5", path=path, file=None)
     except Exception:
         return False
     return same(state, want)

@@ -624,6 +624,34 @@ def test_payload_structure_matches_plain_deepmd(main_run, plain_run):
     ]
 
 
+def test_checkpoints_are_valid_zip_archives_as_torch_save_writes(main_run, tmp_path):
+    """Each checkpoint passes zipfile's and unzip's CRC checks and is torch.save's file.
+
+    Byte for byte what ``torch.save`` of its payload to a path of the same
+    name writes with torch's defaults (the archive's folder is named after
+    the file, as deepmd-kit's own are).
+    """
+    import subprocess
+    import zipfile
+
+    import torch
+
+    unzip = shutil.which("unzip")
+    files = [p for p in sorted(main_run.models.glob("*.pt")) if not p.is_symlink()]
+    assert len(files) == 4
+    for path in files:
+        with zipfile.ZipFile(path) as archive:
+            assert archive.testzip() is None, path.name
+            names = archive.namelist()
+        assert all(n.startswith(path.name.removesuffix(".pt") + "/") for n in names)
+        if unzip is not None:
+            done = subprocess.run([unzip, "-t", path], capture_output=True, text=True)
+            assert done.returncode == 0, done.stdout
+        again = tmp_path / path.name
+        torch.save(torch.load(path, weights_only=False), again)
+        assert again.read_bytes() == path.read_bytes(), path.name
+
+
 # -- rule 9: two ranks ----------------------------------------------------------------
 
 

@@ -169,12 +169,12 @@ def test_verify_and_prune_a_copy_of_a_real_run(trained, tmp_path, capsys):
     assert family["removed"] == ["model.ckpt-15.pt"]
     assert not (models / "model.ckpt-15.pt").exists()
     assert not (models / ".model.ckpt-15.pt.commit.json").exists()
-    # flip a byte: only the digest sees it, and verify says which file
+    # flip a byte: only the digest sees it (not --size-only), and verify says which file
     victim = models / "model_ema.ckpt-20.pt"
     raw = bytearray(victim.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     victim.write_bytes(bytes(raw))
-    assert main(["verify", str(models)]) == 0
+    assert main(["verify", str(models), "--size-only"]) == 0
     capsys.readouterr()
     status, data = dp_ckpt_json(capsys, "verify", models, "--sha256")
     assert status == 1

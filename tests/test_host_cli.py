@@ -9,12 +9,14 @@ modules; here the store is a small one of the ``torch`` format.
 
 from __future__ import annotations
 
+import io
 import logging
 
 import pytest
 from helpers import fill_store, needs_torch
 
 from dp_ckpt_plugin.errors import CheckpointError
+from dp_ckpt_plugin.storage import default_storage
 
 pytest.importorskip("deepmd")
 
@@ -115,18 +117,19 @@ def test_a_multi_task_checkpoint_needs_one_of_its_heads(tmp_path, head, message)
     from dp_ckpt_plugin.deepmd.heads import check_head
 
     path = deepmd_like(tmp_path / "m.pt", {"model_dict": {"head_a": {}, "head_b": {}}})
+    payload = default_storage().read_payload(path)
     with pytest.raises(CheckpointError, match=message) as info:
-        check_head(path, head, command="dp --pt-expt freeze -c models")
+        check_head(payload, head, command="dp --pt-expt freeze -c models")
     assert "\n" not in str(info.value)
-    check_head(path, "head_b", command="dp --pt-expt freeze -c models")
+    check_head(payload, "head_b", command="dp --pt-expt freeze -c models")
 
 
 def test_a_single_task_or_unreadable_checkpoint_is_left_to_deepmd(tmp_path):
     from dp_ckpt_plugin.deepmd.heads import check_head, heads_of
 
-    single = deepmd_like(tmp_path / "s.pt", {"descriptor": {}})
-    assert heads_of(single) is None
+    single = default_storage().read_payload(
+        deepmd_like(tmp_path / "s.pt", {"descriptor": {}})
+    )
+    assert heads_of(single.reader()) is None
     check_head(single, None, command="dp --pt freeze")
-    junk = tmp_path / "junk.pt"
-    junk.write_bytes(b"not a checkpoint")
-    assert heads_of(junk) is None
+    assert heads_of(io.BytesIO(b"not a checkpoint")) is None

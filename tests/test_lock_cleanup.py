@@ -6,12 +6,13 @@ import os
 
 import pytest
 
-import dp_ckpt_plugin.lock as lock_module
 from dp_ckpt_plugin import StoreLockedError
 from dp_ckpt_plugin.layout import HOLDER_NAME, LOCK_NAME
 from dp_ckpt_plugin.lock import StoreLock
+from dp_ckpt_plugin.storage import local
+from dp_ckpt_plugin.storage.local import LocalStorage
 
-pytestmark = pytest.mark.skipif(lock_module.fcntl is None, reason="POSIX flock only")
+pytestmark = pytest.mark.skipif(local.fcntl is None, reason="POSIX flock only")
 
 
 def test_release_removes_the_lock_and_holder_files(tmp_path):
@@ -34,7 +35,22 @@ def test_a_second_lock_in_the_same_process_is_refused(tmp_path):
         StoreLock(tmp_path).acquire()
 
 
-def test_a_file_removed_by_the_releasing_holder_is_not_taken(tmp_path, monkeypatch):
+class ReleasingFirst(LocalStorage):
+    """A storage whose first ``flock`` comes after another holder released."""
+
+    def __init__(self, root, first: StoreLock) -> None:
+        super().__init__(root)
+        self.first = first
+        self.calls: list[int] = []
+
+    def _sys_flock(self, fd, path):
+        if not self.calls:
+            self.first.release()  # between B's open and B's flock
+        self.calls.append(fd)
+        super()._sys_flock(fd, path)
+
+
+def test_a_file_removed_by_the_releasing_holder_is_not_taken(tmp_path):
     """B opens the lock file, A releases (removing it), then B's flock succeeds.
 
     B must notice that it locked a removed file, lock the file now at the path
@@ -42,21 +58,11 @@ def test_a_file_removed_by_the_releasing_holder_is_not_taken(tmp_path, monkeypat
     """
     first = StoreLock(tmp_path)
     first.acquire()
-    real_flock = lock_module.fcntl.flock
-    calls = []
-
-    def flock_after_release(fd, operation):
-        if not calls:
-            first.release()  # between B's open and B's flock
-        calls.append(fd)
-        return real_flock(fd, operation)
-
-    monkeypatch.setattr(lock_module.fcntl, "flock", flock_after_release)
-    second = StoreLock(tmp_path)
+    storage = ReleasingFirst(tmp_path, first)
+    second = StoreLock(tmp_path, storage=storage)
     second.acquire()
-    monkeypatch.setattr(lock_module.fcntl, "flock", real_flock)
-    assert len(calls) == 2, "the stale file was taken for the lock"
-    assert second.storage.is_open_file(second.path, second._fd)
+    assert len(storage.calls) == 2, "the stale file was taken for the lock"
+    assert storage.holds(second._held)
     with pytest.raises(StoreLockedError):
         StoreLock(tmp_path).acquire()
     second.release()

@@ -31,9 +31,10 @@ def worker(rank: int, world: int, port: int, directory: str, out: str) -> None:
             touched.append(str(dst))
             return real_replace(src, dst)
 
-        def os_open(path, *args, **kwargs):
-            touched.append(str(path))
-            return real_open(path, *args, **kwargs)
+        def os_open(path, flags, *args, **kwargs):
+            if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+                touched.append(str(path))
+            return real_open(path, flags, *args, **kwargs)
 
         os.replace, os.open = replace, os_open
     m = CheckpointManager(directory, format="torch", max_keep=2)

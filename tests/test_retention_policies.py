@@ -5,13 +5,19 @@ from __future__ import annotations
 import random
 
 import pytest
+from helpers import committed_steps, make_payload, open_manager
 
+from dp_ckpt_plugin.config import FamilyConfig
+from dp_ckpt_plugin.layout import Family
 from dp_ckpt_plugin.retention import (
     AnyOf,
+    Candidate,
     KeepAll,
+    KeepBest,
     KeepEveryNSteps,
     KeepLast,
     RetentionPolicy,
+    as_policy,
     plan_prune,
 )
 
@@ -79,7 +85,14 @@ def test_policies_are_small_objects_the_planner_does_not_know():
             return {n for n, s in candidates if s % 2}
 
     committed = {f"m-{s}.h5": s for s in range(6)}
-    assert isinstance(KeepOdd(), RetentionPolicy)
+    adapted = as_policy(KeepOdd())
+    assert isinstance(adapted, RetentionPolicy)
+    assert (adapted.keeps_all(3), adapted.ranked, adapted.leader([])) == (
+        False,
+        False,
+        None,
+    )
+    assert adapted.name == "KeepOdd"
     doomed = plan_prune(
         committed,
         current_step=5,
@@ -92,3 +105,43 @@ def test_policies_are_small_objects_the_planner_does_not_know():
     )
     with pytest.raises(ValueError):
         KeepEveryNSteps(0)
+
+
+def test_the_protocol_declares_what_a_policy_can_say():
+    """``keeps_all``, ``ranked`` and ``leader`` are the protocol's, not found by name."""
+    for policy in (KeepAll(), KeepLast(3), KeepEveryNSteps(2), AnyOf((KeepLast(1),))):
+        assert isinstance(policy, RetentionPolicy)
+        assert not policy.ranked
+    assert KeepAll().keeps_all(10**6) and KeepLast(3).keeps_all(3)
+    assert not KeepLast(3).keeps_all(4) and not KeepEveryNSteps(2).keeps_all(1)
+    best = KeepBest(1, "loss")
+    assert best.ranked
+    assert (
+        best.leader(
+            [Candidate("a", 1, {"loss": 2.0}), Candidate("b", 2, {"loss": 1.0})]
+        ).name
+        == "b"
+    )
+    assert as_policy(best) is best
+    with pytest.raises(TypeError, match="keeps"):
+        as_policy(object())
+
+
+class KeepEven:
+    """A policy with ``keeps`` alone, as a user writes one."""
+
+    def keeps(self, candidates, protected):
+        return {n for n, s in candidates if s % 2 == 0}
+
+
+def test_a_family_adapts_a_policy_with_keeps_alone(tmp_path):
+    """A store prunes with such a policy, set at construction or later."""
+    config = FamilyConfig(Family("m", ".h5"), KeepEven())
+    assert isinstance(config.policy, RetentionPolicy)
+    config.policy = KeepLast(1)
+    config.policy = KeepEven()
+    assert isinstance(config.policy, RetentionPolicy)
+    with open_manager(tmp_path / "models", policy=KeepEven()) as m:
+        for step in range(1, 6):
+            m.save(step, make_payload(step))
+    assert committed_steps(tmp_path / "models") == [2, 4, 5]

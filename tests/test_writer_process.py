@@ -20,6 +20,7 @@ import pytest
 from helpers import HAS_TORCH
 
 from dp_ckpt_plugin import CheckpointManager, CheckpointWriteError
+from dp_ckpt_plugin.errors import ConfigError
 
 pytestmark = pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
 
@@ -204,14 +205,16 @@ def test_the_thread_is_the_default_and_the_process_is_refused_where_it_cannot_wr
     monkeypatch.setenv("DP_CKPT_WRITER", "process")
     with CheckpointManager(tmp_path / "e", format="torch", async_save=True) as m:
         assert process_of(m) is not None
-    with pytest.raises(ValueError, match="writer='process' needs the torch format"):
+    with pytest.raises(
+        ConfigError, match="DP_CKPT_WRITER=process cannot be used with the storage"
+    ):
         CheckpointManager(
             tmp_path / "m", format="torch", storage=Recording(tmp_path / "m")
         )
-    with pytest.raises(ValueError, match="writer='process' needs the torch format"):
-        CheckpointManager(tmp_path / "h", format="hdf5", writer="process")
+    with CheckpointManager(tmp_path / "h", format="hdf5", writer="process") as m:
+        assert process_of(m) is not None
     monkeypatch.setenv("DP_CKPT_WRITER", "fork")
-    with pytest.raises(ValueError, match="DP_CKPT_WRITER"):
+    with pytest.raises(ConfigError, match="DP_CKPT_WRITER"):
         CheckpointManager(tmp_path / "x", format="torch")
 
 

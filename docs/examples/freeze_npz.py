@@ -17,7 +17,7 @@ def on_freeze(checkpoint, output, options):
     """Write the top-level arrays of ``checkpoint`` to ``output`` (``.npz``)."""
     if checkpoint.record is None or checkpoint.record.format != hdf5.NAME:
         return None
-    state = hdf5.on_load_step(format=hdf5.NAME, path=checkpoint.path)
+    state = hdf5.on_load_step(format=hdf5.NAME, path=checkpoint.path, file=None)
     arrays = {k: v for k, v in state.items() if isinstance(v, np.ndarray)}
     with open(output, "wb") as handle:
         np.savez(handle, **arrays)

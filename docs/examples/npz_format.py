@@ -3,7 +3,8 @@
 It declares itself with ``register_formats`` and writes and reads bytes with
 ``on_save_step`` and ``on_load_step``. Names, commit records, pointers and
 retention are the store's business: the format never sees a final path when
-writing, only an open temporary file.
+writing, only an open temporary file, and reads the verified bytes it is
+handed.
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ def on_save_step(format, step, state, file):
 
 
 @hookimpl
-def on_load_step(format, path):
-    """Read a checkpoint this format wrote."""
+def on_load_step(format, path, file):
+    """Read a checkpoint this format wrote, from its verified bytes in ``file``."""
     if format != NAME:
         return None
-    with np.load(path) as data:
+    with np.load(file if file is not None else path) as data:
         return {key: data[key] for key in data.files}

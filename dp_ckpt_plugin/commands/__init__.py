@@ -6,7 +6,7 @@
     dp-ckpt resolve latest --dir models  # what a restart would use, and why
     dp-ckpt show models [latest|best]  # the same, store first (alias)
     dp-ckpt inspect models/model.ckpt-9.pt  # what one checkpoint holds
-    dp-ckpt verify models [--digest]   # check every checkpoint against its record
+    dp-ckpt verify models [--size-only]  # check every checkpoint against its record
     dp-ckpt prune models --dry-run     # what retention removes, then remove it
     dp-ckpt adopt models [--dry-run]   # commit records for plain deepmd-kit files
     dp-ckpt sync models s3://bucket/run   # copy a store, local <-> remote, verified

@@ -17,11 +17,11 @@ from typing import Any
 
 from ..adoption import Adoption, adopt_directory
 from ..hooks import Hooks
-from ..layout import Family
+from ..layout import Family, parse_numbered
 from ..plugins import get_plugin_manager
 from ..storage import default_storage
 from . import FAILURE, output, store_directory
-from .inventory import _NUMBERED, read_inventory
+from .inventory import read_inventory
 
 HELP = "give commit records to numbered checkpoints written without the plugin"
 DESCRIPTION = (
@@ -71,15 +71,12 @@ def families_of(inventory, formats) -> list[tuple[Family, str]]:
         if fmt is not None:
             found[fam.prefix + fam.suffix] = (fam, fmt)
     for name, kind in sorted(default_storage().names(inventory.directory)):
-        match = _NUMBERED.fullmatch(name) if kind == "file" else None
-        if match is None or match["suffix"] not in by_suffix:
+        match = parse_numbered(name) if kind == "file" else None
+        if match is None or match.suffix not in by_suffix:
             continue
-        key = match["prefix"] + match["suffix"]
+        key = match.prefix + match.suffix
         if key not in found:
-            found[key] = (
-                Family(match["prefix"], match["suffix"]),
-                by_suffix[match["suffix"]],
-            )
+            found[key] = (Family(match.prefix, match.suffix), by_suffix[match.suffix])
     return list(found.values())
 
 

@@ -7,8 +7,9 @@ levels (how many levels lie below is said). Tensors that share storage (views,
 tied weights) are counted once in the payload's total, as the file holds them
 once. The payload is read through the ``on_load_step`` hook of its format:
 the one its commit record names, else the registered format whose suffix the
-file has. Nothing heavy is imported unless the format needs it (torch only
-for a torch checkpoint).
+file has. The file is opened once and read once: the record is checked
+against those bytes, and the format reads the same bytes. Nothing heavy is
+imported unless the format needs it (torch only for a torch checkpoint).
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from typing import Any
 from ..adoption import why_not
 from ..errors import CheckpointError, InvalidRecordError, UnreadableFileError
 from ..hooks import Hooks
+from ..layout import step_in_name
 from ..plugins import get_plugin_manager
-from ..records import CommitRecord, read_record, verify
-from ..storage import default_storage
+from ..records import CommitRecord, check_payload, read_record
+from ..storage import Storage, default_storage
 from . import FAILURE, UsageError, add_digest_flag, output
-from .inventory import _NUMBERED
 
 HELP = "show what one checkpoint holds: step, format, record, payload structure"
 DESCRIPTION = (
@@ -84,10 +85,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def inspect_file(
-    path: Path, *, digest: bool, depth: int = DEFAULT_DEPTH
+    path: Path,
+    *,
+    digest: bool,
+    depth: int = DEFAULT_DEPTH,
+    storage: Storage | None = None,
 ) -> dict[str, Any]:
     """The ``--json`` form (documented in docs/command.md)."""
-    storage = default_storage()
+    storage = storage or default_storage()
     path = storage.real(Path(path).absolute())
     try:
         found = storage.entry(path)
@@ -97,28 +102,29 @@ def inspect_file(
         raise UsageError(f"{path}: no such file")
     if not found.is_file:
         raise UsageError(f"{path} is not a file (inspect takes one checkpoint)")
+    try:
+        payload = storage.read_payload(path)  # the one reading of its bytes
+    except (OSError, UnreadableFileError) as exc:
+        raise UsageError(f"{path}: {exc}") from None
     record: CommitRecord | None = None
     state, problem = "none", None
     try:
-        record = read_record(path)
+        record = read_record(path, storage=storage)
     except InvalidRecordError as exc:
         state, problem = "malformed", str(exc)
     if record is not None:
         try:
-            verify(path, record, digest=digest)
+            check_payload(payload, record, digest=digest)
             state = "ok"
         except CheckpointError as exc:
             state, problem = "mismatch", str(exc)
     hooks = Hooks(get_plugin_manager())
     fmt = record.format if record is not None else _format_by_suffix(hooks, path)
-    match = _NUMBERED.fullmatch(path.name)
-    step = (
-        record.step if record is not None else (int(match["step"]) if match else None)
-    )
+    step = record.step if record is not None else step_in_name(path.name)
     walk = Walk(depth)
     error = None
     try:
-        walk.describe(hooks.load_step(fmt, path), "", 0)
+        walk.describe(hooks.load_step(fmt, path, payload.reader()), "", 0)
     except Exception as exc:  # whatever a format raises on a broken file
         error = why_not(exc)
     return {
@@ -127,7 +133,7 @@ def inspect_file(
         "step": step,
         "family": record.family if record is not None else None,
         "format": fmt,
-        "size": found.size,
+        "size": payload.size,
         "record": state,
         "record_problem": problem,
         "digest": record.digest if record is not None else None,

@@ -13,14 +13,20 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..archive import ArchiveFolder, archive_folders
 from ..checkpoint import Checkpoint
 from ..errors import InvalidRecordError, UnreadableFileError, UnsafePointerError
-from ..layout import ARCHIVE_DIR, POINTER_NAME, QUARANTINE_DIR, Family, record_target
+from ..layout import (
+    ARCHIVE_DIR,
+    POINTER_NAME,
+    QUARANTINE_DIR,
+    Family,
+    parse_numbered,
+    record_target,
+)
 from ..manifest import Manifest, read_manifest
 from ..pointers import named_by, read_pointer
 from ..records import read_record
@@ -28,7 +34,6 @@ from ..retention import KeepBest, RetentionPolicy, Verdict, explain_prune
 from ..storage import Storage, default_storage
 
 #: A numbered file name: ``<prefix>-<step><suffix>``, the step in plain decimal.
-_NUMBERED = re.compile(r"(?P<prefix>.+)-(?P<step>0|[1-9][0-9]*)(?P<suffix>\.[^.]+)")
 
 
 @dataclass
@@ -90,14 +95,12 @@ class FamilyView:
         if protect_newest and self.checkpoints:
             newest = self.checkpoints[-1].name
             protected.setdefault(newest, "newest")
-        committed = {c.name: c.step for c in self.checkpoints}
-        current = max(committed.values(), default=0)
+        current = max((c.step for c in self.checkpoints), default=0)
         return explain_prune(
-            committed,
+            [c.candidate() for c in self.checkpoints],
             current_step=current,
             protected=protected,
             policy=policy,
-            metrics={c.name: c.record.metrics or {} for c in self.checkpoints},
         )
 
 
@@ -238,15 +241,15 @@ def _find_families(
         if target is None:
             continue
         path = directory / target
-        match = _NUMBERED.fullmatch(target)
+        match = parse_numbered(target)
         try:
             record = read_record(path, storage=storage)
         except InvalidRecordError as exc:
             if listing.get(target) == "file":
                 strays[path] = Stray(
                     path,
-                    match["prefix"] if match else None,
-                    int(match["step"]) if match else None,
+                    match.prefix if match else None,
+                    match.step if match else None,
                     f"malformed commit record: {exc}",
                 )
             continue
@@ -261,10 +264,10 @@ def _find_families(
             continue
         with contextlib.suppress(UnsafePointerError, ValueError):
             named = read_pointer(directory / name, storage=storage)
-            match = _NUMBERED.fullmatch(named.name) if named else None
-            if match and match["prefix"] not in views:
-                views[match["prefix"]] = FamilyView(
-                    Family(match["prefix"], match["suffix"], name)
+            match = parse_numbered(named.name) if named else None
+            if match and match.prefix not in views:
+                views[match.prefix] = FamilyView(
+                    Family(match.prefix, match.suffix, name)
                 )
     return strays
 
@@ -350,5 +353,5 @@ def _payloads(folder: Path, storage: Storage, *, numbered: bool = False) -> list
         for n, kind in _listdir(folder, storage).items()
         if kind == "file"
         and not n.endswith(".commit.json")
-        and (not numbered or _NUMBERED.fullmatch(n))
+        and (not numbered or parse_numbered(n) is not None)
     ]

@@ -2,10 +2,14 @@
 
 ``PATH`` is a store directory (every committed checkpoint of every family is
 checked, and every pointer and alias must name one) or one checkpoint file.
-The size is always compared with the record; ``--digest`` (alias
-``--sha256``) re-reads each file and compares its digest too, through
-:func:`dp_ckpt_plugin.records.verify`, which follows what each record says.
-Read-only: a corrupt file is reported, never moved.
+Each file's size and content are compared with its record: it is re-read
+and hashed with the algorithm the record names, through
+:func:`dp_ckpt_plugin.records.verify`. ``--size-only`` is the quick check
+(sizes alone); ``--digest`` (alias ``--sha256``) names the default, for
+scripts written when the size was. The summary says how many bytes were
+hashed and at what rate; above :data:`PROGRESS_ABOVE` bytes to hash, a
+progress bar on standard error (on a terminal only: ``--json`` output stays
+clean). Read-only: a corrupt file is reported, never moved.
 
 Exit status 0 when everything checked is sound, 1 when a checkpoint does not
 match its record, a record is malformed, a pointer or alias names no
@@ -17,6 +21,7 @@ listed as gone, not as a problem.
 from __future__ import annotations
 
 import argparse
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,15 +31,18 @@ from ..checkpoint import Checkpoint
 from ..errors import CorruptCheckpointError, InvalidRecordError, UnreadableFileError
 from ..pointers import named_by
 from ..storage import default_storage
-from . import add_digest_flag, output
+from . import output
 from .inventory import Inventory, read_inventory
 
 HELP = "check checkpoints against their commit records"
 DESCRIPTION = (
     "Check every committed checkpoint of a store directory (or one checkpoint "
-    "file) against its commit record: its size, and with --digest its "
-    "content. Exit status 1 when anything does not match. Read-only."
+    "file) against its commit record: its size and its content (re-read and "
+    "hashed; --size-only compares sizes alone). Exit status 1 when anything "
+    "does not match. Read-only."
 )
+#: Bytes to hash from which a progress bar is shown (on a terminal only).
+PROGRESS_ABOVE = 256 << 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +50,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "path", type=_existing, help="a store directory, or one checkpoint file"
     )
-    add_digest_flag(parser)
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument(
+        "--size-only",
+        dest="digest",
+        action="store_false",
+        help="compare sizes only, without reading the files (the quick check)",
+    )
+    what.add_argument(
+        "--digest",
+        "--sha256",
+        dest="digest",
+        action="store_true",
+        help="re-read each file and compare its digest too (the default)",
+    )
+    parser.set_defaults(digest=True)
 
 
 def _existing(value: str) -> Path | str:
@@ -69,6 +91,8 @@ class Check:
     checkpoint: Checkpoint
     problem: str = ""
     gone: bool = False
+    #: Bytes read and hashed (0 when only the size was compared).
+    hashed: int = 0
 
     @property
     def ok(self) -> bool:
@@ -80,17 +104,22 @@ def check(checkpoint: Checkpoint, *, digest: bool) -> Check:
     """Check one committed checkpoint against its record.
 
     A checkpoint that is no longer there (retention removed it meanwhile) is
-    ``gone``, not a problem.
+    ``gone``, not a problem. With ``digest``, the size is compared first and
+    the file is read only when it matches (:attr:`Check.hashed`).
     """
+    hashed = 0
     try:
-        records.verify(checkpoint.path, checkpoint.record, digest=digest)
+        records.verify(checkpoint.path, checkpoint.record, digest=False)
+        if digest:
+            hashed = checkpoint.record.size
+            records.verify(checkpoint.path, checkpoint.record, digest=True)
     except FileNotFoundError:
         return Check(checkpoint, gone=True)
     except CorruptCheckpointError as exc:
         if default_storage().entry(checkpoint.path) is None:
             return Check(checkpoint, gone=True)
-        return Check(checkpoint, str(exc))
-    return Check(checkpoint)
+        return Check(checkpoint, str(exc), hashed=hashed)
+    return Check(checkpoint, hashed=hashed)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -109,7 +138,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         checkpoints, problems = _one_file(args.path)
         unverified = []
+    start = time.perf_counter()
     results = _check_all(checkpoints, digest=args.digest, quiet=args.json)
+    rate = Rate(sum(r.hashed for r in results), time.perf_counter() - start)
     problems += [r.problem for r in results if not r.ok]
     gone = [r for r in results if r.gone]
     results = [r for r in results if not r.gone]
@@ -124,10 +155,10 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.json:
         output.print_json(
-            as_json(args.path, results, problems, unverified, args.digest, gone)
+            as_json(args.path, results, problems, unverified, args.digest, gone, rate)
         )
     else:
-        show(results, problems, unverified, digest=args.digest, gone=gone)
+        show(results, problems, unverified, digest=args.digest, gone=gone, rate=rate)
     return 1 if problems else 0
 
 
@@ -180,21 +211,46 @@ def _is_file(path: Path) -> bool:
 def _check_all(
     checkpoints: list[Checkpoint], *, digest: bool, quiet: bool
 ) -> list[Check]:
-    """Check each checkpoint, with a progress bar on a terminal when hashing."""
-    import sys
+    """Check each checkpoint, with a progress bar when there is much to hash.
 
-    if not (digest and not quiet and sys.stderr.isatty() and checkpoints):
+    The bar goes to standard error, and only on a terminal, from
+    :data:`PROGRESS_ABOVE` bytes to hash on: ``--json`` output stays clean.
+    """
+    total = sum(c.record.size for c in checkpoints)
+    if not shows_progress(total, digest=digest, quiet=quiet):
         return [check(c, digest=digest) for c in checkpoints]
     from rich.progress import Progress
 
     results = []
-    total = sum(c.record.size for c in checkpoints)
-    with Progress(console=output.console(stderr=True), transient=True) as progress:
+    bar = output.console(stderr=True).console  # rich's own, on the terminal
+    with Progress(console=bar, transient=True) as progress:
         task = progress.add_task("hashing", total=total)
         for c in checkpoints:
             results.append(check(c, digest=digest))
             progress.advance(task, c.record.size)
     return results
+
+
+def shows_progress(total: int, *, digest: bool, quiet: bool) -> bool:
+    """Whether checking ``total`` bytes shows a progress bar (see :func:`_check_all`)."""
+    import sys
+
+    return digest and not quiet and total >= PROGRESS_ABOVE and sys.stderr.isatty()
+
+
+@dataclass(frozen=True)
+class Rate:
+    """How many bytes were hashed, in how many seconds."""
+
+    hashed: int
+    seconds: float
+
+    def __str__(self) -> str:
+        per_second = self.hashed / self.seconds if self.seconds > 0 else 0
+        return (
+            f"hashed {output.size(self.hashed)} in {self.seconds:.2f} s "
+            f"({output.size(int(per_second))}/s)"
+        )
 
 
 def show(
@@ -204,6 +260,7 @@ def show(
     *,
     digest: bool,
     gone: list[Check] = (),
+    rate: Rate | None = None,
 ) -> None:
     """Print the table and the problems."""
     out = output.console()
@@ -230,9 +287,12 @@ def show(
         out.print(f"problem: {problem}")
     bad = len(problems)
     good = sum(r.ok for r in results)
-    out.print(
-        f"{good} of {len(results)} checkpoint(s) sound ({checked}); {bad} problem(s)"
-    )
+    done = f"{good} of {len(results)} checkpoint(s) sound ({checked}); {bad} problem(s)"
+    if not digest:
+        done += "; content not read (--size-only)"
+    elif rate is not None:
+        done += f"; {rate}"
+    out.print(done)
 
 
 def as_json(
@@ -242,12 +302,15 @@ def as_json(
     unverified: list[Path],
     digest: bool,
     gone: list[Check] = (),
+    rate: Rate | None = None,
 ) -> dict[str, Any]:
     """The ``--json`` form (documented in docs/command.md)."""
     return {
         "path": str(Path(path).absolute()),
         "checked": "digest" if digest else "size",
         "ok": not problems,
+        "hashed_bytes": rate.hashed if rate else 0,
+        "seconds": round(rate.seconds, 3) if rate else 0.0,
         "checkpoints": [
             {
                 "name": r.checkpoint.name,

@@ -3,18 +3,18 @@
 deepmd-kit 3.2 alone writes numbered checkpoints into ``save_dir`` without
 commit records (and its ``checkpoint`` pointer into the working directory).
 When a run of the plugin opens such a directory as its writer, each numbered
-file of the run's families that has no record is checked by loading it with
-``torch.load(weights_only=True)`` (memory-mapped, so the tensors are not
-read) and, if it loads, given a commit record: from then on ``latest`` and
+file of the run's families that has no record is read once, checked by
+loading those bytes with ``torch.load(weights_only=True)`` and, if they load,
+given the commit record that describes them: from then on ``latest`` and
 ``--restart <save_dir>`` find it, retention counts it, and a run that starts
 its own step count archives it. A file that does not load is left alone with
 a warning; a file whose record exists but is malformed is never touched (the
 record is evidence).
 
 When plain deepmd-kit continued a run of the plugin, its newer files are
-adopted and the store's own pointer and alias are moved to the newest of
-them, so that ``latest`` names what deepmd-kit's working-directory pointer
-names.
+adopted and the family is published at the newest of them through the
+store's publisher (its pointer, alias and mirrors), so that ``latest`` names
+what deepmd-kit's working-directory pointer names.
 """
 
 from __future__ import annotations
@@ -26,21 +26,18 @@ from ..adoption import adopt_family
 from ..catalogue import committed
 from ..checkpoint import Checkpoint
 from ..pointers import named_by
-from ..publish import publish, targets
+from ..storage import PayloadBytes
 from ..store import CheckpointStore
 from .logs import shown
 
 log = logging.getLogger("dp_ckpt_plugin")
 
 
-def loads_with_torch(path: Path) -> None:
-    """Raise unless ``path`` loads with ``torch.load(weights_only=True)`` as a dict."""
+def loads_with_torch(payload: PayloadBytes) -> None:
+    """Raise unless a file's bytes load with ``torch.load(weights_only=True)`` as a dict."""
     import torch
 
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError:  # not the zip format: no memory map
-        state = torch.load(path, map_location="cpu", weights_only=True)
+    state = torch.load(payload.reader(), map_location="cpu", weights_only=True)
     if not isinstance(state, dict):
         raise ValueError(f"it holds a {type(state).__name__}, not a state dict")
 
@@ -71,10 +68,10 @@ def adopt(
                 why,
             )
         if found.adopted:
+            store.catalogue.invalidate()  # it holds the adopted ones from now on
             _publish_if_newer(store, cfg, found.adopted[-1])
             adopted += found.adopted
     if adopted:
-        store.catalogue.invalidate()
         steps = sorted({c.step for c in adopted})
         log.info("%s", adopted_line(len(adopted), shown(store.directory, cwd), steps))
     return adopted
@@ -102,9 +99,6 @@ def _publish_if_newer(store: CheckpointStore, cfg, newest: Checkpoint) -> None:
         for c in committed(store.directory, family, storage=store.storage)
     ):
         return
-    publish(
-        newest.path,
-        targets(store.directory, family),
-        storage=store.storage,
-        durable=store.durable,
+    store.publisher.publish(
+        cfg, newest, lambda: store.catalogue.candidates(family, up_to=newest.step)
     )

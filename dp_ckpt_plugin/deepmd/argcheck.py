@@ -34,7 +34,6 @@ import logging
 import os
 import re
 import signal
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +42,8 @@ from typing import Any
 from dargs import Argument
 from dargs.dargs import ArgumentError, ArgumentKeyError
 
-from ..errors import ConfigError
+from ..errors import ConfigError, UnreadableFileError
+from ..storage import default_storage, entry_or_none
 from .retention_args import retention_args
 
 log = logging.getLogger("dp_ckpt_plugin")
@@ -694,28 +694,32 @@ def _check_directory_usable(path: Path, key: str) -> None:
 
     One ``stat`` decides whether the path exists, so another process creating
     the directory meanwhile (the chief rank of the same run) is no error.
+    Everything is asked of the storage.
     """
+    storage = default_storage()
     try:
-        is_dir = stat.S_ISDIR(os.stat(path).st_mode)
-    except (FileNotFoundError, NotADirectoryError):
-        is_dir = None  # absent, or below a file: the ancestor check says which
-    if is_dir is False:
+        found = storage.entry(path, follow=True)
+    except UnreadableFileError as exc:
+        raise ConfigError(f"`{key}`: {exc}") from None
+    if found is not None and not found.is_dir:
         raise ConfigError(f"`{key}` names {path}, which exists but is not a directory")
-    if is_dir:
-        if not _writable(path):
+    if found is not None:
+        if not storage.writable(path):
             raise ConfigError(
                 f"`{key}` names directory {path}, which is not writable by this user"
             )
         return
-    if path.is_symlink():
+    link = entry_or_none(path, storage=storage)
+    if link is not None and link.kind == "link":
         raise ConfigError(f"`{key}` names {path}, which is a broken symbolic link")
     ancestor = nearest_existing_ancestor(path)
-    if not ancestor.is_dir():
+    found = entry_or_none(ancestor, follow=True, storage=storage)
+    if found is None or not found.is_dir:
         raise ConfigError(
             f"`{key}`: directory {path} cannot be created because {ancestor} "
             "is not a directory"
         )
-    if not _writable(ancestor):
+    if not storage.writable(ancestor):
         raise ConfigError(
             f"`{key}`: directory {path} cannot be created because {ancestor} "
             "is not writable by this user"
@@ -735,12 +739,8 @@ def nearest_existing_ancestor(path: Path) -> Path:
     Path
         The first of ``path``, its parent, grandparent, ... that exists.
     """
+    storage = default_storage()
     for candidate in (path, *path.parents):
-        if os.path.lexists(candidate):
+        if entry_or_none(candidate, storage=storage) is not None:
             return candidate
     return Path(path.anchor)
-
-
-def _writable(directory: Path) -> bool:
-    """Whether this process can create entries in ``directory``."""
-    return os.access(directory, os.W_OK | os.X_OK)

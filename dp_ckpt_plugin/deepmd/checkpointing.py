@@ -29,7 +29,8 @@ from typing import Any
 from ..errors import CheckpointError
 from ..storage import local_storage
 from ..store import CheckpointStore
-from .exact import restart_line
+from .exact import KEY, on_cpu, read_entry, restart_line
+from .loading import MISSING, ServedPayloads
 from .logs import SaveReport, demote_replaced_lines, finished_line
 from .naming import ema_prefix
 from .preempt import Stopped, StopSignals
@@ -64,6 +65,9 @@ class HostRun:
         The host folder (``pt_expt``, ``pt``) whose trainer this is.
     exact_resume : bool
         ``training._dp_ckpt.exact_resume`` (:mod:`.exact`).
+    payloads : ServedPayloads
+        The verified bytes of the checkpoints the run starts from, served to
+        deepmd-kit's loaders until the loop starts (:mod:`.loading`).
     """
 
     store: CheckpointStore | None
@@ -76,6 +80,7 @@ class HostRun:
     retention: Mapping[str, Any] | None = None
     host: str | None = None
     exact_resume: bool = True
+    payloads: ServedPayloads = field(default_factory=ServedPayloads)
     #: The step of the last checkpoint this run saved.
     last_saved: int | None = None
 
@@ -95,6 +100,7 @@ class HostRun:
             retention=prepared.settings.options.retention,
             host=prepared.host,
             exact_resume=prepared.settings.options.exact_resume,
+            payloads=prepared.payloads,
         )
 
     # -- set-up ----------------------------------------------------------------------
@@ -126,13 +132,28 @@ class HostRun:
                 "checkpoint of this model, or use --finetune"
             ) from None
 
+    def exact_entry(self, restart: str) -> Any:
+        """The plugin's entry (:data:`.exact.KEY`) of the checkpoint restarted from.
+
+        As deepmd-kit's trainer loaded it from the verified bytes; read from
+        those bytes only if the trainer did not.
+        """
+        entry = self.payloads.kept(restart, KEY, MISSING)
+        if entry is MISSING:
+            return read_entry(self.payloads.file(restart))
+        return on_cpu(entry)
+
     def resumed(self, step: int | None, found, *, chief: bool) -> None:
         """A restart read its checkpoint: say in one line whether it continues exactly."""
         if chief:
             log.info("%s", restart_line(step, found))
 
     def loop_started(self) -> None:
-        """The training loop starts: a stop signal now waits for a step boundary."""
+        """The training loop starts: a stop signal now waits for a step boundary.
+
+        The trainer is built: the checkpoint's bytes are given up.
+        """
+        self.payloads.stop()
         if self.stop is not None:
             self.stop.in_loop = True
 

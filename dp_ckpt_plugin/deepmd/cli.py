@@ -28,7 +28,14 @@ from pathlib import Path
 
 from ..errors import CheckpointError
 from .host import descriptor
-from .logs import demote_replaced_lines, describe_checked, describe_how, shown
+from .logs import (
+    command_loggers,
+    demote_replaced_lines,
+    describe_checked,
+    describe_how,
+    scoped_logging,
+    shown,
+)
 from .preempt import Stopped
 
 log = logging.getLogger("dp_ckpt_plugin")
@@ -47,11 +54,19 @@ def main(args: list[str] | argparse.Namespace | None = None, *, host: str) -> No
         return
     from deepmd.loggers.loggers import set_log_handles
 
-    set_log_handles(
-        flags.log_level, Path(flags.log_path) if flags.log_path else None, mpi_log=None
-    )
-    share_deepmd_handlers(log)
-    demote_replaced_lines()
+    with scoped_logging(command_loggers()):
+        set_log_handles(
+            flags.log_level,
+            Path(flags.log_path) if flags.log_path else None,
+            mpi_log=None,
+        )
+        share_deepmd_handlers(log)
+        demote_replaced_lines()
+        run_command(flags, host)
+
+
+def run_command(flags: argparse.Namespace, host: str) -> None:
+    """Run the command; a user's mistake or a stop ends it with one line."""
     try:
         if flags.command == "train":
             run_train(flags, host)
@@ -125,7 +140,15 @@ def run_train(flags: argparse.Namespace, host: str) -> None:
 
 
 def run_freeze(flags: argparse.Namespace, host: str):
-    """``dp freeze -c <handle>``: resolve, then the ``on_freeze`` of ``host``."""
+    """``dp freeze -c <handle>``: resolve, then the ``on_freeze`` of ``host``.
+
+    The checkpoint is read once and verified from those bytes; the freezer
+    (deepmd-kit's ``torch.load`` of the path) reads the same bytes.
+    """
+    from ..hooks import Hooks
+    from ..resolution import payload_of
+    from .heads import check_head
+    from .loading import ServedPayloads
     from .settings import resolve_for_reading
 
     pm = plugin_manager(host)
@@ -140,30 +163,32 @@ def run_freeze(flags: argparse.Namespace, host: str):
         describe_checked(found.checked),
     )
     options = {"host": host, **host_module(host, "freeze").freeze_options(flags)}
-    from .heads import check_head
-
+    payload = payload_of(found)
     check_head(
-        found.path,
+        payload,
         options.get("head"),
         command=f"dp {descriptor(host).flag} freeze -c {flags.checkpoint_folder}",
     )
-    from ..hooks import Hooks
-
-    return Hooks(pm).freeze(found.checkpoint, flags.output, options)
+    with ServedPayloads([payload]):
+        return Hooks(pm).freeze(found.checkpoint, flags.output, options)
 
 
 def run_change_bias(flags: argparse.Namespace, host: str) -> None:
     """``dp change-bias`` whose model may be ``latest``, a directory or a prefix.
 
     An existing file is used as given. A handle is resolved as ``freeze -c``
-    resolves (verified against its commit record), and its result goes to
+    resolves (verified against its commit record, read once: deepmd-kit's
+    ``change_bias`` loads the same bytes), and its result goes to
     ``<checkpoint name>_updated.pt`` in the working directory unless ``-o``
     says otherwise: nothing is written into a checkpoint directory.
     """
+    from ..resolution import payload_of
+    from .loading import ServedPayloads
     from .settings import resolve_for_reading
 
     spec = flags.INPUT
-    if not Path(spec).is_file():
+    served = ServedPayloads()
+    if not _is_file(Path(spec)):
         found = resolve_for_reading(
             plugin_manager(host), spec, suffix=descriptor(host).suffix
         )
@@ -175,19 +200,29 @@ def run_change_bias(flags: argparse.Namespace, host: str) -> None:
             describe_how(found),
             describe_checked(found.checked),
         )
+        served.add(payload_of(found))
         flags.INPUT = str(found.path)
         if flags.output is None:
             flags.output = f"{found.path.stem}_updated{found.path.suffix}"
-    importlib.import_module(descriptor(host).deepmd_main).change_bias(
-        input_file=flags.INPUT,
-        mode=flags.mode,
-        bias_value=flags.bias_value,
-        datafile=flags.datafile,
-        system=flags.system,
-        numb_batch=flags.numb_batch,
-        model_branch=flags.model_branch,
-        output=flags.output,
-    )
+    with served:
+        importlib.import_module(descriptor(host).deepmd_main).change_bias(
+            input_file=flags.INPUT,
+            mode=flags.mode,
+            bias_value=flags.bias_value,
+            datafile=flags.datafile,
+            system=flags.system,
+            numb_batch=flags.numb_batch,
+            model_branch=flags.model_branch,
+            output=flags.output,
+        )
+
+
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` is an existing file (links followed), as the storage sees it."""
+    from ..storage import entry_or_none
+
+    found = entry_or_none(path, follow=True)
+    return found is not None and found.is_file
 
 
 #: Set to a true value, ``freeze`` and ``change-bias`` use an older checkpoint

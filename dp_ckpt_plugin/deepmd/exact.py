@@ -43,8 +43,7 @@ import logging
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 log = logging.getLogger("dp_ckpt_plugin")
 
@@ -243,19 +242,30 @@ class ExactResume:
         return Continuation(ranks[self.rank] if len(ranks) > 1 else ranks[0])
 
 
-def read_entry(path: str | Path) -> Any:
-    """The :data:`KEY` value of the checkpoint at ``path`` (``None`` if absent).
+def read_entry(file: BinaryIO) -> Any:
+    """The :data:`KEY` value of a checkpoint (``None`` if absent).
 
-    The file is mapped, not read whole: only the plugin's small entry is
-    loaded.
+    ``file`` holds the checkpoint's bytes, the ones the front door verified
+    and deepmd-kit's trainer loaded (:class:`~.loading.ServedPayloads`).
     """
     import torch
 
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError:  # not a zip file: read it the plain way
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+    payload = torch.load(file, map_location="cpu", weights_only=True)
     return payload.get(KEY) if isinstance(payload, dict) else None
+
+
+def on_cpu(value: Any) -> Any:
+    """``value`` with every tensor in it on the CPU (as :func:`read_entry` loads it).
+
+    deepmd-kit's trainer loads its checkpoint onto its device; the plugin's
+    entry, kept from that load, is moved back.
+    """
+    if isinstance(value, dict):
+        return {k: on_cpu(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(on_cpu(v) for v in value)
+    cpu = getattr(value, "cpu", None)
+    return cpu() if callable(cpu) else value
 
 
 def restart_line(step: int | None, found: Continuation) -> str:

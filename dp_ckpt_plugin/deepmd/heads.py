@@ -2,27 +2,27 @@
 
 deepmd-kit freezes one head of a multi-task checkpoint, named by ``--head``;
 without it, pt_expt ends with a traceback and pt with a bare ``assert``.
-:func:`check_head` says so first, in one line naming the heads, reading only
-the checkpoint's ``model_params`` (the file is memory-mapped: its tensors are
-not read).
+:func:`check_head` says so first, in one line naming the heads, reading the
+checkpoint's ``model_params`` from the bytes the front door verified (the
+ones deepmd-kit's freeze then loads).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..errors import CheckpointError
+from ..storage import PayloadBytes
 from .logs import shown
 
 
-def heads_of(path: Path) -> list[str] | None:
-    """The heads of the checkpoint at ``path``; ``None`` for a single-task one
+def heads_of(file: BinaryIO) -> list[str] | None:
+    """The heads of the checkpoint in ``file``; ``None`` for a single-task one
     (or one whose model parameters cannot be read here: deepmd-kit says why)."""
     import torch
 
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception:  # not a zip checkpoint, or not one of deepmd-kit's
         return None
     params = _get(state, "model", "_extra_state", "model_params")
@@ -30,15 +30,16 @@ def heads_of(path: Path) -> list[str] | None:
     return list(model_dict) if isinstance(model_dict, dict) else None
 
 
-def check_head(path: Path, head: str | None, *, command: str) -> None:
-    """Refuse to freeze a multi-task checkpoint without a head it has.
+def check_head(payload: PayloadBytes, head: str | None, *, command: str) -> None:
+    """Refuse to freeze a multi-task checkpoint (its verified bytes) without a head it has.
 
     Raises
     ------
     CheckpointError
         Naming the heads, when ``head`` is missing or not one of them.
     """
-    heads = heads_of(path)
+    path = payload.path
+    heads = heads_of(payload.reader())
     if heads is None:
         return
     names = ", ".join(heads)

@@ -18,6 +18,7 @@ the working directory when they lie below it (:func:`shown`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -334,3 +335,52 @@ def demote_replaced_lines(host: str | None = None) -> None:
     plugin = logging.getLogger("dp_ckpt_plugin")
     if not any(isinstance(f, ShortPaths) for f in plugin.filters):
         plugin.addFilter(ShortPaths())
+
+
+# -- the loggers a command configures ------------------------------------------------
+
+
+def command_loggers() -> list[str]:
+    """The loggers a ``dp`` command of the plugin configures.
+
+    deepmd-kit's (``set_log_handles``: handlers, level, ``propagate``), the
+    plugin's (:func:`~dp_ckpt_plugin.deepmd.cli.share_deepmd_handlers`,
+    :class:`ShortPaths`) and each host's trainer's (:class:`Demote`).
+    """
+    from .host import descriptors
+
+    return ["deepmd", "dp_ckpt_plugin", *(d.trainer for d in descriptors())]
+
+
+@contextlib.contextmanager
+def scoped_logging(names: Iterable[str]):
+    """Put the loggers ``names`` back as they were when the block ends.
+
+    Their handlers, level, ``propagate`` and filters; a handler added
+    meanwhile (deepmd-kit's log file) is flushed and closed. A ``dp``
+    command called from Python (a notebook, a test) leaves the caller's
+    logging as it found it.
+    """
+    saved = {}
+    for name in names:
+        logger = logging.getLogger(name)
+        saved[name] = (
+            list(logger.handlers),
+            logger.level,
+            logger.propagate,
+            list(logger.filters),
+        )
+    try:
+        yield
+    finally:
+        for name, (handlers, level, propagate, filters) in saved.items():
+            logger = logging.getLogger(name)
+            for handler in logger.handlers:
+                if handler not in handlers:
+                    with contextlib.suppress(Exception):
+                        handler.flush()
+                        handler.close()
+            logger.handlers = handlers
+            logger.setLevel(level)
+            logger.propagate = propagate
+            logger.filters = filters

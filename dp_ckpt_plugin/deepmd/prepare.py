@@ -4,11 +4,17 @@
 the plugin's options (``training._dp_ckpt``), opens the store (taking its
 lock on the chief), adopts the numbered checkpoints plain deepmd-kit left in
 it (:mod:`.adopt`) and resolves ``--restart``/``--init-model``/``--finetune``
-through ``on_resolve_restart``. It imports neither torch nor deepmd-kit's
-training code (torch only to adopt files, when there are any), so a
-single-process run reports a bad configuration or restart handle within a
-second; under ``torchrun`` it runs after the process group is up, and rank
-0's resolution is broadcast to every rank.
+through the store's resolve (the front door, ``on_resolve_restart``). It
+imports neither torch nor deepmd-kit's training code (torch only to adopt
+files, when there are any), so a single-process run reports a bad
+configuration or restart handle within a second; under ``torchrun`` it runs
+after the process group is up, and rank 0's resolution is broadcast to every
+rank.
+
+Each checkpoint a handle names is read once and verified from those bytes;
+the run keeps them (:class:`~.loading.ServedPayloads`) for deepmd-kit's
+loaders, which read them instead of the file. Other ranks read the file once
+and check it at the level the chief did.
 
 A preflight that fails closes the store: the lock and its holder file are
 removed, and a ``save_dir`` this run created (still empty) is removed too.
@@ -16,7 +22,6 @@ removed, and a ``save_dir`` this run created (still empty) is removed too.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from dataclasses import dataclass, field, replace
@@ -26,19 +31,21 @@ from typing import Any
 import pluggy
 
 from ..archive import archive_folders
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, UnreadableFileError
 from ..hooks import Hooks
 from ..ranks import Ranks
-from ..resolution import ResolveContext, resolve_restart
+from ..resolution import ResolveContext, Resolved, payload_of, resolve_restart
 from ..storage import default_storage
 from ..store import CheckpointStore
 from .adopt import adopt
+from .exact import KEY as EXACT_KEY
 from .host import descriptor
+from .loading import ServedPayloads
 from .logs import SaveReport, restart_line, startup_line
 from .metrics import check_host_support
 from .naming import primary_family_in
 from .preempt import StopSignals
-from .settings import RunSettings, normalized_spec, read_settings
+from .settings import RunSettings, is_directory, normalized_spec, read_settings
 
 log = logging.getLogger("dp_ckpt_plugin")
 
@@ -66,6 +73,9 @@ class PreparedRun:
         The observer writing one line per save (with a store).
     stop : StopSignals or None
         The stop signals, installed (``None`` when none are configured).
+    payloads : ServedPayloads
+        The verified bytes of the checkpoints the handles name, for
+        deepmd-kit's loaders (served once the host starts them).
     """
 
     settings: RunSettings
@@ -78,10 +88,12 @@ class PreparedRun:
     stop: StopSignals | None = None
     adopted: list[Path] = field(default_factory=list)
     host: str | None = None
+    payloads: ServedPayloads = field(default_factory=ServedPayloads)
 
     def close(self) -> None:
-        """Restore the signal handlers and close the store (idempotent)."""
+        """Give the bytes up, restore the signal handlers, close the store (idempotent)."""
         try:
+            self.payloads.stop()
             if self.stop is not None:
                 self.stop.restore()
         finally:
@@ -119,19 +131,18 @@ def prepare_run(
     stop = StopSignals(settings.options.stop_signals).install()
     store = None
     created = False
+    payloads = ServedPayloads(keep=(EXACT_KEY,))  # read from deepmd-kit's load
     try:
         adopted: list[Path] = []
         if settings.save_dir is not None:
             store = build_store(settings, pm, ranks, host)
-            created = chief and not os.path.lexists(store.directory)
+            created = chief and store.storage.entry(store.directory) is None
             store.open()  # the chief takes the lock now, not after the build
             if settings.options.async_save:  # it starts while the model is built
                 store.start_writer()
             if chief:
                 adopted = [c.path for c in adopt(store, cwd=settings.cwd)]
         ctx = settings.resolve_context(chief=chief) if chief else None
-        if ctx is not None and store is not None:
-            ctx = replace(ctx, storage=store.storage, verifier=None)
         specs = {"init_model": init_model, "restart": restart, "finetune": finetune}
         resolved: dict[str, str | None] = dict.fromkeys(HANDLES)
         resumed_from = None
@@ -140,27 +151,21 @@ def prepare_run(
             if spec is None:
                 continue
             spec_path = normalized_spec(spec, settings.cwd)
-            if store is not None and store.remote is not None:
-                # HEAD of the remote store, fetched into this node's staging
-                found = store.resolve(
-                    spec_path,
-                    digest=settings.options.verify != "size",
-                    continues=key == "restart",
-                )
-            else:
-                found = resolve_restart(
-                    Hooks.of(pm), spec_path, _context_for(spec_path, ctx), ranks
-                )
+            continues = key == "restart"
+            found = _resolve(
+                spec_path, _context_for(spec_path, ctx), pm, ranks, store, continues
+            )
+            payloads.add(payload_of(found, store.storage if store else None))
             resolved[key] = str(found.path)
             resumed_from = found.path
-            continues = key == "restart"
-            archives = False
-            if store is not None:
-                # a restart continues the run's step count; an initialization
-                # or a fine-tuning starts its own, so the checkpoints in
-                # save_dir are an earlier run's, archived before the first save
-                store.protect_resumed(found.path, continues=continues)
-                archives = not continues and _inside(found.path, store.directory)
+            # a restart continues the run's step count; an initialization or
+            # a fine-tuning starts its own, so the checkpoints in save_dir are
+            # an earlier run's, archived before the first save
+            archives = (
+                store is not None
+                and not continues
+                and _inside(found.path, store.directory)
+            )
             if chief:
                 for warning in found.warnings:
                     log.warning("%s", warning)
@@ -192,15 +197,34 @@ def prepare_run(
             stop=stop,
             adopted=adopted,
             host=host,
+            payloads=payloads,
         )
     except BaseException:
+        payloads.stop()
         stop.restore()
         if store is not None:
             store.close()
             if created:
-                with contextlib.suppress(OSError):
-                    os.rmdir(store.directory)  # only if still empty
+                store.storage.remove_dir(store.directory)  # only if still empty
         raise
+
+
+def _resolve(
+    spec: str,
+    ctx: ResolveContext | None,
+    pm: pluggy.PluginManager,
+    ranks: Ranks,
+    store: CheckpointStore | None,
+    continues: bool,
+) -> Resolved:
+    """Resolve one handle: through the store when there is one, else the front door.
+
+    The store protects what it finds from retention and forgets what it
+    moved into quarantine on the way.
+    """
+    if store is None:
+        return resolve_restart(Hooks.of(pm), spec, ctx, ranks)
+    return store.resolve(spec, context=ctx, continues=continues)
 
 
 def _archived(settings: RunSettings) -> list:
@@ -221,7 +245,7 @@ def _context_for(spec: str, ctx: ResolveContext | None) -> ResolveContext | None
     A store moved elsewhere, or written under another ``save_ckpt``, names
     its checkpoints by the prefix its commit records say, not this run's.
     """
-    if ctx is None or spec == "latest" or not Path(spec).is_dir():
+    if ctx is None or spec == "latest" or not is_directory(Path(spec)):
         return ctx
     family = primary_family_in(Path(spec), ctx.family.suffix, ctx.family)
     return ctx if family == ctx.family else replace(ctx, family=family)
@@ -235,7 +259,11 @@ def load_input(input_file: str) -> dict[str, Any]:
     """Read the training input as deepmd-kit does, with a clear error if it cannot."""
     from deepmd.common import j_loader
 
-    if not Path(input_file).is_file():
+    try:
+        found = default_storage().entry(Path(input_file), follow=True)
+    except UnreadableFileError as exc:
+        raise ConfigError(f"training input {exc}") from None
+    if found is None or not found.is_file:
         raise ConfigError(f"training input {input_file} does not exist")
     try:
         return j_loader(input_file)

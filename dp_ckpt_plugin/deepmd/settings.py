@@ -20,6 +20,7 @@ from ..layout import Family
 from ..publish import Mirror
 from ..resolution import ResolveContext
 from ..retention import KeepLast
+from ..storage import entry_or_none
 from ..store import FamilyConfig
 from .argcheck import PluginOptions, check_save_dir, plugin_options
 from .naming import ema_family
@@ -105,7 +106,11 @@ class RunSettings:
         ]
 
     def resolve_context(self, *, chief: bool = True) -> ResolveContext:
-        """Where ``--restart``/``--init-model`` look, and how strictly."""
+        """Where ``--restart``/``--init-model`` look, and how strictly.
+
+        The checkpoint is loaded (by deepmd-kit's trainer): its bytes are
+        kept from the one reading that verifies them.
+        """
         return restart_context(
             self.family,
             store_dir=self.save_dir,
@@ -113,6 +118,7 @@ class RunSettings:
             prefix_path=self.save_ckpt,
             digest=self.options.verify != "size",
             quarantine=self.options.quarantine and chief,
+            load=True,
         )
 
 
@@ -124,11 +130,13 @@ def restart_context(
     prefix_path: Path | None = None,
     digest: bool = True,
     quarantine: bool = True,
+    load: bool = False,
 ) -> ResolveContext:
     """The resolution context of a deepmd-kit command (train or freeze).
 
     With a store, deepmd-kit's working-directory pointer is where ``latest``
     looks last (a ``save_dir`` plain deepmd-kit wrote has its pointer there).
+    ``load``: the command loads the checkpoint, from the bytes verified.
     """
     return ResolveContext(
         family=family,
@@ -138,6 +146,7 @@ def restart_context(
         fallback_pointers=(cwd / WORKDIR_POINTER,) if store_dir is not None else (),
         digest=digest,
         quarantine=quarantine,
+        load=load,
     )
 
 
@@ -202,9 +211,20 @@ def normalized_spec(spec: str, cwd: Path | None = None) -> str:
     if spec == "latest" or not spec.strip() or "://" in spec:
         return spec
     path = os.path.join(cwd or Path.cwd(), spec)
-    if _PLUGIN_SPEC.fullmatch(spec) and not os.path.lexists(path):
+    if _PLUGIN_SPEC.fullmatch(spec) and not _names_something(Path(path)):
         return spec
     return os.path.normpath(path)
+
+
+def is_directory(path: Path) -> bool:
+    """Whether ``path`` is a directory (links followed); an unreadable name is not."""
+    found = entry_or_none(path, follow=True)
+    return found is not None and found.is_dir
+
+
+def _names_something(path: Path) -> bool:
+    """Whether anything (a dangling link too) has the name ``path``."""
+    return entry_or_none(path) is not None
 
 
 #: What a resolver plugin's specification looks like: a word, then ``:...``.
@@ -218,7 +238,8 @@ def resolve_for_reading(pm, spec: str, *, suffix: str, cwd: Path | None = None):
     pointer there; a directory its own pointer, alias or newest committed
     checkpoint, for any ``save_ckpt`` name (read from its commit records); a
     prefix its alias. Candidates are hashed; nothing is moved aside, since
-    another run may be writing the directory.
+    another run may be writing the directory. The command loads what is
+    found: its verified bytes are kept (``Resolved.payload``).
     """
     from ..hooks import Hooks
     from ..resolution import resolve_restart
@@ -228,9 +249,9 @@ def resolve_for_reading(pm, spec: str, *, suffix: str, cwd: Path | None = None):
     spec = normalized_spec(str(spec), cwd)
     family = Family("model.ckpt", suffix)
     directory = Path(spec)
-    if spec != "latest" and directory.is_dir():
+    if spec != "latest" and is_directory(directory):
         family = primary_family_in(directory, suffix, family)
-    context = restart_context(family, cwd=cwd, digest=True, quarantine=False)
+    context = restart_context(family, cwd=cwd, digest=True, quarantine=False, load=True)
     found = resolve_restart(Hooks.of(pm), spec, context)
     for warning in found.warnings:
         log.warning("%s", warning)

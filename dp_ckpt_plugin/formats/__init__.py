@@ -2,8 +2,9 @@
 
 A format only turns a payload into bytes in an open file and back
 (:func:`~dp_ckpt_plugin.hookspecs.on_save_step`,
-:func:`~dp_ckpt_plugin.hookspecs.on_load_step`). Names, commit, publication and
-retention belong to the store. Formats declare themselves through
+:func:`~dp_ckpt_plugin.hookspecs.on_load_step`): the storage opens every file
+it reads or writes, a format never opens a path. Names, commit, publication
+and retention belong to the store. Formats declare themselves through
 :func:`~dp_ckpt_plugin.hookspecs.register_formats`.
 """
 
@@ -11,7 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from ..storage import default_storage
 
 
 @dataclass(frozen=True)
@@ -36,3 +40,10 @@ class FormatInfo:
     suffix: str
     description: str = ""
     check: Callable[[Any], None] | None = None
+
+
+def reading(path: Path, file: BinaryIO | None) -> BinaryIO:
+    """What ``on_load_step`` reads: ``file``, else ``path`` read once by the storage."""
+    if file is not None:
+        return file
+    return default_storage().read_payload(Path(path)).reader()

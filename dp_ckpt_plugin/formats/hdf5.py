@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..hookspecs import hookimpl
-from . import FormatInfo
+from . import FormatInfo, reading
 
 NAME = "hdf5"
 SUFFIX = ".h5"
@@ -102,13 +102,13 @@ def on_save_step(format: str, step: int, state: Any, file: BinaryIO):
 
 
 @hookimpl(trylast=True)
-def on_load_step(format: str, path: Path):
-    """Read back a payload written by :func:`on_save_step`."""
+def on_load_step(format: str, path: Path, file: BinaryIO | None):
+    """Read back a payload written by :func:`on_save_step`, from ``file``."""
     if format != NAME:
         return None
     import h5py
 
-    with h5py.File(path, "r") as h5:
+    with h5py.File(reading(path, file), "r") as h5:
         if int(h5.attrs.get(_LAYOUT, 1)) < 2:
             return _read_group_v1(h5)
         return _read_group(h5)

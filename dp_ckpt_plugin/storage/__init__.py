@@ -16,6 +16,10 @@ touched, once, for all of them:
 - a storage made for a store (``root``) creates, changes, moves or removes
   nothing outside that directory, whatever links lie in it, except the
   mirrors it is told of (a host's compatibility pointer and alias);
+- a checkpoint that is loaded is read whole from one opening
+  (:meth:`~dp_ckpt_plugin.storage.local.LocalStorage.read_payload`): what is verified is what is loaded;
+- the single-writer lock (``flock``) is taken and given up here
+  (:meth:`~dp_ckpt_plugin.storage.local.LocalStorage.lock_file`, :meth:`~dp_ckpt_plugin.storage.local.LocalStorage.unlock_file`);
 - every fsync is counted in one place (``counts``), so a
   benchmark or a test can say how many a save makes.
 
@@ -31,10 +35,13 @@ in ``docs/architecture.md``.
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO, NamedTuple, Protocol, runtime_checkable
+
+from ..errors import UnreadableFileError
 
 #: Most bytes a record, pointer, manifest or holder note may hold.
 SMALL_FILE_LIMIT = 1 << 20
@@ -43,17 +50,9 @@ SMALL_FILE_LIMIT = 1 << 20
 class Entry(NamedTuple):
     """What a name is, as ``lstat`` (or ``stat``, following links) says.
 
-    Attributes
-    ----------
-    kind : str
-        ``file``, ``dir``, ``link``, ``fifo``, ``socket``, ``device`` or
-        ``other``.
-    size : int
-        Size in bytes.
-    mtime_ns : int
-        Modification time.
-    dev, ino : int
-        The file's identity.
+    ``kind`` is ``file``, ``dir``, ``link``, ``fifo``, ``socket``, ``device``
+    or ``other``; ``size`` the size in bytes, ``mtime_ns`` the modification
+    time, and ``dev`` and ``ino`` the file's identity.
     """
 
     kind: str
@@ -71,6 +70,30 @@ class Entry(NamedTuple):
     def is_dir(self) -> bool:
         """Whether it is a directory."""
         return self.kind == "dir"
+
+
+class PayloadBytes(NamedTuple):
+    """A checkpoint file read whole, from one opening: its ``path``, its
+    content (``data``) and what the opened file was (``entry``, the
+    ``fstat`` of the open descriptor).
+
+    What the front door verifies and what every loader reads are these bytes:
+    a file replaced at ``path`` after they were read is never loaded in
+    their place.
+    """
+
+    path: Path
+    data: bytes
+    entry: Entry
+
+    @property
+    def size(self) -> int:
+        """The number of bytes read."""
+        return len(self.data)
+
+    def reader(self) -> BinaryIO:
+        """A binary file object reading these bytes from 0 (no copy)."""
+        return io.BytesIO(self.data)
 
 
 @runtime_checkable
@@ -97,7 +120,11 @@ class Storage(Protocol):
 
     def open_payload(self, path: Path) -> BinaryIO: ...
 
+    def read_payload(self, path: Path) -> PayloadBytes: ...
+
     def free_bytes(self, directory: Path) -> int | None: ...
+
+    def writable(self, directory: Path) -> bool: ...
 
     # -- writing ------------------------------------------------------------
     def write_temp(
@@ -137,9 +164,9 @@ class Storage(Protocol):
 
     def remove_dir(self, path: Path) -> bool: ...
 
-    def open_lock(self, path: Path) -> int: ...
+    def lock_file(self, path: Path) -> object | None: ...
 
-    def is_open_file(self, path: Path, fd: int) -> bool: ...
+    def unlock_file(self, held: object) -> None: ...
 
 
 def local_storage(
@@ -154,6 +181,20 @@ def local_storage(
 def default_storage() -> Storage:
     """An unconfined POSIX storage, for readers with no store of their own."""
     return local_storage()
+
+
+def entry_or_none(
+    path: Path, *, follow: bool = False, storage: Storage | None = None
+) -> Entry | None:
+    """What ``path`` is (``Storage.entry``), or ``None`` when absent or unreadable.
+
+    For a question that has no answer to give about a name the system
+    refuses to describe: "is it a directory?" is then "no".
+    """
+    try:
+        return (storage or default_storage()).entry(path, follow=follow)
+    except UnreadableFileError:
+        return None
 
 
 def text_of(data: bytes | None) -> str | None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import mmap
 import os
 import shutil
@@ -31,7 +30,7 @@ from typing import BinaryIO
 
 from ..errors import CheckpointWriteError, UnreadableFileError, describe_os_error
 from ..layout import is_temp, temp_name, temp_target
-from . import SMALL_FILE_LIMIT, Entry
+from . import SMALL_FILE_LIMIT, Entry, PayloadBytes
 from .objects import (
     SMALL_OBJECT_LIMIT,
     Capabilities,
@@ -45,6 +44,11 @@ from .objects import (
     check_prefix,
 )
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None
+
 #: Errors meaning "this filesystem makes no symlinks", not "something broke".
 _NO_SYMLINK_ERRNOS = frozenset(
     {errno.EPERM, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
@@ -57,6 +61,8 @@ _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _FD_PATHS = os.path.isdir("/proc/self/fd")
 #: Below this size a payload is hashed inline, not beside its fsync.
 _INLINE_DIGEST = 4 << 20
+#: Times a lock whose file vanished under it is tried again before giving up.
+_LOCK_ATTEMPTS = 5
 _KINDS = (
     (stat.S_ISREG, "file"),
     (stat.S_ISDIR, "dir"),
@@ -157,6 +163,9 @@ class LocalStorage:
 
     def _sys_link(self, source: Path, dest: Path) -> None:
         os.link(source, dest, follow_symlinks=False)
+
+    def _sys_flock(self, fd: int, path: Path) -> None:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
     def _wrap_handle(self, handle: BinaryIO, path: Path) -> BinaryIO:
         """The file object a writer gets (a test may wrap it to fail writes)."""
@@ -337,12 +346,43 @@ class LocalStorage:
         self.count("payload_open")
         return os.fdopen(fd, "rb")
 
+    def read_payload(self, path: Path) -> PayloadBytes:
+        """Read a checkpoint file whole: one opening, one pass over its bytes.
+
+        Opened as :meth:`open_payload` opens it (a regular file only). The
+        bytes are what the front door verifies and what every loader reads,
+        so a file replaced at ``path`` afterwards is never loaded unverified.
+        Counted: ``payload_read`` and ``payload_bytes``.
+
+        Raises
+        ------
+        FileNotFoundError
+            When it is gone.
+        UnreadableFileError
+            When it is not a regular file or cannot be read.
+        """
+        with self.open_payload(path) as handle:
+            try:
+                found = _entry(os.fstat(handle.fileno()))
+                data = handle.read()
+            except OSError as exc:
+                raise UnreadableFileError(
+                    path, f"cannot be read: {describe_os_error(exc)}"
+                ) from None
+        self.count("payload_read")
+        self.count("payload_bytes", len(data))
+        return PayloadBytes(Path(path), data, found)
+
     def free_bytes(self, directory: Path) -> int | None:
         """The bytes available to this user under ``directory``, if known."""
         try:
             return shutil.disk_usage(directory).free
         except OSError:
             return None
+
+    def writable(self, directory: Path) -> bool:
+        """Whether this process may create entries in ``directory``."""
+        return os.access(directory, os.W_OK | os.X_OK)
 
     # -- writing -----------------------------------------------------------------
     def _create(self, path: Path) -> int:
@@ -376,12 +416,15 @@ class LocalStorage:
         """Write a checkpoint under a temporary name; return it and its digest.
 
         As :meth:`write_temp`, for a payload: the file object ``writer`` gets
-        also carries ``os_path``, a path naming the open temporary file
-        (``/proc/self/fd/<n>``), when the system has one and nothing
-        interposes on the writes, so that a serializer faster with a path
-        than with a Python file object (``torch.save``) writes by name into
-        the file this storage created (``O_EXCL | O_NOFOLLOW``: a name
-        planted meanwhile is never written). A write by path that fails
+        also carries ``os_path``, a path naming the open temporary file by
+        the payload's final name (see ``_FinalName``), when the system has
+        one (``/proc/self/fd``) and nothing interposes on the writes, so
+        that a serializer faster with a path than with a Python file object
+        (``torch.save``) writes by name into the file this storage created
+        (``O_EXCL | O_NOFOLLOW``: a name planted meanwhile is never
+        written), and one that records the name (``torch.save`` names its
+        archive's folder after it) writes what it writes to the final path.
+        A write by path that fails
         without an OS error (``torch.save`` words its own) is done again
         through the file object, which reports the cause.
 
@@ -402,14 +445,15 @@ class LocalStorage:
             with os.fdopen(fd, "w+b") as handle:
                 step = "write"
                 wrapped = self._wrap_handle(handle, tmp)
-                recorder = _ErrorRecorder(wrapped)
+                named = None
                 if digest is not None and wrapped is handle and _FD_PATHS:
-                    recorder.os_path = f"/proc/self/fd/{fd}"
+                    named = _FinalName(self, fd, tmp, path.name)
+                recorder = _ErrorRecorder(wrapped, named)
                 try:
                     writer(recorder)
                 except Exception as exc:
                     if (
-                        recorder.os_path is None
+                        not recorder.named
                         or isinstance(exc, TypeError)
                         or _os_cause(exc) is not None
                     ):
@@ -420,8 +464,11 @@ class LocalStorage:
                     # words: write again through the file, which names the cause
                     handle.seek(0)
                     handle.truncate()
-                    recorder.os_path = None
+                    recorder.forget_path()
                     writer(recorder)
+                finally:
+                    if named is not None:
+                        named.close()
                 handle.flush()
                 if digest is None:
                     if durable:
@@ -618,20 +665,77 @@ class LocalStorage:
         return True
 
     def remove_dir(self, path: Path) -> bool:
-        """Remove an empty directory; ``False`` if it is gone or not empty."""
-        self._check(path, "remove the directory")
+        """Remove an empty directory; ``False`` if it is gone or not empty.
+
+        The storage's own root is one it may remove (a store that created
+        its directory and failed to start leaves nothing).
+        """
+        if self.root is None or Path(os.path.abspath(path)) != self.root:
+            self._check(path, "remove the directory")
         try:
             self._sys_rmdir(path)
         except OSError:
             return False
         return True
 
-    def open_lock(self, path: Path) -> int:
-        """Open (creating it if need be) the lock file ``path``; return its descriptor.
+    # -- the single-writer lock -------------------------------------------------
+    def lock_file(self, path: Path) -> _HeldLock | None:
+        """Take the exclusive lock of the lock file ``path``; ``None`` if another holds it.
 
-        Never through a link and never anything but a regular file: a link
-        or a FIFO planted at the lock's name is refused.
+        The file is created if need be, never through a link and never as
+        anything but a regular file (a link or a FIFO planted at its name is
+        refused). The lock is the kernel's (``flock``): it dies with its
+        holder, even by ``SIGKILL``. A file its releasing holder removed
+        between this open and this ``flock`` is not taken for the lock: the
+        file now at ``path`` is locked instead (a few times at most, then
+        ``None``).
+
+        Raises
+        ------
+        CheckpointWriteError
+            When the lock file cannot be opened, or is not a regular file.
         """
+        if fcntl is None:  # pragma: no cover - not POSIX
+            from filelock import FileLock, Timeout
+
+            fallback = FileLock(str(path), timeout=0, thread_local=False)
+            try:
+                fallback.acquire(timeout=0)
+            except Timeout:
+                return None
+            return _HeldLock(path, -1, fallback)
+        for _ in range(_LOCK_ATTEMPTS):
+            fd = self._open_lock(path)
+            try:
+                self._sys_flock(fd, path)
+            except BlockingIOError:
+                os.close(fd)
+                return None
+            except BaseException:
+                os.close(fd)
+                raise
+            if self._names(path, fd):
+                return _HeldLock(path, fd)
+            os.close(fd)  # a releasing holder removed this file meanwhile
+        return None
+
+    def unlock_file(self, held: _HeldLock) -> None:
+        """Give up a lock :meth:`lock_file` took, removing its file.
+
+        The file is removed while it is still locked, and only if it is
+        still the one at its path; closing it then releases the lock.
+        """
+        if held.fallback is not None:  # pragma: no cover - not POSIX
+            held.fallback.release(force=True)
+            return
+        try:
+            if self._names(held.path, held.fd):
+                self.remove_quietly(held.path)
+        finally:
+            os.close(held.fd)
+
+    def _open_lock(self, path: Path) -> int:
+        """Open (creating it if need be) the lock file ``path``; return its descriptor."""
         self._check(path, "create the lock file")
         try:
             fd = self._sys_open(
@@ -652,7 +756,7 @@ class LocalStorage:
             )
         return fd
 
-    def is_open_file(self, path: Path, fd: int) -> bool:
+    def _names(self, path: Path, fd: int) -> bool:
         """Whether ``path`` names the file open as ``fd`` (same device and inode)."""
         try:
             now = os.fstat(fd)
@@ -660,6 +764,10 @@ class LocalStorage:
         except OSError:
             return False
         return (found.st_dev, found.st_ino) == (now.st_dev, now.st_ino)
+
+    def holds(self, held: _HeldLock) -> bool:
+        """Whether the lock file at its path is still the one ``held`` locked."""
+        return held.fallback is not None or self._names(held.path, held.fd)
 
     # -- the object protocol: keys relative to ``root`` ---------------------------
     #: What the POSIX storage enforces as an object storage.
@@ -711,13 +819,13 @@ class LocalStorage:
         """
         lock = path.parent / _object_lock_name(path.name)
         while True:
-            fd = self.open_lock(lock)
+            fd = self._open_lock(lock)
             try:
                 try:
                     self._sys_flock_object(fd, lock)
                 except OSError as exc:
                     raise _fail("lock", path, exc) from exc
-                if self.is_open_file(lock, fd):
+                if self._names(lock, fd):
                     yield
                     return
             finally:
@@ -949,6 +1057,17 @@ def _read_at(fd: int, start: int, size: int) -> bytes:
     return b"".join(chunks)
 
 
+class _HeldLock:
+    """A lock :meth:`LocalStorage.lock_file` took: the lock file and its descriptor."""
+
+    __slots__ = ("fallback", "fd", "path")
+
+    def __init__(self, path: Path, fd: int, fallback: object = None) -> None:
+        self.path = path
+        self.fd = fd
+        self.fallback = fallback
+
+
 def _release(exc: BaseException | None) -> None:
     """Free the locals of the finished frames of ``exc`` and the errors behind it.
 
@@ -1005,6 +1124,63 @@ def _digest_while(fd: int, digest, fsync) -> str:
         mapped.close()
 
 
+class _FinalName:
+    """The open temporary file of a payload, named by the payload's final name.
+
+    ``torch.save`` names the folder inside its zip archive after the file it
+    is given (``model.ckpt-30/`` for ``model.ckpt-30.pt``; ``3/`` for
+    ``/proc/self/fd/3``). So that a checkpoint is byte for byte the file
+    ``torch.save`` to its final path writes, the writer is given a path
+    ending in the final name: a hard link to the open temporary file, in a
+    new directory of the store with a temporary name (swept like a
+    temporary file when a crash leaves it), named through that directory's
+    descriptor (``/proc/self/fd/<n>/<final name>``), so that a link planted
+    on the way is never followed. The link and the directory go once the
+    writer returns (:meth:`close`). Where no hard link can be made, the open
+    file's own ``/proc/self/fd/<n>`` is given (the archive's folder is then
+    named after the descriptor).
+    """
+
+    def __init__(self, storage: LocalStorage, fd: int, tmp: Path, final: str) -> None:
+        self.storage = storage
+        self.fd = fd
+        self.tmp = tmp
+        self.final = final
+        self.folder: Path | None = None
+        self.dirfd: int | None = None
+
+    def path(self) -> str:
+        """Make the link; return the path naming the open file by its final name."""
+        folder = self.tmp.parent / temp_name(self.final)
+        self.storage._check(folder, "write")
+        try:
+            self.storage._sys_mkdir(folder)
+            self.folder = folder
+            self.storage._sys_link(self.tmp, folder / self.final)
+            self.dirfd = os.open(
+                folder, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC
+            )
+        except OSError:
+            self.close()
+            return f"/proc/self/fd/{self.fd}"
+        if not self.storage._names(folder / self.final, self.fd):
+            self.close()  # something else is at the temporary name: never write it
+            return f"/proc/self/fd/{self.fd}"
+        return f"/proc/self/fd/{self.dirfd}/{self.final}"
+
+    def close(self) -> None:
+        """Remove the link and its directory (a crash leaves them to the sweep)."""
+        folder, self.folder = self.folder, None
+        if self.dirfd is not None:
+            os.close(self.dirfd)
+            self.dirfd = None
+        if folder is not None:
+            with contextlib.suppress(OSError):
+                self.storage._sys_unlink(folder / self.final)
+            with contextlib.suppress(OSError):
+                self.storage._sys_rmdir(folder)
+
+
 class _ErrorRecorder:
     """A file object that remembers the first OS error its methods raised.
 
@@ -1014,11 +1190,32 @@ class _ErrorRecorder:
     error; the store still reports the real cause (``No space left on device``).
     """
 
-    def __init__(self, handle: BinaryIO) -> None:
+    def __init__(self, handle: BinaryIO, named: _FinalName | None = None) -> None:
         self._handle = handle
         self.error: OSError | None = None
-        #: A path naming the open file, for a writer to write by name, or None.
-        self.os_path: str | None = None
+        self._named = named
+        self._path: str | None = None
+
+    @property
+    def os_path(self) -> str | None:
+        """A path naming the open file, for a writer to write by name, or None.
+
+        Made on first use (:class:`_FinalName`): a writer that never asks
+        for it (h5py) costs nothing.
+        """
+        if self._path is None and self._named is not None:
+            self._path = self._named.path()
+        return self._path
+
+    @property
+    def named(self) -> bool:
+        """Whether the writer was given a path (:attr:`os_path` was asked for)."""
+        return self._path is not None
+
+    def forget_path(self) -> None:
+        """Give no path from now on: the writer writes through the file object."""
+        self._named = None
+        self._path = None
 
     def write(self, data) -> int:
         """Write to the file, remembering an OS error (the hot path: no wrapper)."""

@@ -5,6 +5,8 @@ overridable steps as pt_expt's is; it is called as it is, with:
 
 - the handles the preflight resolved (:func:`~..prepare.prepare_run`):
   resolved paths end in ``.pt``, so ``latest`` never becomes ``latest.pt``;
+  deepmd-kit's ``torch.load`` of them reads the bytes the preflight verified
+  (:mod:`..loading`);
 - ``training.Trainer`` replaced by :func:`.trainer.make_trainer_class`;
 - its ``j_loader`` removing the deprecated top-level ``dp_ckpt`` section
   before deepmd-kit's strict check (``training._dp_ckpt`` needs nothing);
@@ -51,6 +53,7 @@ def train(flags, prepared: PreparedRun | None) -> None:
         start_process_group()
         prepared = prepare_training(HOST, flags.INPUT, flags, current_ranks())
     try:
+        prepared.payloads.start()
         run = HostRun.from_prepared(prepared, prepared.settings.training)
         settings = prepared.settings
         loader = pt_main.j_loader

@@ -42,7 +42,7 @@ from typing import Any
 from deepmd.pt.train import training
 
 from ..checkpointing import HostRun, write_torch_atomic
-from ..exact import KEY, ExactResume, capture_rngs, read_entry, restore_rngs
+from ..exact import KEY, ExactResume, capture_rngs, restore_rngs
 from ..metrics import ReportsMetrics
 from ..naming import ema_prefix
 from ..optimizer_state import load_optimizer_state
@@ -144,7 +144,7 @@ def make_trainer_class(host_run: HostRun) -> type:
         # -- exact resume -----------------------------------------------------
         def _dp_continue(self, restart: str) -> None:
             """Put the random generators and the batches where the checkpoint left them."""
-            entry = read_entry(restart)
+            entry = host_run.exact_entry(restart)
             self._dp_redoes_step = not isinstance(entry, dict)
             found = self._dp_exact.continuation(entry)
             if found.exact:

@@ -9,7 +9,9 @@ overridden; the rest is inherited:
     already (a single process does it before importing torch), it validates the
     input, opens and locks the store and resolves ``--restart``,
     ``--init-model`` and ``--finetune``. The resolved paths are handed on as
-    they are: ``latest`` is never turned into ``latest.pt``.
+    they are: ``latest`` is never turned into ``latest.pt``; deepmd-kit's
+    ``torch.load`` of them reads the bytes the preflight verified
+    (:mod:`..loading`).
 ``load_config``
     Removes the deprecated top-level ``dp_ckpt`` section before deepmd-kit's
     strict check (``training._dp_ckpt`` needs nothing: deepmd-kit drops it).
@@ -90,6 +92,8 @@ class CheckpointTrainEntrypoint(PTExptTrainEntrypoint):
             self.prepared = prepare_training(
                 HOST, options.input_file, options, current_ranks()
             )
+        # deepmd-kit loads the verified bytes, not the files again
+        self.prepared.payloads.start()
         return replace(
             options,
             restart=self.prepared.restart,

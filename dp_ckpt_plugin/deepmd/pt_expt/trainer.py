@@ -39,7 +39,7 @@ from deepmd.pt_expt.train.ema import EMA_CHECKPOINT_KEY
 
 from .. import positions
 from ..checkpointing import HostRun, write_torch_atomic
-from ..exact import KEY, ExactResume, capture_rngs, read_entry, restore_rngs
+from ..exact import KEY, ExactResume, capture_rngs, restore_rngs
 from ..optimizer_state import load_optimizer_state
 from .metrics import MetricsMixin
 
@@ -132,7 +132,7 @@ def make_trainer_class(host_run: HostRun) -> type:
 
         def _dp_continue(self, restart: str) -> None:
             """Put the random generators and the data where the checkpoint left them."""
-            found = self._dp_exact.continuation(read_entry(restart))
+            found = self._dp_exact.continuation(host_run.exact_entry(restart))
             if found.exact:
                 for kind, by_task in (
                     ("train", self.training_data_by_task),
