@@ -418,13 +418,8 @@ class CheckpointStore:
             if self.remote.url is not None:
                 self.open()  # a remote store's HEAD is fenced before latest is read
             ctx = context or self.context(digest=digest, cwd=cwd, load=load)
-            # read with the chief's storage, and in this store's remote store
-            ctx = replace(
-                ctx,
-                storage=self.storage,
-                verifier=None,
-                remote=self.remote.source(self),
-            )
+            src = self.remote.source(self)  # the chief's storage, this store's remote
+            ctx = replace(ctx, storage=self.storage, verifier=None, remote=src)
             found = resolve_restart(self.hooks, spec, ctx, self.ranks)
             found = self.remote.staged(found, self, continues=continues)
             for moved in found.moved_aside:  # corrupt files went to quarantine

@@ -49,6 +49,12 @@ ALLOWED: dict[str, dict[str, str]] = {
         "importlib.import_module": "the built-in plugins, by module name",
     },
     "layout.py": {"os.getpid": "a temporary name carries its writer's pid"},
+    "remote/lease.py": {
+        "os.getpid": "the lease names its holder's process",
+        "os.kill": "whether a holder of this host is still alive (signal 0)",
+        "socket.gethostname": "the lease names its holder's host",
+    },
+    "remote/probe.py": {"os.getpid": "a probe's key names its writer"},
     "lock.py": {
         "os.getpid": "the holder note names this process",
         "socket.gethostname": "the holder note names this host",

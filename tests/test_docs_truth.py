@@ -149,6 +149,7 @@ def rendered() -> list[str]:
     from dp_ckpt_plugin.deepmd.settings import RunSettings
     from dp_ckpt_plugin.deepmd.takeover import unsupported_note
     from dp_ckpt_plugin.layout import Family
+    from dp_ckpt_plugin.remote.local import LocalOnly
     from dp_ckpt_plugin.resolution import ResolveContext
     from dp_ckpt_plugin.rules import resolve
 
@@ -170,7 +171,9 @@ def rendered() -> list[str]:
         via=models / "checkpoint",
     )
     report = SimpleNamespace(last=(20, models / "model.ckpt-20.pt"))
-    store = SimpleNamespace(directory=models, primary=Family("model.ckpt", ".pt"))
+    store = SimpleNamespace(
+        directory=models, primary=Family("model.ckpt", ".pt"), remote=LocalOnly()
+    )
     older = SimpleNamespace(
         fell_back=True, step=15, path=models / "model.ckpt-15.pt", warnings=[]
     )

@@ -12,7 +12,7 @@
     dp-ckpt sync models s3://bucket/run   # copy a store, local <-> remote, verified
 
 Every command that takes a store directory also takes the URL of a store on
-object storage (:mod:`.remote`).
+object storage (``dp_ckpt_plugin.commands.remote``).
 
 One module per subcommand, each with ``add_arguments(parser)`` and
 ``run(args) -> int``. The commands know no trainer: they read what a store

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from ..digests import hasher
@@ -304,14 +302,12 @@ def resolve(args: argparse.Namespace) -> int:
 def inspect(args: argparse.Namespace) -> int:
     """Fetch a checkpoint (verified) into a cache, then inspect it as a file."""
     from ..storage.local import LocalStorage
-    from ..storage.staging import staging_root
+    from ..storage.staging import staging_dir
     from .inspect import inspect_file, show
 
     storage, spec = _split(args.path, None)
-    cache = staging_root() / "inspected"
-    source = RemoteSource(
-        storage, Path(tempfile.mkdtemp(dir=_made(cache))), LocalStorage(cache)
-    )
+    cache = staging_dir(storage.url, purpose="inspected")
+    source = RemoteSource(storage, cache, LocalStorage(cache))
     found, path, warnings = fetch_first(storage, spec, primary(_head(storage)), source)
     for warning in warnings:
         sys.stderr.write(f"dp-ckpt: warning: {warning}\n")
@@ -323,13 +319,6 @@ def inspect(args: argparse.Namespace) -> int:
         sys.stdout.write(f"{result['url']} (fetched into {path})\n")
         show(result)
     return 0 if result["loaded"] and result["record"] in {"ok", "none"} else FAILURE
-
-
-def _made(path: Path) -> Path:
-    from ..storage.local import LocalStorage
-
-    LocalStorage(path).make_dirs(path, durable=False)
-    return path
 
 
 # -- prune -------------------------------------------------------------------------------

@@ -181,7 +181,7 @@ def download(url: str, directory: Path) -> tuple[list[dict], list[str]]:
                     }
                 )
             published = state.published
-            if published is not None and (directory / published.name).exists():
+            if published is not None and local.entry(directory / published.name):
                 suffix = published.name[len(f"{prefix}-{published.step}") :]
                 family = Family(prefix, suffix, state.pointer or POINTER_NAME)
                 publish(
