@@ -219,6 +219,27 @@ def test_a_missing_bucket_is_one_line(s3_env):
         assert "the bucket no-such-bucket-here does not exist" in text
 
 
+def test_a_source_file_that_cannot_be_read_is_one_line(s3_bucket, tmp_path):
+    storage = cloud(s3_bucket.url)
+    text = one_line_error(
+        StorageUnavailableError, lambda: storage.put("k", tmp_path / "nothing.bin")
+    )
+    assert "cannot read" in text and "nothing.bin" in text
+    assert s3_bucket.keys() == []
+
+
+def test_requests_are_counted_per_put(s3_bucket, tmp_path):
+    from dp_ckpt_plugin.storage.cloud import PART_SIZE
+
+    storage = cloud(s3_bucket.url)
+    path = tmp_path / "p.bin"
+    path.write_bytes(b"x" * (PART_SIZE * 2 + 1))
+    storage.put("big", path)
+    assert storage.counts["requests"] == 1 + 3 + 1  # create, 3 parts, complete
+    storage.put("small", b"x")
+    assert storage.counts["put"] == 2 and storage.counts["requests"] == 6
+
+
 def test_check_passes_on_a_bucket_that_is_there(s3_bucket):
     cloud(s3_bucket.url).check()
 
