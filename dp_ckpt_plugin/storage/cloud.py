@@ -314,6 +314,14 @@ class CloudStorage:
                 )
             if account:
                 options.setdefault("account_name", account)
+            if not (
+                options.get("account_name") or environ.get("AZURE_STORAGE_ACCOUNT_NAME")
+            ):
+                raise ConfigError(
+                    f"{self.url}: no Azure storage account: set "
+                    "AZURE_STORAGE_ACCOUNT_NAME, or write "
+                    f"abfss://{self.bucket}@ACCOUNT.dfs.core.windows.net/..."
+                )
             return store_module.AzureStore(
                 self.bucket,
                 prefix=prefix,
