@@ -108,7 +108,9 @@ def _show(label: str, values: list[float], mib: int) -> None:
     )
 
 
-def section_s3(work: Path, mib: int = 256, rounds: int = 7, sweep: bool = False) -> dict:
+def section_s3(
+    work: Path, mib: int = 256, rounds: int = 7, sweep: bool = False
+) -> dict:
     """Time both puts; return the figures (medians, ratio, requests per put)."""
     import obstore
     from obstore.store import S3Store
