@@ -93,6 +93,31 @@ def test_a_bad_url_is_one_line_naming_it(url):
     assert url.split("?")[0].rstrip("/") in text or url in text
 
 
+@pytest.mark.parametrize(
+    ("url", "kind", "bucket", "account"),
+    [
+        ("gs://my-bucket/run", "gcs", "my-bucket", ""),
+        ("abfss://box@acct.dfs.core.windows.net/run", "azure", "box", "acct"),
+        ("az://box/run", "azure", "box", ""),  # the account from the environment
+    ],
+)
+def test_gcs_and_azure_storages_are_made_offline(
+    monkeypatch, url, kind, bucket, account
+):
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "fromenv")
+    storage = cloud(url)
+    assert (storage.kind, storage.bucket, storage.prefix) == (kind, bucket, "run")
+    assert storage.capabilities.conditional and not storage.aborts_uploads
+    if account:
+        assert f'account_name="{account}"' in repr(storage._store)
+
+
+def test_an_azure_url_without_an_account_is_one_line(monkeypatch):
+    monkeypatch.delenv("AZURE_STORAGE_ACCOUNT_NAME", raising=False)
+    text = one_line_error(ConfigError, lambda: cloud("az://box/run"), deadline=1.0)
+    assert "AZURE_STORAGE_ACCOUNT_NAME" in text and "az://box/run" in text
+
+
 def test_credentials_in_a_url_are_refused_and_not_repeated():
     text = one_line_error(
         ConfigError, lambda: cloud(f"s3://AKIAX:{SECRET_ACCESS_KEY}@bucket/run")
@@ -217,6 +242,27 @@ def test_a_missing_bucket_is_one_line(s3_env):
     for call in (storage.check, lambda: storage.put("k", b"v")):
         text = one_line_error(StorageUnavailableError, call, deadline=3.0)
         assert "the bucket no-such-bucket-here does not exist" in text
+
+
+def test_a_source_file_that_cannot_be_read_is_one_line(s3_bucket, tmp_path):
+    storage = cloud(s3_bucket.url)
+    text = one_line_error(
+        StorageUnavailableError, lambda: storage.put("k", tmp_path / "nothing.bin")
+    )
+    assert "cannot read" in text and "nothing.bin" in text
+    assert s3_bucket.keys() == []
+
+
+def test_requests_are_counted_per_put(s3_bucket, tmp_path):
+    from dp_ckpt_plugin.storage.cloud import PART_SIZE
+
+    storage = cloud(s3_bucket.url)
+    path = tmp_path / "p.bin"
+    path.write_bytes(b"x" * (PART_SIZE * 2 + 1))
+    storage.put("big", path)
+    assert storage.counts["requests"] == 1 + 3 + 1  # create, 3 parts, complete
+    storage.put("small", b"x")
+    assert storage.counts["put"] == 2 and storage.counts["requests"] == 6
 
 
 def test_check_passes_on_a_bucket_that_is_there(s3_bucket):

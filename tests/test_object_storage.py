@@ -367,3 +367,30 @@ def test_racing_compare_and_swap_loses_no_update(storage, kind):
     final = int(storage.get("counter")[0])
     _probe_on_moto(kind, final != writers * each, f"{final} of {writers * each} kept")
     assert final == writers * each
+
+
+ODD_KEYS = [
+    "a b/c d",
+    "é/ü.bin",
+    "plus+sign",
+    "percent%20x",
+    "eq=uals&amp",
+    "tilde~",
+    "semi;colon",
+    "q?mark",
+    "hash#tag",
+    "star*",
+]
+
+
+def test_keys_with_any_printable_characters_round_trip(storage):
+    for i, key in enumerate(ODD_KEYS):
+        storage.put(key, data_of(i + 1))
+    for i, key in enumerate(ODD_KEYS):
+        assert storage.get(key)[0] == data_of(i + 1), key
+        assert storage.head(key).size == i + 1
+    assert [info.key for info in storage.list("")] == sorted(ODD_KEYS)
+    assert [info.key for info in storage.list("a b/")] == ["a b/c d"]
+    for key in ODD_KEYS:
+        assert storage.delete(key), key
+    assert list(storage.list("")) == []

@@ -35,6 +35,7 @@ obstore is imported when a storage is made, never when this module is.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import ipaddress
 import os
@@ -313,6 +314,14 @@ class CloudStorage:
                 )
             if account:
                 options.setdefault("account_name", account)
+            if not (
+                options.get("account_name") or environ.get("AZURE_STORAGE_ACCOUNT_NAME")
+            ):
+                raise ConfigError(
+                    f"{self.url}: no Azure storage account: set "
+                    "AZURE_STORAGE_ACCOUNT_NAME, or write "
+                    f"abfss://{self.bucket}@ACCOUNT.dfs.core.windows.net/..."
+                )
             return store_module.AzureStore(
                 self.bucket,
                 prefix=prefix,
@@ -408,34 +417,35 @@ class CloudStorage:
 
     # -- the protocol -------------------------------------------------------------
     def put(self, key: str, data: Source) -> ObjectInfo:
-        """Write a whole object, replacing any (multipart above :data:`PART_SIZE`)."""
+        """Write a whole object, replacing any (multipart above :data:`PART_SIZE`).
+
+        A :class:`~pathlib.Path` is opened and streamed: at most
+        :data:`PART_CONCURRENCY` parts are in memory at a time.
+        """
         check_key(key)
-        size, source = _prepare(data)
-        parts = -(-size // PART_SIZE) if size > PART_SIZE else 0
-        self._count("put", parts + 2 if parts else 1)
-        put = self._obstore.put
-
-        def call():
-            return put(
-                self._store,
+        with contextlib.ExitStack() as stack:
+            if isinstance(data, Path):
+                try:
+                    data = stack.enter_context(open(data, "rb"))
+                except OSError as exc:
+                    raise StorageUnavailableError(
+                        self.url_of(key), "write", f"cannot read {data}: {exc.strerror}"
+                    ) from None
+            size, source = _prepare(data)
+            parts = -(-size // PART_SIZE) if size > PART_SIZE else 0
+            self._count("put", parts + 2 if parts else 1)
+            put = self._obstore.put
+            found = self._run(
+                "write",
                 key,
-                source,
-                chunk_size=PART_SIZE,
-                max_concurrency=PART_CONCURRENCY,
+                lambda: put(
+                    self._store,
+                    key,
+                    source,
+                    chunk_size=PART_SIZE,
+                    max_concurrency=PART_CONCURRENCY,
+                ),
             )
-
-        if isinstance(data, Path):
-            try:
-                with open(data, "rb") as handle:
-                    size = os.fstat(handle.fileno()).st_size
-                    source = handle
-                    found = self._run("write", key, call)
-            except OSError as exc:
-                raise StorageUnavailableError(
-                    self.url_of(key), "write", f"cannot read {data}: {exc.strerror}"
-                ) from None
-        else:
-            found = self._run("write", key, call)
         return ObjectInfo(key, size, self._version(found), time.time())
 
     def _conditional(self, op: str, what: str, key: str, data: bytes, mode):
@@ -705,14 +715,12 @@ def _secret_values(options: Mapping[str, object], environ: Mapping[str, str]):
 
 
 def _prepare(data: Source) -> tuple[int, object]:
-    """The size of a source and what obstore is handed (an open file for a Path)."""
+    """The size of a source (bytes, a buffer, an open file) and what obstore is handed."""
     if isinstance(data, (bytes, bytearray)):
         return len(data), data
     if isinstance(data, memoryview):
         view = data if data.format == "B" and data.ndim == 1 else data.cast("B")
         return view.nbytes, view
-    if isinstance(data, Path):
-        return 0, None  # opened by the caller
     position = data.tell()
     end = data.seek(0, os.SEEK_END)
     data.seek(position)
