@@ -255,7 +255,7 @@ def bad_workdir(base, data) -> Path:
     old["dp_ckpt"] = {"verfy": "size"}
     write_config(workdir / "old_section.json", old)
     write_config(
-        workdir / "url_save_dir.json", training_config(save_dir="s3://bucket/run")
+        workdir / "url_save_dir.json", training_config(save_dir="ftp://bucket/run")
     )
     write_config(
         workdir / "file_save_dir.json", training_config(save_dir="not_a_directory")
@@ -479,7 +479,7 @@ BAD_CASES = {
     ),
     "save_dir_is_a_url": (
         ["url_save_dir.json"],
-        ["training.save_dir", "'s3://bucket/run', a URL"],
+        ["training.save_dir", "'ftp://bucket/run'", "no storage serves ftp://"],
     ),
     "save_dir_is_a_file": (
         ["file_save_dir.json"],
