@@ -177,7 +177,41 @@ def rendered() -> list[str]:
     older = SimpleNamespace(
         fell_back=True, step=15, path=models / "model.ckpt-15.pt", warnings=[]
     )
+    # the same run with save_dir "s3://bucket/run", staged in /tmp/dp_ckpt-0
+    from dp_ckpt_plugin.remote.head import Entry
+    from dp_ckpt_plugin.storage.staging import staging_dir
+
+    url = "s3://bucket/run"
+    staged = staging_dir(url, base=Path("/tmp/dp_ckpt-0"))
+    remote_settings = RunSettings(
+        staged,
+        Path("model.ckpt"),
+        PluginOptions(),
+        {"max_ckpt_keep": 2},
+        cwd=cwd,
+        save_url=url,
+    )
+    fetched = Resolved(
+        Checkpoint(staged / "model.ckpt-20.pt", 20, "model.ckpt", record),
+        "digest",
+        f"the latest model.ckpt of HEAD ({url}/e000001/model.ckpt-20.pt)",
+        rule="remote",
+    )
+    uploaded = Entry("e000002/model.ckpt-30.pt", "model.ckpt-30.pt", 30, 1, "x:0")
+    remote_store = SimpleNamespace(
+        directory=staged,
+        primary=Family("model.ckpt", ".pt"),
+        remote=SimpleNamespace(
+            url=url,
+            uploaded=[uploaded],
+            storage=SimpleNamespace(url_of=lambda key: f"{url}/{key}"),
+        ),
+    )
+    remote_report = SimpleNamespace(last=(30, staged / "model.ckpt-30.pt"))
     lines = [
+        startup_line(remote_settings, "pt_expt", cwd),
+        restart_line("restart", "latest", fetched, cwd),
+        finished_line(remote_report, remote_store, cwd),
         startup_line(settings, "pt_expt", cwd),
         startup_line(settings, "pt", cwd),
         restart_line("restart", "latest", found, cwd),
