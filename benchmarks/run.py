@@ -21,7 +21,8 @@ CRC32 would save; the plugin keeps it), ``strace`` (bytes read, fsync calls),
 ``count`` (save and ``latest`` with 2,000 kept against 10), ``digest`` (the
 digest read back from the page cache against hashing while writing), ``dp``
 (``dp --pt-expt train``, a checkpoint every step), ``import`` (the entry
-point). Every target is printed with its figure and ``met`` or ``MISSED``.
+point), ``remote`` (a ``save_dir`` on moto's S3 server: upload throughput, the
+save's stall, remote calls of a save and of ``latest``). Every target is printed with its figure and ``met`` or ``MISSED``.
 Results are reported in ``docs/performance.md``.
 """
 
@@ -808,7 +809,163 @@ def section_import(rounds: int) -> None:
     )
 
 
-SECTIONS = ["save", "async", "crc", "strace", "count", "digest", "dp", "import"]
+# -- object storage -------------------------------------------------------------------
+
+
+def section_remote(work: Path, mib: int, rounds: int, upload_mib: int) -> None:
+    """A remote ``save_dir`` on moto's S3 server, through ``CheckpointManager``.
+
+    - upload throughput: :func:`bench_s3.section_s3` (the storage's put of a
+      staged file against a plain ``obstore.put`` of the same bytes);
+    - the save's stall: ``save()`` of a manager on ``s3://`` against one on a
+      local directory, interleaved (the remote one's upload is waited for
+      outside the timed region);
+    - remote calls of one steady save with retention, counted by the storage;
+    - ``latest`` with HEAD naming 2,000 entries against 10, counted.
+    """
+    sys.path.insert(0, str(Path(__file__).parent))
+    import bench_s3
+
+    from dp_ckpt_plugin import CheckpointManager
+    from dp_ckpt_plugin.remote import head as heads
+
+    figures = bench_s3.section_s3(work, mib=upload_mib, rounds=rounds)
+    report(
+        "remote",
+        f"upload {upload_mib} MiB / plain obstore.put (<= 1.2)",
+        figures["ratio"],
+        "<= 1.2",
+        figures["ratio"] <= 1.2,
+    )
+    state = make_state(mib)
+    print(
+        f"\n[remote] save of {mib} MiB: s3:// (moto) against a local directory, "
+        f"{rounds} rounds"
+    )
+    with bench_s3.moto_server() as endpoint:
+        bench_s3._environment(endpoint)
+        import boto3
+
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bench-remote")
+        local = CheckpointManager(work / "local", format="torch", max_keep=2)
+        remote = CheckpointManager(
+            "s3://bench-remote/run",
+            format="torch",
+            max_keep=2,
+            staging=work / "staging",
+        )
+        steps = {"local": 0, "remote": 0}
+
+        def save(manager, name):
+            def run():
+                steps[name] += 1
+                started = time.perf_counter()
+                manager.save(steps[name], state)
+                took = time.perf_counter() - started
+                manager.flush(600)  # the upload, outside the timed region
+                return took
+
+            return run
+
+        times = interleaved(
+            {
+                "local save_dir": save(local, "local"),
+                "s3:// save_dir": save(remote, "remote"),
+            },
+            rounds,
+        )
+        for name, values in times.items():
+            show(name, values)
+        ratio = med(times["s3:// save_dir"]) / med(times["local save_dir"])
+        report(
+            "remote",
+            f"save stall, s3:// / local, {mib} MiB (<= 1.1)",
+            ratio,
+            "<= 1.1",
+            ratio <= 1.1,
+        )
+        storage = remote.store.remote.storage
+        before = dict(storage.counts)
+        steps["remote"] += 1
+        remote.save(steps["remote"], state)
+        remote.flush(600)
+        calls = {k: v - before.get(k, 0) for k, v in storage.counts.items()}
+        calls = {k: v for k, v in calls.items() if v}
+        print(f"    remote calls of one steady save (keep 2): {calls}")
+        from dp_ckpt_plugin.storage.cloud import PART_SIZE
+
+        parts = -(-(mib << 20) // PART_SIZE)
+        print(
+            f"    that is: the payload in {parts} part(s) of a multipart put "
+            f"(+ its start and completion), the record, one swap of HEAD, and the "
+            f"two objects retention removed; {calls.get('requests', 0)} HTTP "
+            "requests in all"
+        )
+        listing = calls.get("list", 0)
+        report("remote", "listings in a steady save (0)", listing, "0", listing == 0)
+        local.close()
+        remote.close()
+        counted = {}
+        for count in (10, 2000):
+            url = f"s3://bench-remote/count{count}"
+            with CheckpointManager(
+                url, format="torch", max_keep=0, staging=work / f"c{count}"
+            ) as writer:
+                writer.save(1, make_state(1))
+                writer.flush(600)
+                store = writer.store.remote.storage
+                head, version = heads.read(store)
+                state_ = head.family("model.ckpt")
+                entry = state_.kept[0]
+                fake = tuple(
+                    heads.Entry(
+                        f"e000001/model.ckpt-{s}.pt",
+                        f"model.ckpt-{s}.pt",
+                        s,
+                        1,
+                        entry.digest,
+                    )
+                    for s in range(2, count + 1)
+                )
+                grown = head._with(
+                    "model.ckpt",
+                    heads.FamilyState(
+                        (*state_.kept, *fake), state_.latest, state_.pointer
+                    ),
+                )
+            store.put_if_match("HEAD", grown.to_bytes(), version)
+            with CheckpointManager(
+                url, format="torch", staging=work / f"r{count}"
+            ) as reader:
+                reader.store.open()
+                storage = reader.store.remote.storage
+                before = sum(v for k, v in storage.counts.items() if k != "requests")
+                reader.resolve("latest")
+                counted[count] = (
+                    sum(v for k, v in storage.counts.items() if k != "requests")
+                    - before
+                )
+        print(f"    remote calls of latest: {counted}")
+        report(
+            "remote",
+            "calls of latest, 2,000 kept / 10 (<= 1)",
+            counted[2000] / counted[10],
+            "<= 1",
+            counted[2000] <= counted[10],
+        )
+
+
+SECTIONS = [
+    "save",
+    "async",
+    "crc",
+    "strace",
+    "count",
+    "digest",
+    "dp",
+    "import",
+    "remote",
+]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -849,6 +1006,8 @@ def main(argv: list[str] | None = None) -> int:
             section_dp(work, 10 if args.quick else 20, rounds)
         if "import" in sections:
             section_import(rounds)
+        if "remote" in sections:
+            section_remote(work, 64, rounds, 64 if args.quick else 256)
     if args.json:
         args.json.write_text(json.dumps(RESULTS, indent=1) + "\n")
     missed = [r["figure"] for r in RESULTS if not r["met"]]

@@ -23,6 +23,7 @@ from typing import Any
 import pluggy
 
 from .config import FamilyConfig
+from .errors import ConfigError
 from .hooks import Hooks
 from .layout import Family
 from .plugins import get_plugin_manager
@@ -63,7 +64,11 @@ class CheckpointManager:
     Parameters
     ----------
     directory : str or Path
-        The checkpoint directory (``training.save_dir``).
+        The checkpoint directory (``training.save_dir``), or the URL of a
+        store on object storage (``s3://bucket/run``, ``gs://``, ``az://``):
+        checkpoints are then committed in a local staging directory and
+        uploaded in the background (:meth:`wait` waits for the save, not for
+        its upload; :meth:`close` waits for the uploads too).
     format : str, optional
         ``"hdf5"`` (NumPy arrays) or ``"torch"``, or a format a plugin adds.
     prefix : str, optional
@@ -102,6 +107,9 @@ class CheckpointManager:
         ``directory``, by default).
     backend : str, optional
         Deprecated name of ``format`` (dp-ckpt-plugin 0.1); warns.
+    staging : str or Path, optional
+        With a URL: the folder staging directories go in (``DP_CKPT_STAGING``,
+        else the system's temporary directory, by default).
     """
 
     def __init__(
@@ -121,6 +129,7 @@ class CheckpointManager:
         storage: Storage | None = None,
         backend: str | None = None,
         writer: str = "auto",
+        staging: str | os.PathLike | None = None,
     ) -> None:
         if backend is not None:
             warnings.warn(
@@ -141,8 +150,12 @@ class CheckpointManager:
             policy = KeepLast(int(max_keep))
         elif isinstance(policy, Mapping):
             policy = policy_from_dict(policy)
+        remote = None
+        if remote_url_or_none(directory) is not None:
+            directory, remote = staged(remote_url_or_none(directory), format, staging)
         self.store = CheckpointStore(
             directory,
+            remote=remote,
             format=format,
             pm=self.pm,
             families=[FamilyConfig(family, policy)],
@@ -157,8 +170,14 @@ class CheckpointManager:
 
     @property
     def directory(self) -> Path:
-        """The checkpoint directory."""
+        """The checkpoint directory (the staging directory of a remote store)."""
         return self.store.directory
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait for the uploads to a remote store; ``False`` on timeout."""
+        if self.store.remote.url is None:
+            return True
+        return self.store.remote.flush(timeout)
 
     def save(
         self, step: int, state: Any, *, metrics: Mapping[str, float] | None = None
@@ -202,3 +221,25 @@ class CheckpointManager:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def remote_url_or_none(directory) -> str | None:
+    """``directory`` as a remote store's URL, or ``None`` for a local path."""
+    from .storage.registry import remote_url, scheme_of
+
+    if not isinstance(directory, str) or scheme_of(directory) in ("", "file"):
+        return None
+    try:
+        return remote_url(directory)
+    except ValueError as exc:
+        raise ConfigError(f"{directory}: {exc}") from None
+
+
+def staged(url: str, format: str, staging):
+    """The staging directory and the :class:`~dp_ckpt_plugin.remote.replica.RemoteStore` of ``url``."""
+    from .remote.replica import RemoteStore
+    from .storage.registry import storage_for
+    from .storage.staging import staging_dir
+
+    base = Path(os.path.abspath(staging)) if staging is not None else None
+    return staging_dir(url, base=base), RemoteStore(storage_for(url), format=format)

@@ -407,3 +407,20 @@ def test_recovery_keeps_what_an_archive_names(pm, tmp_path, mem):
     head = head_of(mem)
     archived = heads.Head.parse(mem.get(head.archives[0])[0], "archive")
     assert all(mem.head(k) is not None for k in archived.referenced())
+
+
+def test_the_manager_takes_a_url(tmp_path, mem):
+    from dp_ckpt_plugin import CheckpointManager
+    from helpers import plugin_manager
+
+    with CheckpointManager(
+        mem.url, staging=tmp_path / "node", pm=plugin_manager(), max_keep=2
+    ) as manager:
+        for step in (1, 2, 3):
+            manager.save(step, make_payload(step))
+            assert manager.flush(30)
+        assert manager.directory.parent.parent == tmp_path / "node"
+    assert kept_steps(mem) == [2, 3]
+    with CheckpointManager(mem.url, staging=tmp_path / "other", pm=plugin_manager()) as m:
+        restored = m.restore("latest")
+        assert restored.step == 3 and payload_mismatches(restored.state, 3) == []
