@@ -11,8 +11,10 @@ listings by prefix, and races of creators and of compare-and-swap writers.
 from __future__ import annotations
 
 import io
+import os
 import secrets
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -394,3 +396,29 @@ def test_keys_with_any_printable_characters_round_trip(storage):
     for key in ODD_KEYS:
         assert storage.delete(key), key
     assert list(storage.list("")) == []
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_directory_another_writer_makes_between_two_looks_is_taken(tmp_path, depth):
+    """``make_dirs`` looks at a missing name following links, then without.
+
+    A directory that another writer creates between those two looks is a
+    directory, not a dangling link: the creation goes on (the race that one
+    of eight racing creators lost as "exists and is not a directory").
+    """
+    storage = LocalStorage(tmp_path)
+    target = tmp_path.joinpath(*[f"d{i}" for i in range(depth)])
+    looked: list[Path] = []
+    plain_entry = storage.entry
+
+    def entry(path, *, follow=False):
+        found = plain_entry(path, follow=follow)
+        if follow and found is None and Path(path) == target and not looked:
+            looked.append(Path(path))
+            os.makedirs(path)  # the other writer, just after our first look
+        return found
+
+    storage.entry = entry
+    storage.make_dirs(target / "leaf", durable=True)
+    assert looked == [target]
+    assert (target / "leaf").is_dir()

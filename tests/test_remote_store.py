@@ -410,8 +410,9 @@ def test_recovery_keeps_what_an_archive_names(pm, tmp_path, mem):
 
 
 def test_the_manager_takes_a_url(tmp_path, mem):
-    from dp_ckpt_plugin import CheckpointManager
     from helpers import plugin_manager
+
+    from dp_ckpt_plugin import CheckpointManager
 
     with CheckpointManager(
         mem.url, staging=tmp_path / "node", pm=plugin_manager(), max_keep=2
@@ -421,6 +422,8 @@ def test_the_manager_takes_a_url(tmp_path, mem):
             assert manager.flush(30)
         assert manager.directory.parent.parent == tmp_path / "node"
     assert kept_steps(mem) == [2, 3]
-    with CheckpointManager(mem.url, staging=tmp_path / "other", pm=plugin_manager()) as m:
+    with CheckpointManager(
+        mem.url, staging=tmp_path / "other", pm=plugin_manager()
+    ) as m:
         restored = m.restore("latest")
         assert restored.step == 3 and payload_mismatches(restored.state, 3) == []

@@ -625,9 +625,13 @@ class LocalStorage:
         missing = []
         for candidate in (directory, *directory.parents):
             found = self.entry(candidate, follow=True)
+            if found is None and self.entry(candidate) is not None:
+                # A name with nothing behind it, or one another writer has
+                # just made: look again before calling it a dangling link.
+                found = self.entry(candidate, follow=True) or Entry("", 0, 0, 0, 0)
             if found is not None and found.is_dir:
                 break
-            if found is not None or self.entry(candidate) is not None:
+            if found is not None:
                 raise CheckpointWriteError(
                     f"could not create directory {directory}: {candidate} exists "
                     "and is not a directory"
