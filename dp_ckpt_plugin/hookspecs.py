@@ -18,7 +18,7 @@ third-party implementation runs before them and, for ``firstresult`` hooks,
 can answer in their place. ``on_save_step``, ``on_commit``,
 ``on_resolve_restart`` and ``on_freeze`` are the project's public API.
 
-The package calls these hooks only through :class:`dp_ckpt_plugin.hooks.Hooks`,
+The package calls these hooks only through :class:`dp_ckpt_plugin.plugin.hooks.Hooks`,
 and verifies what a plugin proposes: a checkpoint ``on_resolve_restart``
 returns is checked against its commit record by the front door before anyone
 uses it, whatever the plugin checked itself.
@@ -29,18 +29,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-import pluggy
+from .markers import PROJECT as PROJECT
+from .markers import hookimpl as hookimpl
+from .markers import hookspec
 
 if TYPE_CHECKING:
     from .checkpoint import Checkpoint, Commit
     from .formats import FormatInfo
     from .resolution import ResolveContext, Resolved
-
-#: Project name shared by the hook markers and the plugin manager.
-PROJECT = "dp_ckpt"
-
-hookspec = pluggy.HookspecMarker(PROJECT)
-hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 # -- formats ------------------------------------------------------------------

@@ -22,16 +22,16 @@ from typing import Any
 
 import pluggy
 
-from .config import FamilyConfig
+from .checkpoint.layout import Family
 from .errors import ConfigError
-from .hooks import Hooks
-from .layout import Family
-from .plugins import get_plugin_manager
+from .plugin import get_plugin_manager
+from .plugin.hooks import Hooks
 from .ranks import Ranks, current_ranks
 from .resolution import Resolved
 from .retention import KeepLast, RetentionPolicy, policy_from_dict
 from .storage import Storage
-from .store import CheckpointStore
+from .store.core import CheckpointStore
+from .store.family import FamilyConfig
 
 log = logging.getLogger("dp_ckpt_plugin")
 
@@ -99,7 +99,7 @@ class CheckpointManager:
         ``docs/performance.md`` for when each costs less.
     pm : pluggy.PluginManager, optional
         The plugin manager; one is built with
-        :func:`~dp_ckpt_plugin.plugins.get_plugin_manager` if not given.
+        :func:`~dp_ckpt_plugin.plugin.get_plugin_manager` if not given.
     ranks : Ranks, optional
         This process's rank; torch.distributed's if a group is initialized.
     storage : Storage, optional

@@ -248,7 +248,7 @@ class KeepBest(RetentionPolicy):
     """Keep the ``count`` checkpoints with the best value of a reported metric.
 
     The value is read from each checkpoint's commit record (the ``metrics``
-    a trainer passes to :meth:`~dp_ckpt_plugin.store.CheckpointStore.save`). A
+    a trainer passes to :meth:`~dp_ckpt_plugin.store.core.CheckpointStore.save`). A
     checkpoint without the metric, or with a value that is not a finite
     number, is never among the best. Ties go to the newer step. Protected
     checkpoints do not take slots: the best ``count`` are kept whatever else

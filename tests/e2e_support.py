@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from helpers import free_port, needs_torch
 
-from dp_ckpt_plugin.digests import digest_of
+from dp_ckpt_plugin.checkpoint.digests import digest_of
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 """Root of the repository checkout."""

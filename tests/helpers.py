@@ -42,11 +42,12 @@ from dp_ckpt_plugin import (
     FamilyConfig,
     get_plugin_manager,
 )
-from dp_ckpt_plugin.catalogue import committed
+from dp_ckpt_plugin.checkpoint.catalogue import committed
+from dp_ckpt_plugin.checkpoint.layout import Family
 from dp_ckpt_plugin.deepmd.naming import ema_family
-from dp_ckpt_plugin.layout import Family, is_temp
-from dp_ckpt_plugin.publish import Mirror
 from dp_ckpt_plugin.retention import KeepLast
+from dp_ckpt_plugin.storage.temp import is_temp
+from dp_ckpt_plugin.store.publish import Mirror
 
 # -- the torch format ---------------------------------------------------------
 

@@ -13,7 +13,7 @@
   outside ``deepmd/``) imports nothing of the deepmd-kit host nor deepmd-kit
   itself, and no heavy library (torch, h5py) at module level; a host backend
   folder never imports another.
-- **One hook facade**: only :mod:`dp_ckpt_plugin.hooks` calls ``pm.hook``.
+- **One hook facade**: only :mod:`dp_ckpt_plugin.plugin.hooks` calls ``pm.hook``.
 
 The checkers are shown to catch every kind of escape they look for on a
 package planted in a temporary directory (:func:`test_every_kind_of_escape_is_caught`).
@@ -44,29 +44,28 @@ ALLOWED: dict[str, dict[str, str]] = {
     "__init__.py": {
         "importlib.import_module": "public names load their own module on first use",
     },
-    "plugins.py": {
-        "os.environ": "the plugin block list (DP_CKPT_BLOCK_PLUGINS)",
+    "blocklist.py": {"os.environ": "the plugin block list (DP_CKPT_DISABLE_PLUGINS)"},
+    "plugin/__init__.py": {
         "importlib.import_module": "the built-in plugins, by module name",
     },
-    "layout.py": {"os.getpid": "a temporary name carries its writer's pid"},
     "remote/lease.py": {
         "os.getpid": "the lease names its holder's process",
         "os.kill": "whether a holder of this host is still alive (signal 0)",
         "socket.gethostname": "the lease names its holder's host",
     },
     "remote/probe.py": {"os.getpid": "a probe's key names its writer"},
-    "lock.py": {
+    "store/lock.py": {
         "os.getpid": "the holder note names this process",
         "socket.gethostname": "the holder note names this host",
     },
-    "shared.py": {
+    "background/shm.py": {
         "os.memfd_create": "snapshot buffers in anonymous shared memory, no file",
         "os.MFD_CLOEXEC": "snapshot buffers in anonymous shared memory, no file",
         "os.ftruncate": "sizing an anonymous shared buffer",
         "os.close": "closing an anonymous shared buffer",
         "mmap.mmap": "mapping an anonymous shared buffer",
     },
-    "writer_process.py": {
+    "background/process.py": {
         "multiprocessing.connection": "the message pipe to the writer process",
         "multiprocessing.reduction": "hands buffers' descriptors to the writer process",
         "subprocess.Popen": "starts the writer process",
@@ -76,7 +75,7 @@ ALLOWED: dict[str, dict[str, str]] = {
         "socket.socket": "the writer process's sockets (a type)",
         "os.environ": "DP_CKPT_WRITER, and the child's environment",
     },
-    "writer_child.py": {
+    "background/child.py": {
         "multiprocessing.connection": "the message pipe to its parent",
         "multiprocessing.reduction": "receives the shared buffers' descriptors",
         "torch.*": "a dtype by its name (getattr(torch, 'float32'))",
@@ -597,7 +596,7 @@ def test_every_allowance_is_used(key):
 def test_the_whole_package_is_read():
     """The core, the commands and the deepmd-kit host are all checked."""
     keys = {table_key(p) for p in MODULES}
-    assert {"lock.py", "commands/inspect.py", "deepmd/prepare.py"} <= keys
+    assert {"store/lock.py", "commands/inspect.py", "deepmd/prepare.py"} <= keys
     assert {"deepmd/pt/trainer.py", "deepmd/pt_expt/trainer.py"} <= keys
     assert len(CORE) >= 40 and len(HOST_FILES) >= 25
 
@@ -847,7 +846,7 @@ def test_host_backends_do_not_import_each_other():
 # -- the hook facade ----------------------------------------------------------------
 
 #: The only module that may call a hook (``pm.hook.<name>``).
-FACADE = "dp_ckpt_plugin.hooks"
+FACADE = "dp_ckpt_plugin.plugin.hooks"
 
 
 def hook_calls(path: Path) -> list[str]:
@@ -878,7 +877,7 @@ def test_the_store_reads_in_one_sitting():
     writing, publishing, pruning, resuming and describing live in their own
     modules. (Its resolve takes a host's context and keeps the verified bytes
     for its load: the one restart path.)"""
-    source = (PACKAGE / "store.py").read_text("utf-8")
+    source = (PACKAGE / "store" / "core.py").read_text("utf-8")
     tree = ast.parse(source)
     documented = [
         node.body[0]

@@ -18,15 +18,15 @@ import pytest
 from helpers import make_payload, open_manager
 
 from dp_ckpt_plugin import CheckpointStore
-from dp_ckpt_plugin.archive import (
+from dp_ckpt_plugin.commands import main
+from dp_ckpt_plugin.storage import local_storage
+from dp_ckpt_plugin.store.archive import (
     archive_folders,
     archives_beyond,
     prune_archives,
     remove_archive,
 )
-from dp_ckpt_plugin.commands import main
-from dp_ckpt_plugin.lock import StoreLock
-from dp_ckpt_plugin.storage import local_storage
+from dp_ckpt_plugin.store.lock import StoreLock
 
 STAMPS = ["20260101T000000Z", "20260201T000000Z", "20260201T000000Z-1"]
 

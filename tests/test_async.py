@@ -9,7 +9,7 @@ import pytest
 from helpers import HAS_TORCH, assert_same, make_payload, open_manager, plugin_manager
 
 from dp_ckpt_plugin import CheckpointManager, CheckpointWriteError, FormatInfo, hookimpl
-from dp_ckpt_plugin.snapshot import Snapshotter
+from dp_ckpt_plugin.background.snapshot import Snapshotter
 
 
 def test_the_snapshot_is_taken_before_save_returns(tmp_path):

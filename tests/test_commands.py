@@ -16,12 +16,12 @@ import pytest
 from helpers import make_payload, open_manager
 
 from dp_ckpt_plugin import get_plugin_manager
+from dp_ckpt_plugin.checkpoint.layout import MANIFEST_NAME
+from dp_ckpt_plugin.checkpoint.records import record_path
 from dp_ckpt_plugin.commands import main, one_line
-from dp_ckpt_plugin.layout import MANIFEST_NAME
-from dp_ckpt_plugin.lock import StoreLock
-from dp_ckpt_plugin.quarantine import quarantine
-from dp_ckpt_plugin.records import record_path
+from dp_ckpt_plugin.resolution.quarantine import quarantine
 from dp_ckpt_plugin.storage import local_storage
+from dp_ckpt_plugin.store.lock import StoreLock
 
 POLICY = {
     "keep_last": 2,
@@ -192,7 +192,7 @@ def test_ls_shows_a_checkpoint_cut_short_by_its_size(store, capsys):
 def test_ls_says_in_one_line_that_a_family_has_no_checkpoints(tmp_path, capsys):
     from helpers import make_store
 
-    from dp_ckpt_plugin.manifest import read_manifest
+    from dp_ckpt_plugin.checkpoint.manifest import read_manifest
 
     d = tmp_path / "models"
     with make_store(get_plugin_manager(), d) as store:  # EMA family, never saved

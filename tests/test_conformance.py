@@ -8,8 +8,8 @@ import pickle
 import pytest
 from helpers import BACKENDS, SUFFIX, assert_same, nested_payload, temporaries
 
-from dp_ckpt_plugin.digests import digest_of
-from dp_ckpt_plugin.records import read_record
+from dp_ckpt_plugin.checkpoint.digests import digest_of
+from dp_ckpt_plugin.checkpoint.records import read_record
 
 
 @pytest.fixture(params=BACKENDS)

@@ -79,13 +79,23 @@ from pathlib import Path
 import pytest
 from helpers import assert_same, family, make_payload, open_manager, plugin_manager
 
-from dp_ckpt_plugin import archive as archiving
-from dp_ckpt_plugin import commit, pruning
-from dp_ckpt_plugin.catalogue import committed, read_record_or_none, uncommitted
+from dp_ckpt_plugin.checkpoint.catalogue import (
+    committed,
+    read_record_or_none,
+    uncommitted,
+)
+from dp_ckpt_plugin.checkpoint.layout import record_target
+from dp_ckpt_plugin.checkpoint.records import (
+    make_record,
+    record_path,
+    verify,
+    write_record,
+)
 from dp_ckpt_plugin.errors import RestartNotFoundError
-from dp_ckpt_plugin.layout import is_temp, record_target
-from dp_ckpt_plugin.records import make_record, record_path, verify, write_record
 from dp_ckpt_plugin.storage.local import LocalStorage
+from dp_ckpt_plugin.storage.temp import is_temp
+from dp_ckpt_plugin.store import archive as archiving
+from dp_ckpt_plugin.store import commit, pruning
 
 #: Where the store directory lies under a scenario's root (created by the save).
 STORE = "run/models"
@@ -1000,7 +1010,7 @@ def _make_dirs_without_parent_fsync(storage):
 
 
 def _remove_records_with_payloads(paths, *, durable, storage, left):
-    """:func:`commit.remove_payloads` unlinking each record right after its payload.
+    """:func:`pruning.remove_payloads` unlinking each record right after its payload.
 
     No fsync between: a crash can keep the record's removal and lose the
     payload's.

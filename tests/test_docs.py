@@ -18,13 +18,14 @@ import pytest
 from helpers import make_arrays, make_payload, open_manager, payload_mismatches
 
 from dp_ckpt_plugin import hookspecs
+from dp_ckpt_plugin.blocklist import BLOCK_PLUGINS_ENV
 from dp_ckpt_plugin.deepmd.argcheck import PluginOptions, check_save_dir, plugin_options
 from dp_ckpt_plugin.errors import (
     ConfigError,
     CorruptCheckpointError,
     RestartNotFoundError,
 )
-from dp_ckpt_plugin.plugins import BLOCK_PLUGINS_ENV, CORE_PLUGINS, ENTRY_POINT_GROUP
+from dp_ckpt_plugin.plugin import CORE_PLUGINS, ENTRY_POINT_GROUP
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 TESTS = Path(__file__).resolve().parent

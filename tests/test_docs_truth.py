@@ -25,9 +25,9 @@ from types import SimpleNamespace
 import pytest
 
 from dp_ckpt_plugin.checkpoint import Checkpoint
+from dp_ckpt_plugin.checkpoint.records import CommitRecord
 from dp_ckpt_plugin.deepmd.argcheck import PluginOptions, plugin_args, plugin_options
 from dp_ckpt_plugin.errors import CheckpointError, ConfigError
-from dp_ckpt_plugin.records import CommitRecord
 from dp_ckpt_plugin.resolution import Resolved
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,6 +136,7 @@ def samples():
 
 def rendered() -> list[str]:
     """The lines the code writes in the README's scenario."""
+    from dp_ckpt_plugin.checkpoint.layout import Family
     from dp_ckpt_plugin.deepmd.adopt import adopted_line
     from dp_ckpt_plugin.deepmd.cli import ABORTED, refuse_fallback, stopped_line
     from dp_ckpt_plugin.deepmd.logs import (
@@ -148,10 +149,9 @@ def rendered() -> list[str]:
     from dp_ckpt_plugin.deepmd.preempt import Stopped
     from dp_ckpt_plugin.deepmd.settings import RunSettings
     from dp_ckpt_plugin.deepmd.takeover import unsupported_note
-    from dp_ckpt_plugin.layout import Family
-    from dp_ckpt_plugin.remote.local import LocalOnly
     from dp_ckpt_plugin.resolution import ResolveContext
-    from dp_ckpt_plugin.rules import resolve
+    from dp_ckpt_plugin.resolution.builtin import resolve
+    from dp_ckpt_plugin.store.local_only import LocalOnly
 
     cwd = Path("/work/run")
     models = cwd / "models"

@@ -27,8 +27,9 @@ from pathlib import Path
 import pytest
 from helpers import make_payload, open_manager, plugin_manager
 
-from dp_ckpt_plugin.layout import record_target, temp_target
+from dp_ckpt_plugin.checkpoint.layout import record_target
 from dp_ckpt_plugin.storage.local import LocalStorage
+from dp_ckpt_plugin.storage.temp import temp_target
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -104,7 +105,7 @@ def steady_save(tmp_path: Path, *, host: bool) -> list[str]:
     directory = tmp_path / "models"
     if host:
         from dp_ckpt_plugin.deepmd.settings import read_settings
-        from dp_ckpt_plugin.store import CheckpointStore
+        from dp_ckpt_plugin.store.core import CheckpointStore
 
         config = {"training": {"save_dir": str(directory), "_dp_ckpt": {}}}
         settings = read_settings(config, suffix=".h5", cwd=tmp_path)

@@ -14,7 +14,8 @@ import pytest
 from helpers import BACKENDS, make_payload, open_manager, plugin_manager
 
 from dp_ckpt_plugin import CheckpointManager, CheckpointWriteError, FormatInfo, hookimpl
-from dp_ckpt_plugin.layout import is_temp, record_name
+from dp_ckpt_plugin.checkpoint.layout import record_name
+from dp_ckpt_plugin.storage.temp import is_temp
 
 
 class Recorder:
@@ -136,8 +137,8 @@ def ops_after(rec, op):
 
 def test_a_resave_keeps_a_committed_checkpoint_at_every_step(tmp_path, monkeypatch):
     """After every operation of a re-save the step verifies (old or new payload)."""
-    from dp_ckpt_plugin.catalogue import read_record_or_none
-    from dp_ckpt_plugin.records import verify
+    from dp_ckpt_plugin.checkpoint.catalogue import read_record_or_none
+    from dp_ckpt_plugin.checkpoint.records import verify
 
     d = tmp_path / "models"
     seen = []

@@ -511,7 +511,7 @@ def test_mistake_fails_fast_without_traceback(bad_workdir, case):
 
 def test_second_writer_is_refused(base, data):
     """A run on a store this process holds is refused fast, naming this pid."""
-    from dp_ckpt_plugin.lock import StoreLock
+    from dp_ckpt_plugin.store.lock import StoreLock
 
     workdir = make_workdir(base, "locked", data, training_config())
     (workdir / "models").mkdir()

@@ -300,7 +300,7 @@ def test_mistakes_fail_fast(base, data):
 
 
 def test_second_writer_is_refused(base, data):
-    from dp_ckpt_plugin.lock import StoreLock
+    from dp_ckpt_plugin.store.lock import StoreLock
 
     workdir = make_workdir(base, "locked", data, config())
     (workdir / "models").mkdir()

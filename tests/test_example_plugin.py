@@ -19,10 +19,10 @@ import pytest
 import tomllib
 from helpers import make_payload, open_manager, payload_mismatches, plugin_manager
 
+from dp_ckpt_plugin.checkpoint.records import read_record, record_path, verify
 from dp_ckpt_plugin.commands import main
 from dp_ckpt_plugin.errors import RestartNotFoundError
-from dp_ckpt_plugin.plugins import ENTRY_POINT_GROUP
-from dp_ckpt_plugin.records import read_record, record_path, verify
+from dp_ckpt_plugin.plugin import ENTRY_POINT_GROUP
 
 PACKAGE = Path(__file__).resolve().parents[1] / "examples" / "backup_plugin"
 PYPROJECT = tomllib.loads((PACKAGE / "pyproject.toml").read_text("utf-8"))

@@ -43,9 +43,10 @@ from helpers import (
 )
 
 from dp_ckpt_plugin import CheckpointWriteError
-from dp_ckpt_plugin.layout import record_name, temp_target
-from dp_ckpt_plugin.records import read_record, verify
+from dp_ckpt_plugin.checkpoint.layout import record_name
+from dp_ckpt_plugin.checkpoint.records import read_record, verify
 from dp_ckpt_plugin.storage.local import LocalStorage
+from dp_ckpt_plugin.storage.temp import temp_target
 
 CODES = [errno.ENOSPC, errno.EIO, errno.EACCES]
 CODE_IDS = [errno.errorcode[c] for c in CODES]

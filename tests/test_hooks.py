@@ -16,7 +16,7 @@ from dp_ckpt_plugin import (
     get_plugin_manager,
     hookimpl,
 )
-from dp_ckpt_plugin.plugins import BLOCK_PLUGINS_ENV
+from dp_ckpt_plugin.blocklist import BLOCK_PLUGINS_ENV
 from dp_ckpt_plugin.resolution import Resolved
 
 

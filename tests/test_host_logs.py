@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from dp_ckpt_plugin.checkpoint import Checkpoint
+from dp_ckpt_plugin.checkpoint.records import CommitRecord
 from dp_ckpt_plugin.deepmd.argcheck import PluginOptions
 from dp_ckpt_plugin.deepmd.logs import (
     Demote,
@@ -21,7 +22,6 @@ from dp_ckpt_plugin.deepmd.logs import (
     startup_line,
 )
 from dp_ckpt_plugin.deepmd.settings import RunSettings
-from dp_ckpt_plugin.records import CommitRecord
 from dp_ckpt_plugin.resolution import Resolved
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from dp_ckpt_plugin.checkpoint.layout import Family
 from dp_ckpt_plugin.deepmd.checkpointing import HostRun
 from dp_ckpt_plugin.deepmd.metrics import BEST_FAMILIES, ReportsMetrics
-from dp_ckpt_plugin.layout import Family
 
 
 @dataclass

@@ -11,8 +11,8 @@ LIGHT = [
     "dp_ckpt_plugin",
     "dp_ckpt_plugin.formats.torch",
     "dp_ckpt_plugin.formats.hdf5",
-    "dp_ckpt_plugin.store",
-    "dp_ckpt_plugin.plugins",
+    "dp_ckpt_plugin.store.core",
+    "dp_ckpt_plugin.plugin",
 ]
 
 

@@ -41,8 +41,8 @@ import pytest
 from e2e_support import DP, EXAMPLES, TORCHRUN
 from helpers import free_port, needs_torch
 
-from dp_ckpt_plugin.layout import is_temp
-from dp_ckpt_plugin.records import read_record, verify
+from dp_ckpt_plugin.checkpoint.records import read_record, verify
+from dp_ckpt_plugin.storage.temp import is_temp
 
 pytestmark = [
     pytest.mark.e2e,

@@ -6,14 +6,9 @@ import fnmatch
 
 import pytest
 
+from dp_ckpt_plugin.checkpoint.layout import Family, record_name
 from dp_ckpt_plugin.deepmd.naming import ema_family, ema_prefix
-from dp_ckpt_plugin.layout import (
-    Family,
-    is_temp,
-    record_name,
-    temp_name,
-    temp_target,
-)
+from dp_ckpt_plugin.storage.temp import is_temp, temp_name, temp_target
 
 
 def test_numbered_name_and_alias():

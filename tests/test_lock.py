@@ -23,7 +23,8 @@ from helpers import (
 )
 
 from dp_ckpt_plugin import StoreLockedError
-from dp_ckpt_plugin.layout import HOLDER_NAME, temp_name
+from dp_ckpt_plugin.checkpoint.layout import HOLDER_NAME
+from dp_ckpt_plugin.storage.temp import temp_name
 
 
 def this_command():

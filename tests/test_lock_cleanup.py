@@ -7,10 +7,10 @@ import os
 import pytest
 
 from dp_ckpt_plugin import StoreLockedError
-from dp_ckpt_plugin.layout import HOLDER_NAME, LOCK_NAME
-from dp_ckpt_plugin.lock import StoreLock
+from dp_ckpt_plugin.checkpoint.layout import HOLDER_NAME, LOCK_NAME
 from dp_ckpt_plugin.storage import local
 from dp_ckpt_plugin.storage.local import LocalStorage
+from dp_ckpt_plugin.store.lock import StoreLock
 
 pytestmark = pytest.mark.skipif(local.fcntl is None, reason="POSIX flock only")
 

@@ -23,10 +23,10 @@ from helpers import (
     plugin_manager,
 )
 
+from dp_ckpt_plugin.checkpoint.layout import Family
 from dp_ckpt_plugin.commands.inspect import inspect_file
 from dp_ckpt_plugin.errors import CorruptCheckpointError
-from dp_ckpt_plugin.hooks import Hooks
-from dp_ckpt_plugin.layout import Family
+from dp_ckpt_plugin.plugin.hooks import Hooks
 from dp_ckpt_plugin.resolution import ResolveContext, payload_of, resolve_restart
 from dp_ckpt_plugin.storage.local import LocalStorage
 

@@ -185,7 +185,7 @@ def test_a_pair_the_process_cannot_write_is_refused_in_one_line(tmp_path):
 @needs_torch
 def test_a_leftover_linking_directory_is_swept(tmp_path):
     """What a writer killed mid-write leaves (its file, linked by name) goes at open."""
-    from dp_ckpt_plugin.layout import temp_name
+    from dp_ckpt_plugin.storage.temp import temp_name
 
     directory = tmp_path / "models"
     with CheckpointManager(directory, format="torch") as manager:

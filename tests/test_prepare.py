@@ -16,8 +16,8 @@ from dp_ckpt_plugin import (
     RestartNotFoundError,
     StoreLockedError,
 )
-from dp_ckpt_plugin.lock import StoreLock
 from dp_ckpt_plugin.ranks import SingleProcess
+from dp_ckpt_plugin.store.lock import StoreLock
 
 pytest.importorskip("deepmd")
 
@@ -244,7 +244,7 @@ def plain_files(directory, steps, prefix="model.ckpt"):
 
 @needs_torch
 def test_plain_save_dir_is_adopted(tmp_path, run_in, caplog):
-    from dp_ckpt_plugin.records import read_record
+    from dp_ckpt_plugin.checkpoint.records import read_record
 
     models = tmp_path / "models"
     plain_files(models, [5, 10])

@@ -11,9 +11,9 @@ import pytest
 from helpers import fill_store, make_payload, open_manager, payload_mismatches
 
 from dp_ckpt_plugin import CorruptCheckpointError, RestartNotFoundError
-from dp_ckpt_plugin.layout import Family
+from dp_ckpt_plugin.checkpoint.layout import Family
 from dp_ckpt_plugin.resolution import ResolveContext
-from dp_ckpt_plugin.rules import resolve
+from dp_ckpt_plugin.resolution.builtin import resolve
 
 FAM = Family("model.ckpt", ".h5")
 

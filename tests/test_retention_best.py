@@ -16,10 +16,10 @@ import random
 import pytest
 from helpers import family, make_payload, open_manager
 
+from dp_ckpt_plugin.checkpoint.layout import MANIFEST_NAME, Family
+from dp_ckpt_plugin.checkpoint.manifest import read_manifest
+from dp_ckpt_plugin.checkpoint.records import check_metrics, read_record, record_path
 from dp_ckpt_plugin.errors import InvalidRecordError, RestartNotFoundError
-from dp_ckpt_plugin.layout import MANIFEST_NAME, Family
-from dp_ckpt_plugin.manifest import read_manifest
-from dp_ckpt_plugin.records import check_metrics, read_record, record_path
 from dp_ckpt_plugin.retention import (
     AnyOf,
     Candidate,
@@ -32,7 +32,7 @@ from dp_ckpt_plugin.retention import (
     policy_from_dict,
     policy_to_dict,
 )
-from dp_ckpt_plugin.store import CheckpointStore, FamilyConfig
+from dp_ckpt_plugin.store.core import CheckpointStore, FamilyConfig
 
 # -- KeepBest ------------------------------------------------------------------
 

@@ -7,8 +7,7 @@ import random
 import pytest
 from helpers import committed_steps, make_payload, open_manager
 
-from dp_ckpt_plugin.config import FamilyConfig
-from dp_ckpt_plugin.layout import Family
+from dp_ckpt_plugin.checkpoint.layout import Family
 from dp_ckpt_plugin.retention import (
     AnyOf,
     Candidate,
@@ -20,6 +19,7 @@ from dp_ckpt_plugin.retention import (
     as_policy,
     plan_prune,
 )
+from dp_ckpt_plugin.store.family import FamilyConfig
 
 
 def oracle(committed, current, protected, window, every=None):

@@ -40,12 +40,13 @@ from dp_ckpt_plugin import (
     resolve,
     resolve_restart,
 )
-from dp_ckpt_plugin.catalogue import committed
-from dp_ckpt_plugin.digests import digest_of
-from dp_ckpt_plugin.layout import HOLDER_NAME, LOCK_NAME, record_name, temp_name
-from dp_ckpt_plugin.records import read_record
+from dp_ckpt_plugin.checkpoint.catalogue import committed
+from dp_ckpt_plugin.checkpoint.digests import digest_of
+from dp_ckpt_plugin.checkpoint.layout import HOLDER_NAME, LOCK_NAME, record_name
+from dp_ckpt_plugin.checkpoint.records import read_record
 from dp_ckpt_plugin.storage import local_storage
 from dp_ckpt_plugin.storage.local import LocalStorage
+from dp_ckpt_plugin.storage.temp import temp_name
 
 FAM = Family("model.ckpt", ".h5")
 EMA = Family("model_ema.ckpt", ".h5", "checkpoint.model_ema.ckpt")
@@ -210,7 +211,7 @@ def test_a_family_whose_prefix_looks_temporary_keeps_its_records(tmp_path):
 
 
 def test_quarantine_never_overwrites(tmp_path):
-    from dp_ckpt_plugin.quarantine import quarantine
+    from dp_ckpt_plugin.resolution.quarantine import quarantine
 
     d = tmp_path / "m"
     fill_store(d, [1])
@@ -341,7 +342,7 @@ def test_a_planted_link_to_an_uncommitted_file_outside_is_refused(tmp_path):
 
 
 def test_an_explicit_file_is_hashed_once(tmp_path, monkeypatch):
-    from dp_ckpt_plugin import records
+    from dp_ckpt_plugin.checkpoint import records
 
     d = tmp_path / "models"
     fill_store(d, [1])

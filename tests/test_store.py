@@ -12,9 +12,9 @@ import pytest
 from helpers import make_payload, make_store, payload_mismatches
 
 from dp_ckpt_plugin import CheckpointStore
-from dp_ckpt_plugin.digests import digest_of
-from dp_ckpt_plugin.layout import Family
-from dp_ckpt_plugin.records import FORMAT_VERSION, read_record
+from dp_ckpt_plugin.checkpoint.digests import digest_of
+from dp_ckpt_plugin.checkpoint.layout import Family
+from dp_ckpt_plugin.checkpoint.records import FORMAT_VERSION, read_record
 
 
 def visible(directory):

@@ -56,8 +56,8 @@ from helpers import (
 )
 
 from dp_ckpt_plugin import RestartNotFoundError
-from dp_ckpt_plugin.layout import is_temp
-from dp_ckpt_plugin.records import read_record, verify
+from dp_ckpt_plugin.checkpoint.records import read_record, verify
+from dp_ckpt_plugin.storage.temp import is_temp
 
 pytestmark = pytest.mark.torture
 

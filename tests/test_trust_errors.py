@@ -46,8 +46,8 @@ from dp_ckpt_plugin.errors import (
     CheckpointWriteError,
     RestartNotFoundError,
 )
-from dp_ckpt_plugin.layout import is_temp
 from dp_ckpt_plugin.storage.local import LocalStorage
+from dp_ckpt_plugin.storage.temp import is_temp
 
 ERRORS = [errno.ENOSPC, errno.EIO, errno.EACCES, errno.EROFS, errno.EDQUOT, errno.EPERM]
 #: The mutating system calls of the storage layer, by method.

@@ -55,11 +55,17 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
+def is_remote(value: object) -> bool:
+    """Whether a command-line value names a store on object storage."""
+    from ..storage.registry import scheme_of
+
+    return isinstance(value, str) and scheme_of(value) not in ("", "file")
+
+
 def store_directory(value: str) -> Path | str:
     """An argument naming an existing store directory (or a remote store's URL)."""
     from ..errors import UnreadableFileError
     from ..storage import default_storage
-    from .remote import is_remote
 
     if is_remote(value):
         return value  # read when the command runs

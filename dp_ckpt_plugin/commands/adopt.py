@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..adoption import Adoption, adopt_directory
-from ..hooks import Hooks
-from ..layout import Family, parse_numbered
-from ..plugins import get_plugin_manager
+from ..checkpoint.layout import Family, parse_numbered
+from ..plugin import get_plugin_manager
+from ..plugin.hooks import Hooks
 from ..storage import default_storage
+from ..store.adoption import Adoption, adopt_directory
 from . import FAILURE, output, store_directory
 from .inventory import read_inventory
 

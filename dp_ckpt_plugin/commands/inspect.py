@@ -18,14 +18,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..adoption import why_not
+from ..checkpoint.layout import step_in_name
+from ..checkpoint.records import CommitRecord, check_payload, read_record
 from ..errors import CheckpointError, InvalidRecordError, UnreadableFileError
-from ..hooks import Hooks
-from ..layout import step_in_name
-from ..plugins import get_plugin_manager
-from ..records import CommitRecord, check_payload, read_record
+from ..plugin import get_plugin_manager
+from ..plugin.hooks import Hooks
 from ..storage import Storage, default_storage
-from . import FAILURE, UsageError, add_digest_flag, output
+from ..store.adoption import why_not
+from . import FAILURE, UsageError, add_digest_flag, is_remote, output
 
 HELP = "show what one checkpoint holds: step, format, record, payload structure"
 DESCRIPTION = (
@@ -40,8 +40,6 @@ DEFAULT_DEPTH = 6
 
 
 def _file_or_url(value: str) -> Path | str:
-    from .remote import is_remote
-
     return value if is_remote(value) else Path(value)
 
 

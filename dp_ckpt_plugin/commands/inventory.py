@@ -16,10 +16,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..archive import ArchiveFolder, archive_folders
 from ..checkpoint import Checkpoint
-from ..errors import InvalidRecordError, UnreadableFileError, UnsafePointerError
-from ..layout import (
+from ..checkpoint.layout import (
     ARCHIVE_DIR,
     POINTER_NAME,
     QUARANTINE_DIR,
@@ -27,11 +25,13 @@ from ..layout import (
     parse_numbered,
     record_target,
 )
-from ..manifest import Manifest, read_manifest
-from ..pointers import named_by, read_pointer
-from ..records import read_record
+from ..checkpoint.manifest import Manifest, read_manifest
+from ..checkpoint.pointers import named_by, read_pointer
+from ..checkpoint.records import read_record
+from ..errors import InvalidRecordError, UnreadableFileError, UnsafePointerError
 from ..retention import KeepBest, RetentionPolicy, Verdict, explain_prune
 from ..storage import Storage, default_storage
+from ..store.archive import ArchiveFolder, archive_folders
 
 #: A numbered file name: ``<prefix>-<step><suffix>``, the step in plain decimal.
 
@@ -143,7 +143,7 @@ class Inventory:
     quarantined : list of Path
         Files in ``D/quarantine/`` (corrupt checkpoints moved aside), records
         excluded.
-    archives : list of dp_ckpt_plugin.archive.ArchiveFolder
+    archives : list of dp_ckpt_plugin.store.archive.ArchiveFolder
         Each folder of ``D/archive/`` (an earlier run), oldest first: its
         checkpoints and its size.
     warnings : list of str

@@ -22,9 +22,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..archive import archive_folders, archives_beyond, remove_archive
-from ..commit import remove
-from ..lock import StoreLock
 from ..retention import (
     BEST_MODES,
     OLD_KEYS,
@@ -36,6 +33,9 @@ from ..retention import (
     reason_of,
 )
 from ..storage import local_storage
+from ..store.archive import archive_folders, archives_beyond, remove_archive
+from ..store.lock import StoreLock
+from ..store.pruning import remove
 from . import UsageError, output, select_families, store_directory
 from .inventory import FamilyView, read_inventory
 

@@ -16,15 +16,15 @@ import sys
 import time
 from typing import Any
 
-from ..digests import hasher
+from ..checkpoint.digests import hasher
 from ..errors import CheckpointError, RestartNotFoundError
 from ..remote import head as heads
 from ..remote.fetch import RemoteSource, candidates, fetch_first
 from ..remote.keys import LEASE_KEY
 from ..remote.lease import Lease, LeaseState
 from ..retention import KeepLast, plan_prune
-from ..storage.registry import scheme_of, storage_for
-from . import FAILURE, UsageError, output
+from ..storage.registry import storage_for
+from . import FAILURE, UsageError, is_remote, output
 
 #: Each command, and the attribute of its arguments that may hold a URL.
 URL_ARGUMENT = {
@@ -35,11 +35,6 @@ URL_ARGUMENT = {
     "inspect": "path",
     "prune": "directory",
 }
-
-
-def is_remote(value: object) -> bool:
-    """Whether a command-line value names a store on object storage."""
-    return isinstance(value, str) and scheme_of(value) not in ("", "file")
 
 
 def applies(args: argparse.Namespace) -> bool:

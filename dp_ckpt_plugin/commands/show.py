@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RestartNotFoundError
-from ..hooks import Hooks
-from ..plugins import get_plugin_manager
+from ..plugin import get_plugin_manager
+from ..plugin.hooks import Hooks
 from ..resolution import ResolveContext, Resolved, resolve_restart
 from . import UsageError, add_digest_flag, one_line, output, store_directory
 from .inventory import read_inventory

@@ -24,15 +24,15 @@ import sys
 import time
 from pathlib import Path
 
-from ..config import FamilyConfig
+from ..checkpoint.layout import POINTER_NAME, Family
 from ..errors import CheckpointError
-from ..layout import POINTER_NAME, Family
-from ..publish import publish, targets
 from ..retention import KeepAll
 from ..storage.local import LocalStorage
 from ..storage.registry import storage_for
-from . import FAILURE, UsageError, output
-from .remote import _check, _head, is_remote
+from ..store.family import FamilyConfig
+from ..store.publish import publish, targets
+from . import FAILURE, UsageError, is_remote, output
+from .remote import _check, _head
 
 HELP = "copy a store between a directory and object storage, verified"
 DESCRIPTION = (
@@ -152,8 +152,8 @@ def _published(storage, remote, prefix, chosen):
 
 def download(url: str, directory: Path) -> tuple[list[dict], list[str]]:
     """Fetch every checkpoint the store at ``url`` keeps into ``directory``."""
-    from ..lock import StoreLock
     from ..remote.fetch import Found, _record, fetch
+    from ..store.lock import StoreLock
 
     storage = storage_for(url)
     head = _head(storage)

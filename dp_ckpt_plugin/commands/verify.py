@@ -4,7 +4,7 @@
 checked, and every pointer and alias must name one) or one checkpoint file.
 Each file's size and content are compared with its record: it is re-read
 and hashed with the algorithm the record names, through
-:func:`dp_ckpt_plugin.records.verify`. ``--size-only`` is the quick check
+:func:`dp_ckpt_plugin.checkpoint.records.verify`. ``--size-only`` is the quick check
 (sizes alone); ``--digest`` (alias ``--sha256``) names the default, for
 scripts written when the size was. The summary says how many bytes were
 hashed and at what rate; above :data:`PROGRESS_ABOVE` bytes to hash, a
@@ -26,10 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import records
-from ..checkpoint import Checkpoint
+from ..checkpoint import Checkpoint, records
+from ..checkpoint.pointers import named_by
 from ..errors import CorruptCheckpointError, InvalidRecordError, UnreadableFileError
-from ..pointers import named_by
 from ..storage import default_storage
 from . import output
 from .inventory import Inventory, read_inventory
@@ -68,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _existing(value: str) -> Path | str:
-    from .remote import is_remote
+    from . import is_remote
 
     if is_remote(value):
         return value  # a remote store, read when the command runs

@@ -22,12 +22,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ..adoption import adopt_family
-from ..catalogue import committed
 from ..checkpoint import Checkpoint
-from ..pointers import named_by
+from ..checkpoint.catalogue import committed
+from ..checkpoint.pointers import named_by
 from ..storage import PayloadBytes
-from ..store import CheckpointStore
+from ..store.adoption import adopt_family
+from ..store.core import CheckpointStore
 from .logs import shown
 
 log = logging.getLogger("dp_ckpt_plugin")

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..errors import CheckpointError
 from ..storage import local_storage
-from ..store import CheckpointStore
+from ..store.core import CheckpointStore
 from .exact import KEY, on_cpu, read_entry, restart_line
 from .loading import MISSING, ServedPayloads
 from .logs import SaveReport, demote_replaced_lines, finished_line

@@ -145,7 +145,7 @@ def run_freeze(flags: argparse.Namespace, host: str):
     The checkpoint is read once and verified from those bytes; the freezer
     (deepmd-kit's ``torch.load`` of the path) reads the same bytes.
     """
-    from ..hooks import Hooks
+    from ..plugin.hooks import Hooks
     from ..resolution import payload_of
     from .heads import check_head
     from .loading import ServedPayloads
@@ -287,7 +287,7 @@ def host_plugins(host: str) -> dict[str, str]:
 
 def plugin_manager(host: str):
     """The plugin manager of a ``dp`` command: the core's plugins and the host's."""
-    from ..plugins import get_plugin_manager
+    from ..plugin import get_plugin_manager
 
     return get_plugin_manager(host_plugins=host_plugins(host))
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..hookspecs import hookimpl
+from ..markers import hookimpl
 
 log = logging.getLogger("dp_ckpt_plugin")
 

@@ -30,9 +30,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint.layout import Family
 from ..errors import ConfigError
-from ..layout import Family
-from ..store import FamilyConfig
+from ..store.core import FamilyConfig
 from .checkpointing import HostRun
 from .retention_args import best_policy, display_metrics
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path, PurePath
 
-from ..catalogue import recorded_families
-from ..layout import POINTER_NAME, Family
+from ..checkpoint.catalogue import recorded_families
+from ..checkpoint.layout import POINTER_NAME, Family
 
 
 def ema_prefix(prefix: str) -> str:

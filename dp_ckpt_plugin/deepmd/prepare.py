@@ -30,13 +30,13 @@ from typing import Any
 
 import pluggy
 
-from ..archive import archive_folders
 from ..errors import CheckpointError, ConfigError, UnreadableFileError
-from ..hooks import Hooks
+from ..plugin.hooks import Hooks
 from ..ranks import Ranks
 from ..resolution import ResolveContext, Resolved, payload_of, resolve_restart
 from ..storage import default_storage
-from ..store import CheckpointStore
+from ..store.archive import archive_folders
+from ..store.core import CheckpointStore
 from .adopt import adopt
 from .exact import KEY as EXACT_KEY
 from .host import descriptor

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint.layout import Family
 from ..errors import ConfigError
-from ..layout import Family
-from ..publish import Mirror
 from ..resolution import ResolveContext
 from ..retention import KeepLast
 from ..storage import entry_or_none
-from ..store import FamilyConfig
+from ..store.core import FamilyConfig
+from ..store.publish import Mirror
 from .argcheck import PluginOptions, check_save_dir, plugin_options
 from .naming import ema_family
 
@@ -241,7 +241,7 @@ def resolve_for_reading(pm, spec: str, *, suffix: str, cwd: Path | None = None):
     another run may be writing the directory. The command loads what is
     found: its verified bytes are kept (``Resolved.payload``).
     """
-    from ..hooks import Hooks
+    from ..plugin.hooks import Hooks
     from ..resolution import resolve_restart
     from .naming import primary_family_in
 

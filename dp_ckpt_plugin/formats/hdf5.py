@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..hookspecs import hookimpl
+from ..markers import hookimpl
 from . import FormatInfo, reading
 
 NAME = "hdf5"

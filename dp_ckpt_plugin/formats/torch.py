@@ -32,7 +32,7 @@ import threading
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..hookspecs import hookimpl
+from ..markers import hookimpl
 from . import FormatInfo, reading
 
 NAME = "torch"

@@ -16,13 +16,18 @@ import difflib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..archive import archive
 from ..checkpoint import Checkpoint
-from ..commit import write_hashed
+from ..checkpoint.digests import write_hashed
+from ..checkpoint.records import (
+    MAX_RECORD_BYTES,
+    CommitRecord,
+    read_record,
+    write_record,
+)
 from ..errors import CorruptCheckpointError, InvalidRecordError, RestartNotFoundError
-from ..records import MAX_RECORD_BYTES, CommitRecord, read_record, write_record
 from ..storage import Storage
 from ..storage.objects import ObjectStorage
+from ..store.archive import archive
 from . import head as heads
 from .head import Entry, Head
 from .keys import record_key
@@ -68,7 +73,7 @@ class Found:
         The family it belongs to.
     entry : dp_ckpt_plugin.remote.head.Entry
         What HEAD says of it.
-    record : dp_ckpt_plugin.records.CommitRecord
+    record : dp_ckpt_plugin.checkpoint.records.CommitRecord
         Its commit record (agreeing with the entry).
     how : str
         How it was found, for people.

@@ -30,8 +30,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from ..checkpoint.records import (
+    MAX_INT,
+    MAX_TEXT,
+    _check_digest,
+    check_metrics,
+    load_json,
+)
 from ..errors import CheckpointWriteError, InvalidRecordError
-from ..records import MAX_INT, MAX_TEXT, _check_digest, check_metrics, load_json
 from ..storage.objects import (
     KeyExistsError,
     ObjectStorage,

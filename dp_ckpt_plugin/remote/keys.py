@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import time
 
-from ..layout import record_name
+from ..checkpoint.layout import record_name
 
 #: The pointer object: what the store holds and which checkpoint is latest.
 HEAD_KEY = "HEAD"

@@ -34,8 +34,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from ..checkpoint.records import load_json
 from ..errors import InvalidRecordError, StoreLockedError
-from ..records import load_json
 from ..storage.objects import (
     KeyExistsError,
     ObjectStorage,

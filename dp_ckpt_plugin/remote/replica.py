@@ -1,6 +1,6 @@
 """The writer side of a remote store: lease, uploads, HEAD, retention.
 
-A :class:`RemoteStore` belongs to one :class:`~dp_ckpt_plugin.store.CheckpointStore`
+A :class:`RemoteStore` belongs to one :class:`~dp_ckpt_plugin.store.core.CheckpointStore`
 whose directory is a local *staging* directory. The store commits every
 checkpoint there first (the local protocol, unchanged: the loop's stall is
 what it is with a local ``save_dir``) and hands it to :meth:`RemoteStore.submit`;
@@ -37,9 +37,9 @@ import time
 from dataclasses import dataclass
 
 from ..checkpoint import Checkpoint
-from ..digests import digest_of_handle
+from ..checkpoint.digests import digest_of_handle
+from ..checkpoint.records import CommitRecord
 from ..errors import CheckpointError, CheckpointWriteError, UnreadableFileError
-from ..records import CommitRecord
 from ..retention import plan_prune
 from ..storage import Storage
 from ..storage.objects import (
@@ -88,7 +88,7 @@ class RemoteStore:
         The format of its checkpoints.
     staging : Storage, optional
         The staging store's local storage (to open staged files); the
-        :class:`~dp_ckpt_plugin.store.CheckpointStore` it is given to sets it.
+        :class:`~dp_ckpt_plugin.store.core.CheckpointStore` it is given to sets it.
     ttl : float
         Seconds the writer lease holds without renewal.
     upload_wait : float

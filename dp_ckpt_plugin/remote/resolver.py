@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..checkpoint import Checkpoint
-from ..hookspecs import hookimpl
+from ..markers import hookimpl
 from ..resolution import Resolved
 from ..storage.staging import staging_dir
 from .fetch import LATEST, RemoteSource, fetch_first, read_head

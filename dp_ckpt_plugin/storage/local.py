@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..errors import CheckpointWriteError, UnreadableFileError, describe_os_error
-from ..layout import is_temp, temp_name, temp_target
 from . import SMALL_FILE_LIMIT, Entry, PayloadBytes
 from .objects import (
     SMALL_OBJECT_LIMIT,
@@ -43,6 +42,7 @@ from .objects import (
     check_key,
     check_prefix,
 )
+from .temp import is_temp, temp_name, temp_target
 
 try:
     import fcntl

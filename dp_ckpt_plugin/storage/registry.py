@@ -137,7 +137,7 @@ def _installed() -> dict[str, metadata.EntryPoint]:
     """The entry points of the group, by scheme, read once (not loaded)."""
     global _entry_points
     if _entry_points is None:
-        from ..plugins import blocked_names
+        from ..blocklist import blocked_names
 
         blocked = set(blocked_names())
         found = metadata.entry_points(group=ENTRY_POINT_GROUP)

@@ -8,7 +8,7 @@ freezes a resolved checkpoint (a TorchScript ``.pth``). Resolving ``-c``
 
 from __future__ import annotations
 
-from ...hookspecs import hookimpl
+from ...markers import hookimpl
 from . import DESCRIPTOR
 
 #: The name ``on_freeze`` implementations see in ``options["host"]``.

@@ -7,7 +7,7 @@ directory, a file, a prefix) is shared: :func:`dp_ckpt_plugin.deepmd.cli.run_fre
 
 from __future__ import annotations
 
-from ...hookspecs import hookimpl
+from ...markers import hookimpl
 from . import DESCRIPTOR
 
 #: The name ``on_freeze`` implementations see in ``options["host"]``.

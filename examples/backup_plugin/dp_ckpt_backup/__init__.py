@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 
 from dp_ckpt_plugin import RestartNotFoundError, hookimpl, resolve
-from dp_ckpt_plugin.records import record_path, verify
+from dp_ckpt_plugin.checkpoint.records import record_path, verify
 
 #: Environment variable naming the backup directory; unset, the plugin is off.
 ENV = "DP_CKPT_BACKUP_DIR"

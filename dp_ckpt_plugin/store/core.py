@@ -9,11 +9,11 @@ own (no plugin can skip one):
 1. on the first save: create ``D`` (durably), take the lock, sweep leftovers,
    archive an earlier run (:meth:`~CheckpointStore.start_run`);
 2. check free space against the size of the family's previous checkpoint;
-3. write and commit (:mod:`~dp_ckpt_plugin.commit`);
+3. write and commit (:mod:`~dp_ckpt_plugin.store.commit`);
 4. publish: pointer, alias and mirrors, all or none
-   (:func:`~dp_ckpt_plugin.publish.publish`); describe the store in its
+   (:func:`~dp_ckpt_plugin.store.publish.publish`); describe the store in its
    manifest when that changed;
-5. call the ``on_commit`` observers (:meth:`~dp_ckpt_plugin.hooks.Hooks.commit`);
+5. call the ``on_commit`` observers (:meth:`~dp_ckpt_plugin.plugin.hooks.Hooks.commit`);
 6. apply retention (:func:`~dp_ckpt_plugin.retention.plan_prune`).
 
 Only the chief rank touches the file system, through the store's
@@ -33,24 +33,24 @@ from typing import Any
 
 import pluggy
 
+from ..background.saves import BackgroundWriter
+from ..checkpoint import Checkpoint, Commit
+from ..checkpoint.catalogue import Catalogue, committed
+from ..checkpoint.layout import Family, check_step
+from ..checkpoint.manifest import Describer
+from ..checkpoint.records import check_metrics
+from ..checkpoint.resume import ResumeState
+from ..plugin.hooks import Hooks
+from ..ranks import Ranks, SingleProcess
+from ..resolution import ResolveContext, Resolved, payload_of, resolve_restart
+from ..storage import Storage, local_storage
 from .archive import archive_earlier_run, prune_archives
-from .background import BackgroundWriter
-from .catalogue import Catalogue, committed
-from .checkpoint import Checkpoint, Commit
-from .commit import Writer, serializer
-from .config import FamilyConfig
-from .hooks import Hooks
-from .layout import Family, check_step
+from .commit import Committer, serializer
+from .family import FamilyConfig
+from .local_only import LocalOnly
 from .lock import StoreLock
-from .manifest import Describer
 from .pruning import Pruner
 from .publish import Publisher
-from .ranks import Ranks, SingleProcess
-from .records import check_metrics
-from .remote.local import LocalOnly
-from .resolution import ResolveContext, Resolved, payload_of, resolve_restart
-from .resume import ResumeState
-from .storage import Storage, local_storage
 from .sweep import sweep
 
 __all__ = ["CheckpointStore", "FamilyConfig", "check_step"]
@@ -143,7 +143,7 @@ class CheckpointStore:
         self.catalogue = Catalogue(
             self.directory, [c.family for c in configs], storage=self.storage
         )
-        self.writer = Writer(
+        self.committer = Committer(
             self.directory,
             self.catalogue,
             self.storage,
@@ -326,7 +326,7 @@ class CheckpointStore:
         serialize = serializer(self.hooks, self.format.name, step, state)
 
         fam = cfg.family
-        record = self.writer.commit(
+        record = self.committer.commit(
             path,
             serialize,
             step=step,

@@ -23,10 +23,10 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import CheckpointWriteError, StoreLockedError, UnreadableFileError
-from .layout import HOLDER_NAME, LOCK_NAME
-from .records import load_json, shorten
-from .storage import Storage, local_storage
+from ..checkpoint.layout import HOLDER_NAME, LOCK_NAME
+from ..checkpoint.records import load_json, shorten
+from ..errors import CheckpointWriteError, StoreLockedError, UnreadableFileError
+from ..storage import Storage, local_storage
 
 
 class StoreLock:

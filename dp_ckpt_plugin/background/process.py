@@ -3,8 +3,8 @@
 A background save in a thread shares the interpreter lock with the training
 loop: ``torch.save``'s pickling holds it, and the loop waits. With a writer
 process the payload is serialized, written, hashed and fsynced in another
-interpreter (``dp_ckpt_plugin.writer_child``), fed from the shared buffers of
-a :class:`~dp_ckpt_plugin.shared.SharedSnapshotter`; the store's background
+interpreter (``dp_ckpt_plugin.background.child``), fed from the shared buffers of
+a :class:`~dp_ckpt_plugin.background.shm.SharedSnapshotter`; the store's background
 thread only waits for its answer, then commits, publishes and prunes.
 
 - The process is started at the first background save (``subprocess``, not
@@ -33,8 +33,8 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import sendfds
 from pathlib import Path
 
-from .errors import CheckpointWriteError, ConfigError
-from .layout import temp_pid, temp_target
+from ..errors import CheckpointWriteError, ConfigError
+from ..storage.temp import temp_pid, temp_target
 
 #: Seconds :meth:`WriterProcess.close` waits for the process before killing it.
 CLOSE_TIMEOUT = 30.0
@@ -80,7 +80,7 @@ class WriterProcess:
             here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
             code = (
                 f"import sys; sys.path.insert(0, {here!r}); "
-                "from dp_ckpt_plugin.writer_child import main; "
+                "from dp_ckpt_plugin.background.child import main; "
                 "sys.exit(main(sys.argv[1:]))"
             )
             try:
@@ -168,7 +168,7 @@ class WriterProcess:
         """Remove the temporary file (and linking directory) a dead process left."""
         if self.storage is None or pid is None:
             return
-        from .sweep import remove_leftover
+        from ..storage.temp import remove_leftover
 
         for name, kind in self.storage.names(path.parent):
             if temp_pid(name) == pid and temp_target(name) == path.name:
@@ -209,7 +209,7 @@ def _status(code: int | None) -> str:
 class RemotePayload:
     """A snapshot that the writer process writes: the store's ``serialize`` for it.
 
-    :func:`~dp_ckpt_plugin.commit.write_hashed` calls :meth:`write_remotely`
+    :func:`~dp_ckpt_plugin.store.commit.write_hashed` calls :meth:`write_remotely`
     instead of writing the payload in this process.
     """
 
@@ -264,7 +264,7 @@ def uses_process(writer: str, format_name: str, storage, hooks) -> bool:
         )
     if writer == "thread":
         return False
-    from .storage.local import LocalStorage
+    from ..storage.local import LocalStorage
 
     origin = "DP_CKPT_WRITER=process" if asked == "auto" else "writer='process'"
     plugins = sorted(

@@ -15,7 +15,6 @@ from __future__ import annotations
 import operator
 import os
 import re
-import secrets
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -32,10 +31,6 @@ HOLDER_NAME = ".dp_ckpt.holder.json"
 #: Name of the file in which a store describes its families and policies.
 MANIFEST_NAME = ".dp_ckpt.store.json"
 
-_TEMP_MARK = ".tmp-"
-#: Exactly the temporary names :func:`temp_name` makes: a dot, the final name,
-#: the marker, the writer's pid and eight hex digits.
-_TEMP_RE = re.compile(r"\.(?P<final>.+)\.tmp-(?P<pid>[0-9]+)-[0-9a-f]{8}", re.DOTALL)
 _RECORD_SUFFIX = ".commit.json"
 _STEP_RE = re.compile(r"0|[1-9][0-9]*")
 
@@ -123,28 +118,6 @@ def step_in_name(name: str, suffix: str | None = None) -> int | None:
     """
     found = (suffix and parse_numbered(name, suffix)) or parse_numbered(name)
     return found.step if found else None
-
-
-def temp_name(final_name: str) -> str:
-    """Return a fresh temporary name for writing ``final_name`` in place."""
-    return f".{final_name}{_TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
-
-
-def is_temp(name: str) -> bool:
-    """Whether a file name has exactly the form :func:`temp_name` gives."""
-    return _TEMP_RE.fullmatch(name) is not None
-
-
-def temp_target(name: str) -> str | None:
-    """Return the final name a temporary file was meant for, or ``None``."""
-    found = _TEMP_RE.fullmatch(name)
-    return found.group("final") if found else None
-
-
-def temp_pid(name: str) -> int | None:
-    """Return the pid of the process that made a temporary name, or ``None``."""
-    found = _TEMP_RE.fullmatch(name)
-    return int(found.group("pid")) if found else None
 
 
 def record_name(checkpoint_name: str) -> str:

@@ -14,10 +14,10 @@ import logging
 import time
 from pathlib import Path
 
-from .errors import CheckpointWriteError, UnreadableFileError
-from .layout import QUARANTINE_DIR
-from .records import record_path
-from .storage import Storage
+from ..checkpoint.layout import QUARANTINE_DIR
+from ..checkpoint.records import record_path
+from ..errors import CheckpointWriteError, UnreadableFileError
+from ..storage import Storage
 
 log = logging.getLogger(__name__)
 

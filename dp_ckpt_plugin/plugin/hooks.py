@@ -2,7 +2,7 @@
 
 Nothing else in the package calls ``pm.hook``. :class:`Hooks` wraps a
 ``pluggy`` plugin manager (built by
-:func:`~dp_ckpt_plugin.plugins.get_plugin_manager`) and gives each hook a
+:func:`~dp_ckpt_plugin.plugin.get_plugin_manager`) and gives each hook a
 method with the answer the caller needs: "no plugin answered" (``None``
 from a ``firstresult`` hook) becomes a clear error here, once, instead of at
 every call site. Observers (``on_commit``) are each called through pluggy, so
@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import pluggy
 
-from .errors import CheckpointWriteError, ConfigError, CorruptCheckpointError
+from ..errors import CheckpointWriteError, ConfigError, CorruptCheckpointError
 
 if TYPE_CHECKING:
-    from .checkpoint import Checkpoint, Commit
-    from .formats import FormatInfo
-    from .resolution import ResolveContext, Resolved
+    from ..checkpoint import Checkpoint, Commit
+    from ..formats import FormatInfo
+    from ..resolution import ResolveContext, Resolved
 
 log = logging.getLogger("dp_ckpt_plugin")
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .checkpoint import Checkpoint
-from .errors import InvalidRecordError, UnreadableFileError
+from ..errors import InvalidRecordError, UnreadableFileError
+from ..storage import Storage, default_storage
+from . import Checkpoint
 from .layout import Family, record_name, record_target
 from .records import CommitRecord, read_record
-from .storage import Storage, default_storage
 
 
 def numbered_files(

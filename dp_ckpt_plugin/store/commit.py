@@ -29,14 +29,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import BinaryIO, NoReturn
 
+from ..checkpoint import Checkpoint
+from ..checkpoint.catalogue import Catalogue, read_record_or_none
+from ..checkpoint.digests import write_hashed
+from ..checkpoint.layout import Family
+from ..checkpoint.records import CommitRecord, make_record, record_path, write_record
+from ..errors import CheckpointWriteError
+from ..storage import Storage
 from .archive import archive
-from .catalogue import Catalogue, read_record_or_none
-from .checkpoint import Checkpoint
-from .digests import digest_of_view
-from .errors import CheckpointWriteError
-from .layout import Family
-from .records import CommitRecord, make_record, record_path, write_record
-from .storage import Storage
 
 log = logging.getLogger("dp_ckpt_plugin")
 
@@ -44,7 +44,7 @@ log = logging.getLogger("dp_ckpt_plugin")
 SPACE_HEADROOM = 1.05
 
 
-class Writer:
+class Committer:
     """Writes and commits a store's checkpoints, never over another run's.
 
     A step this run committed already is rewritten (:func:`rewrite`); a file
@@ -251,72 +251,3 @@ def _undo(
     raise CheckpointWriteError(
         f"could not commit {path}: {exc.strerror or exc}"
     ) from exc
-
-
-def write_hashed(
-    path: Path,
-    serialize: Callable[[BinaryIO], object],
-    *,
-    durable: bool,
-    storage: Storage,
-) -> tuple[Path, str | None]:
-    """Write a payload to a temporary file beside ``path`` and hash it.
-
-    Returns the temporary path and its digest, computed from the bytes in
-    the page cache while the file is fsynced (``Storage.write_payload``);
-    the format's writes pass through no hashing wrapper. The digest is
-    ``None`` only from a storage without ``write_payload`` (the file is then
-    hashed once written).
-    """
-    remotely = getattr(serialize, "write_remotely", None)
-    if remotely is not None:  # a snapshot the writer process writes
-        return remotely(path, durable=durable)
-    write_payload = getattr(storage, "write_payload", None)
-    if write_payload is None:
-        return storage.write_temp(path, serialize, durable=durable), None
-    return write_payload(path, serialize, durable=durable, digest=digest_of_view)
-
-
-def remove(paths: list[Path], *, durable: bool, storage: Storage) -> None:
-    """Remove committed checkpoints (retention): payloads, then records.
-
-    The payloads' removal is made durable before any record goes: a crash in
-    between leaves small records that name no file (the next open sweeps
-    them), never a full-size payload without a record that no rule would
-    remove.
-    """
-    records: list[Path] = []
-    remove_payloads(paths, durable=durable, storage=storage, left=records)
-    if records:
-        storage.sync_dir(paths[0].parent, holding=paths)
-    remove_records(records, storage=storage)
-    if records:
-        storage.sync_dir(paths[0].parent, holding=paths)
-
-
-def remove_payloads(
-    paths: list[Path], *, durable: bool, storage: Storage, left: list[Path]
-) -> None:
-    """Remove the payloads of committed checkpoints; add their records to ``left``.
-
-    A record may go only once the removal of its payload is durable (a
-    later fsync of the directory); until then it names no file, and nothing
-    counts it. Not durable: the records go at once. A failure leaves in
-    ``left`` the records of the payloads already removed.
-    """
-    for path in paths:
-        storage.remove(path)
-        if durable:
-            left.append(record_path(path))
-        else:
-            storage.remove(record_path(path))
-
-
-def remove_records(records: list[Path], *, storage: Storage) -> None:
-    """Remove records whose payloads' removal is durable.
-
-    Their own removal needs no fsync: a record that comes back after a power
-    loss names no file, and the next open sweeps it.
-    """
-    for record in records:
-        storage.remove(record)

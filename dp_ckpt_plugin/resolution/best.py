@@ -11,10 +11,10 @@ than its newest. This built-in plugin (registered as ``best``) answers
   whose policy keeps the best by a metric beside other rules;
 - ``best:<directory>``: the same in another store directory.
 
-The store's manifest (:mod:`~dp_ckpt_plugin.manifest`) says which family is
+The store's manifest (:mod:`~dp_ckpt_plugin.checkpoint.manifest`) says which family is
 ranked and by which metric; the ranking itself is read from the commit
 records, so a lost or stale pointer does not matter. Each candidate, best
-first, is checked like any restart (:func:`~dp_ckpt_plugin.rules.resolve`
+first, is checked like any restart (:func:`~dp_ckpt_plugin.resolution.builtin.resolve`
 on the file); a corrupt one is moved aside into ``quarantine/`` (when the
 context allows) and the next best is tried, with a warning naming both.
 """
@@ -24,16 +24,16 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from .catalogue import committed
-from .errors import CorruptCheckpointError, InvalidRecordError, RestartNotFoundError
-from .hookspecs import hookimpl
-from .layout import Family
-from .manifest import read_manifest
+from ..checkpoint.catalogue import committed
+from ..checkpoint.layout import Family
+from ..checkpoint.manifest import read_manifest
+from ..errors import CorruptCheckpointError, InvalidRecordError, RestartNotFoundError
+from ..markers import hookimpl
+from ..retention import KeepBest, ranking_of
+from ..storage import Storage
+from . import ResolveContext, Resolved
+from .builtin import resolve
 from .quarantine import quarantine
-from .resolution import ResolveContext, Resolved
-from .retention import KeepBest, ranking_of
-from .rules import resolve
-from .storage import Storage
 
 #: The restart specification this plugin answers.
 SPEC = "best"

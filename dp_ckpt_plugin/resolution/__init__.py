@@ -2,7 +2,7 @@
 
 :func:`resolve_restart` is the one front door: the API, training, freeze and
 the ``dp-ckpt`` command all call it. It asks ``on_resolve_restart`` on the
-chief rank (the built-in rules are :mod:`dp_ckpt_plugin.rules`; a plugin may
+chief rank (the built-in rules are :mod:`dp_ckpt_plugin.resolution.builtin`; a plugin may
 answer first), *verifies what the answer names* (:func:`admit`), and
 broadcasts the answer (or the error) to every rank. Whatever rule or plugin
 proposed a checkpoint, a link is followed to the file it names and that file
@@ -27,26 +27,23 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from .checkpoint import Checkpoint
-from .errors import (
+from ..checkpoint import Checkpoint
+from ..checkpoint.layout import Family, step_in_name
+from ..checkpoint.records import CommitRecord, check_payload, read_record, verify
+from ..errors import (
     CorruptCheckpointError,
     InvalidRecordError,
     RestartNotFoundError,
     UnreadableFileError,
 )
-from .layout import Family, step_in_name
-from .ranks import Ranks, SingleProcess
-from .records import CommitRecord, check_payload, read_record, verify
-from .storage import PayloadBytes, Storage, default_storage
-
-if TYPE_CHECKING:
-    from .remote.fetch import RemoteSource
+from ..ranks import Ranks, SingleProcess
+from ..storage import PayloadBytes, Storage, default_storage
 
 
 class Proposer(Protocol):
-    """What the front door asks for a proposal: :class:`~dp_ckpt_plugin.hooks.Hooks`."""
+    """What the front door asks for a proposal: :class:`~dp_ckpt_plugin.plugin.hooks.Hooks`."""
 
     def propose_restart(self, spec: str, context: ResolveContext) -> Resolved | None:
         """The first resolver's answer for ``spec``, or ``None``."""
@@ -72,7 +69,7 @@ class Verifier:
         self._kept: tuple[tuple, bool, PayloadBytes] | None = None
 
     def verify(self, path: Path, record: CommitRecord, *, digest: bool) -> None:
-        """:func:`~dp_ckpt_plugin.records.verify`, remembered.
+        """:func:`~dp_ckpt_plugin.checkpoint.records.verify`, remembered.
 
         Raises
         ------
@@ -184,7 +181,9 @@ class ResolveContext:
     quarantine: bool = True
     storage: Storage | None = None
     verifier: Verifier | None = None
-    remote: RemoteSource | None = None
+    remote: Any = (
+        None  # a RemoteSource: carried for the remote resolver, never read here
+    )
     load: bool = False
 
     def __post_init__(self) -> None:
@@ -197,7 +196,7 @@ class ResolveContext:
     def of_store(
         cls, store, *, digest=False, cwd=None, family=None, load=False
     ) -> ResolveContext:
-        """The context of a :class:`~dp_ckpt_plugin.store.CheckpointStore`.
+        """The context of a :class:`~dp_ckpt_plugin.store.core.CheckpointStore`.
 
         Its directory, the family's pointer mirrors as fallbacks, its storage,
         and its remote store (if it stages for one). Corrupt candidates are

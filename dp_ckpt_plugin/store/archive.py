@@ -31,13 +31,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .catalogue import Catalogue
-from .checkpoint import Checkpoint
-from .errors import CheckpointWriteError, UnreadableFileError
-from .layout import ARCHIVE_DIR, Family, record_name
-from .pointers import link_or_pointer_target
-from .records import record_path
-from .storage import Storage
+from ..checkpoint import Checkpoint
+from ..checkpoint.catalogue import Catalogue
+from ..checkpoint.layout import ARCHIVE_DIR, Family, record_name
+from ..checkpoint.pointers import link_or_pointer_target
+from ..checkpoint.records import record_path
+from ..errors import CheckpointWriteError, UnreadableFileError
+from ..storage import Storage
 
 log = logging.getLogger("dp_ckpt_plugin")
 

@@ -19,17 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import InvalidRecordError, UnreadableFileError
-from .layout import MANIFEST_NAME, Family
-from .records import load_json, shorten
-from .retention import (
+from ..errors import InvalidRecordError, UnreadableFileError
+from ..retention import (
     RetentionPolicy,
     neutral_keys,
     policy_from_dict,
     policy_to_dict,
     reason_of,
 )
-from .storage import Storage, default_storage
+from ..storage import Storage, default_storage
+from .layout import MANIFEST_NAME, Family
+from .records import load_json, shorten
 
 log = logging.getLogger("dp_ckpt_plugin")
 

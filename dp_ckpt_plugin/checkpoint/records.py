@@ -24,10 +24,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..errors import CorruptCheckpointError, InvalidRecordError, UnreadableFileError
+from ..storage import PayloadBytes, Storage, default_storage
 from .digests import ALGORITHMS, DEFAULT_ALGORITHM, digest_of, digest_of_view
-from .errors import CorruptCheckpointError, InvalidRecordError, UnreadableFileError
 from .layout import record_name
-from .storage import PayloadBytes, Storage, default_storage
 
 #: Version of the record format this package writes; it reads 1 and 2.
 FORMAT_VERSION = 2

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..retention import Candidate
 from .records import CommitRecord
-from .retention import Candidate
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .errors import CheckpointWriteError, UnreadableFileError
-from .pointers import MAX_POINTER_BYTES, pointer_text
-from .storage import Storage
+from ..checkpoint.pointers import MAX_POINTER_BYTES, pointer_text
+from ..errors import CheckpointWriteError, UnreadableFileError
+from ..storage import Storage
 
 
 @dataclass(frozen=True)

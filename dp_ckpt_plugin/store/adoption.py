@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pluggy
 
-from .catalogue import uncommitted
-from .checkpoint import Checkpoint
-from .hooks import Hooks
-from .layout import Family
+from ..checkpoint import Checkpoint
+from ..checkpoint.catalogue import uncommitted
+from ..checkpoint.layout import Family
+from ..checkpoint.records import make_record, record_path, write_record
+from ..plugin.hooks import Hooks
+from ..storage import PayloadBytes, Storage, local_storage
 from .lock import StoreLock
-from .records import make_record, record_path, write_record
-from .storage import PayloadBytes, Storage, local_storage
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 class LocalOnly:
-    """What :class:`~dp_ckpt_plugin.store.CheckpointStore` calls when nothing is uploaded.
+    """What :class:`~dp_ckpt_plugin.store.core.CheckpointStore` calls when nothing is uploaded.
 
     The same methods as :class:`~dp_ckpt_plugin.remote.replica.RemoteStore`,
     each doing nothing, so the store's save line is one straight line for

@@ -29,27 +29,27 @@ import itertools
 import re
 from pathlib import Path
 
-from .catalogue import committed, uncommitted
-from .checkpoint import Checkpoint
-from .errors import (
+from ..checkpoint import Checkpoint
+from ..checkpoint.catalogue import committed, uncommitted
+from ..checkpoint.layout import ARCHIVE_DIR, Family, parse_numbered, step_in_name
+from ..checkpoint.pointers import is_inside, read_pointer
+from ..checkpoint.records import CommitRecord, read_record
+from ..errors import (
     CorruptCheckpointError,
     InvalidRecordError,
     RestartNotFoundError,
     UnreadableFileError,
     UnsafePointerError,
 )
-from .hookspecs import hookimpl
-from .layout import ARCHIVE_DIR, Family, parse_numbered, step_in_name
-from .pointers import is_inside, read_pointer
-from .quarantine import quarantine
-from .records import CommitRecord, read_record
-from .resolution import (
+from ..markers import hookimpl
+from ..storage import Storage, entry_or_none
+from . import (
     ResolveContext,
     Resolved,
     follow_link,
     unrecorded_note,
 )
-from .storage import Storage, entry_or_none
+from .quarantine import quarantine
 
 
 @hookimpl(trylast=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .layout import Family
+from ..checkpoint.layout import Family
+from ..retention import KeepLast, RetentionPolicy, as_policy
 from .publish import Mirror
-from .retention import KeepLast, RetentionPolicy, as_policy
 
 
 @dataclass

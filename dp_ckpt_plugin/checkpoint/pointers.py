@@ -20,9 +20,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import UnreadableFileError, UnsafePointerError
+from ..errors import UnreadableFileError, UnsafePointerError
+from ..storage import Storage, default_storage
 from .layout import Family
-from .storage import Storage, default_storage
 
 #: Most bytes a pointer may hold.
 MAX_POINTER_BYTES = 4096

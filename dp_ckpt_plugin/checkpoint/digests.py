@@ -17,8 +17,12 @@ works the same way, also one that seeks back and overwrites (HDF5).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+if TYPE_CHECKING:
+    from ..storage import Storage
 
 #: The algorithm of new records.
 DEFAULT_ALGORITHM = "blake3"
@@ -49,7 +53,7 @@ def digest_of(
     ``None``): only a regular file is read.
     """
     if storage is None:
-        from .storage import default_storage
+        from ..storage import default_storage
 
         storage = default_storage()
     with storage.open_payload(path) as handle:
@@ -78,3 +82,27 @@ def digest_of_handle(handle: BinaryIO, algorithm: str = DEFAULT_ALGORITHM) -> st
     while chunk := handle.read(_CHUNK):
         h.update(chunk)
     return f"{algorithm}:{h.hexdigest()}"
+
+
+def write_hashed(
+    path: Path,
+    serialize: Callable[[BinaryIO], object],
+    *,
+    durable: bool,
+    storage: Storage,
+) -> tuple[Path, str | None]:
+    """Write a payload to a temporary file beside ``path`` and hash it.
+
+    Returns the temporary path and its digest, computed from the bytes in
+    the page cache while the file is fsynced (``Storage.write_payload``);
+    the format's writes pass through no hashing wrapper. The digest is
+    ``None`` only from a storage without ``write_payload`` (the file is then
+    hashed once written).
+    """
+    remotely = getattr(serialize, "write_remotely", None)
+    if remotely is not None:  # a snapshot the writer process writes
+        return remotely(path, durable=durable)
+    write_payload = getattr(storage, "write_payload", None)
+    if write_payload is None:
+        return storage.write_temp(path, serialize, durable=durable), None
+    return write_payload(path, serialize, durable=durable, digest=digest_of_view)

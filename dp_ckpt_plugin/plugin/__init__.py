@@ -11,15 +11,13 @@ implementation matches a spec.
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Iterable, Mapping
 
 import pluggy
 
-from . import hookspecs
+from .. import hookspecs
+from ..blocklist import blocked_names
 
-#: Environment variable naming plugins (built-in or third-party) to block.
-BLOCK_PLUGINS_ENV = "DP_CKPT_DISABLE_PLUGINS"
 #: Entry-point group third-party plugins register under.
 ENTRY_POINT_GROUP = "dp_ckpt"
 
@@ -31,15 +29,9 @@ CORE_PLUGINS: Mapping[str, str] = {
     "hdf5": "dp_ckpt_plugin.formats.hdf5",
     "torch": "dp_ckpt_plugin.formats.torch",
     "remote": "dp_ckpt_plugin.remote.resolver",
-    "best": "dp_ckpt_plugin.best",
-    "resolve": "dp_ckpt_plugin.rules",
+    "best": "dp_ckpt_plugin.resolution.best",
+    "resolve": "dp_ckpt_plugin.resolution.builtin",
 }
-
-
-def blocked_names(value: str | None = None) -> list[str]:
-    """Parse a comma-separated list of plugin names (the environment's by default)."""
-    raw = os.environ.get(BLOCK_PLUGINS_ENV, "") if value is None else value
-    return [name.strip() for name in raw.split(",") if name.strip()]
 
 
 def get_plugin_manager(

@@ -1,7 +1,7 @@
 """The writer process: serializes, writes, hashes and fsyncs a payload.
 
-Started by :class:`~dp_ckpt_plugin.writer_process.WriterProcess` as
-``python -m dp_ckpt_plugin.writer_child <fd of messages> <fd of buffers> <D> <format>``.
+Started by :class:`~dp_ckpt_plugin.background.process.WriterProcess` as
+``python -m dp_ckpt_plugin.background.child <fd of messages> <fd of buffers> <D> <format>``.
 It maps the shared snapshot buffers it is sent (once each), rebuilds the
 payload around them and writes it with the store's format (torch or HDF5,
 each message names it) through a
@@ -35,7 +35,7 @@ class _Unpickler(pickle.Unpickler):
         self.buffers = buffers
 
     def persistent_load(self, pid):
-        from .shared import view_of
+        from .shm import view_of
 
         _, ident, dtype, shape, kind, grad = pid
         mapped = self.buffers[ident]
@@ -53,10 +53,10 @@ class _Unpickler(pickle.Unpickler):
 
 def serve(conn: Connection, fds: socket.socket, root: Path) -> None:
     """Answer write requests until told to stop or the store is gone."""
-    from .digests import digest_of_view
-    from .formats import hdf5 as hdf5_format
-    from .formats import torch as torch_format
-    from .storage.local import LocalStorage
+    from ..checkpoint.digests import digest_of_view
+    from ..formats import hdf5 as hdf5_format
+    from ..formats import torch as torch_format
+    from ..storage.local import LocalStorage
 
     formats = {torch_format.NAME: torch_format, hdf5_format.NAME: hdf5_format}
 

@@ -1,8 +1,8 @@
 """Snapshot buffers in shared memory, for a writer in another process.
 
-:class:`SharedSnapshotter` is the :class:`~dp_ckpt_plugin.snapshot.Snapshotter`
+:class:`SharedSnapshotter` is the :class:`~dp_ckpt_plugin.background.snapshot.Snapshotter`
 of a store whose background saves are written by a writer process
-(:mod:`~dp_ckpt_plugin.writer_process`): each tensor and NumPy array of the
+(:mod:`~dp_ckpt_plugin.background.process`): each tensor and NumPy array of the
 payload is copied into a buffer of anonymous shared memory (``memfd_create``), allocated once
 and reused from save to save, which the writer process maps once. The
 snapshot is then pickled with each shared buffer replaced by a reference

@@ -27,17 +27,17 @@ import contextlib
 from collections.abc import Iterable
 from pathlib import Path
 
-from .errors import CheckpointWriteError, UnreadableFileError
-from .layout import (
+from ..checkpoint.layout import (
     ARCHIVE_DIR,
     HOLDER_NAME,
     MANIFEST_NAME,
     Family,
     record_name,
     record_target,
-    temp_target,
 )
-from .storage import Storage
+from ..errors import CheckpointWriteError
+from ..storage import Storage
+from ..storage.temp import entries_of, remove_counted, remove_leftover, temp_target
 
 
 def sweep(
@@ -50,7 +50,7 @@ def sweep(
     """Remove leftovers in ``directory`` and beside ``mirrors``; return them."""
     families = list(families)
     removed = []
-    entries = dict(_names(directory, storage))
+    entries = dict(entries_of(directory, storage))
     for name in entries:
         target = temp_target(name)
         if target is not None and _ours(target, families):
@@ -62,13 +62,13 @@ def sweep(
             and _numbered(checkpoint, families)
             and checkpoint not in entries
         ) and not _follow_into_archive(directory, checkpoint, storage):
-            _remove(directory / name, removed, storage)
+            remove_counted(directory / name, removed, storage)
     for mirror in mirrors:
         if mirror.parent == directory:
             continue
-        for name, _ in _names(mirror.parent, storage):
+        for name, _ in entries_of(mirror.parent, storage):
             if temp_target(name) == mirror.name:
-                _remove(mirror.parent / name, removed, storage)
+                remove_counted(mirror.parent / name, removed, storage)
     return removed
 
 
@@ -92,11 +92,11 @@ def _follow_into_archive(directory: Path, checkpoint: str, storage: Storage) -> 
     found = storage.entry(root)
     if found is None or not found.is_dir:
         return False  # a link there leads out of the store: never followed
-    for folder, kind in sorted(_names(root, storage), reverse=True):
+    for folder, kind in sorted(entries_of(root, storage), reverse=True):
         dest = root / folder
         if kind != "dir":
             continue
-        inside = dict(_names(dest, storage))
+        inside = dict(entries_of(dest, storage))
         if inside.get(checkpoint) == "file" and record_name(checkpoint) not in inside:
             with contextlib.suppress(CheckpointWriteError):
                 storage.rename(
@@ -104,37 +104,3 @@ def _follow_into_archive(directory: Path, checkpoint: str, storage: Storage) -> 
                 )
                 return True
     return False
-
-
-def _names(directory: Path, storage: Storage) -> list[tuple[str, str]]:
-    try:
-        return storage.names(directory)
-    except UnreadableFileError:
-        return []
-
-
-def remove_leftover(
-    path: Path, kind: str, removed: list[Path], storage: Storage
-) -> None:
-    """Remove a temporary file, or a temporary directory and the link it holds.
-
-    The store puts one entry in such a directory: a link to a payload's
-    temporary file under the payload's final name. Only that entry goes
-    (never a directory, nothing below followed), then the directory if it
-    is empty; anything else in it stays, and so does the directory.
-    """
-    if kind != "dir":
-        _remove(path, removed, storage)
-        return
-    final = temp_target(path.name)
-    for name, inside in _names(path, storage):
-        if name == final and inside != "dir":
-            _remove(path / name, [], storage)
-    if storage.remove_dir(path):
-        removed.append(path)
-
-
-def _remove(path: Path, removed: list[Path], storage: Storage) -> None:
-    with contextlib.suppress(CheckpointWriteError):
-        if storage.remove(path):
-            removed.append(path)

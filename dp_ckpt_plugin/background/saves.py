@@ -1,7 +1,7 @@
 """The background writer: at most one save in flight, errors never lost.
 
 An asynchronous save stalls the training loop only for a consistent snapshot
-of the payload (:class:`~dp_ckpt_plugin.snapshot.Snapshotter`); serialization,
+of the payload (:class:`~dp_ckpt_plugin.background.snapshot.Snapshotter`); serialization,
 write, hash, fsync, commit, publication and retention run on one worker
 thread. Policy:
 
@@ -38,7 +38,7 @@ class BackgroundWriter:
     process_root : Path, optional
         With a store directory, payloads are snapshotted into shared memory
         and written by a writer process confined to it
-        (:mod:`~dp_ckpt_plugin.writer_process`); the worker thread then
+        (:mod:`~dp_ckpt_plugin.background.process`); the worker thread then
         only waits for it, and commits.
     """
 
@@ -49,8 +49,8 @@ class BackgroundWriter:
         if not process_root:
             self.snapshots = Snapshotter()
         else:
-            from .shared import SharedSnapshotter
-            from .writer_process import WriterProcess
+            from .process import WriterProcess
+            from .shm import SharedSnapshotter
 
             self.snapshots = SharedSnapshotter()
             self.process = WriterProcess(process_root, storage, format)
@@ -61,7 +61,7 @@ class BackgroundWriter:
     @classmethod
     def for_store(cls, store, writer: str) -> BackgroundWriter:
         """The background writer of ``store``, a process or a thread as ``writer`` asks."""
-        from .writer_process import uses_process
+        from .process import uses_process
 
         remote = uses_process(writer, store.format.name, store.storage, store.hooks)
         return cls(
@@ -72,7 +72,7 @@ class BackgroundWriter:
         """A consistent copy of ``state``, or what the writer process writes."""
         if self.process is None:
             return self.snapshots.take(state)
-        from .writer_process import RemotePayload
+        from .process import RemotePayload
 
         self.process.start()  # it imports torch while the snapshot is taken
         return RemotePayload(

@@ -19,14 +19,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from .catalogue import Catalogue
-from .checkpoint import Checkpoint
-from .commit import remove_payloads, remove_records
-from .layout import Family
-from .pointers import named_by
-from .resume import ResumeState
-from .retention import plan_prune
-from .storage import Storage
+from ..checkpoint import Checkpoint
+from ..checkpoint.catalogue import Catalogue
+from ..checkpoint.layout import Family
+from ..checkpoint.pointers import named_by
+from ..checkpoint.records import record_path
+from ..checkpoint.resume import ResumeState
+from ..retention import plan_prune
+from ..storage import Storage
 
 
 class Pruner:
@@ -122,3 +122,48 @@ class Pruner:
                 if self.storage.entry(path) is None:
                     self.catalogue.discard(family, path.name)
         return paths
+
+
+def remove(paths: list[Path], *, durable: bool, storage: Storage) -> None:
+    """Remove committed checkpoints (retention): payloads, then records.
+
+    The payloads' removal is made durable before any record goes: a crash in
+    between leaves small records that name no file (the next open sweeps
+    them), never a full-size payload without a record that no rule would
+    remove.
+    """
+    records: list[Path] = []
+    remove_payloads(paths, durable=durable, storage=storage, left=records)
+    if records:
+        storage.sync_dir(paths[0].parent, holding=paths)
+    remove_records(records, storage=storage)
+    if records:
+        storage.sync_dir(paths[0].parent, holding=paths)
+
+
+def remove_payloads(
+    paths: list[Path], *, durable: bool, storage: Storage, left: list[Path]
+) -> None:
+    """Remove the payloads of committed checkpoints; add their records to ``left``.
+
+    A record may go only once the removal of its payload is durable (a
+    later fsync of the directory); until then it names no file, and nothing
+    counts it. Not durable: the records go at once. A failure leaves in
+    ``left`` the records of the payloads already removed.
+    """
+    for path in paths:
+        storage.remove(path)
+        if durable:
+            left.append(record_path(path))
+        else:
+            storage.remove(record_path(path))
+
+
+def remove_records(records: list[Path], *, storage: Storage) -> None:
+    """Remove records whose payloads' removal is durable.
+
+    Their own removal needs no fsync: a record that comes back after a power
+    loss names no file, and the next open sweeps it.
+    """
+    for record in records:
+        storage.remove(record)

@@ -1,0 +1,10 @@
+"""The checkpoint store and its save line.
+
+``core`` holds :class:`CheckpointStore`, which runs the invariants in one
+straight line: ``commit`` (a durable payload, then its commit record),
+``publish`` (pointer, alias and mirrors), then retention (``..retention``).
+Beside them: ``family`` (how a store treats one family), ``manifest`` (the
+store's description of itself), ``lock`` (one writer per directory),
+``adoption`` (numbered files that have no record) and ``sweep`` (what a killed
+writer left behind). Nothing here knows a host or a serialization format.
+"""
