@@ -779,9 +779,9 @@ def test_a_folder_entry_covers_its_modules(tmp_path):
 # -- the direction of imports ------------------------------------------------------
 
 
-def imports_of(path: Path) -> list[tuple[str, bool]]:
+def imports_of(path: Path, root: Path = PACKAGE) -> list[tuple[str, bool]]:
     """Return ``(absolute module, at module level)`` for every import in a file."""
-    name = module_name(path)
+    name = module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     tree = ast.parse(path.read_text("utf-8"))
     top = {id(node) for node in tree.body}
@@ -888,3 +888,100 @@ def test_the_store_reads_in_one_sitting():
     docs = sum(d.end_lineno - d.lineno + 1 for d in documented)
     code = source.count("\n") - docs
     assert code <= 320, f"store.py has {code} lines besides its docstrings"
+
+
+# -- the layers -----------------------------------------------------------------
+
+#: The package's folders and top-level modules, from the ground up: a module
+#: imports only from its own folder and the layers below it (type-checking
+#: imports included). Two folders on one layer do not import each other.
+LAYERS: list[tuple[str, ...]] = [
+    ("errors",),
+    ("markers",),
+    ("blocklist",),
+    ("ranks",),
+    ("storage",),
+    ("retention",),
+    ("checkpoint",),
+    ("formats",),
+    ("resolution", "background"),
+    ("hookspecs",),
+    ("plugin",),
+    ("store",),
+    ("remote",),
+    ("manager", "commands", "deepmd"),
+    ("__main__",),
+]
+
+
+def room_of(module: str) -> str | None:
+    """The folder or top-level module of a dotted name inside the package."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def against_the_layers(paths, root: Path, layers) -> list[str]:
+    """Every import of ``paths`` that runs to a higher layer or across one."""
+    level = {room: i for i, rooms in enumerate(layers) for room in rooms}
+    wrong = []
+    for path in paths:
+        source = room_of(module_name(path, root))
+        for target, _ in imports_of(path, root):
+            if not target.startswith(root.name + "."):
+                continue
+            to = room_of(target)
+            if to == source or source is None:
+                continue
+            if not ((root / to).is_dir() or (root / f"{to}.py").is_file()):
+                continue  # a name of the package itself (``__version__``)
+            if to not in level or source not in level:
+                wrong.append(f"{module_name(path, root)}: {to} has no layer")
+            elif level[to] >= level[source]:
+                wrong.append(f"{module_name(path, root)} imports from {to}")
+    return sorted(set(wrong))
+
+
+def test_every_import_runs_down_the_layers():
+    assert against_the_layers(MODULES, PACKAGE, LAYERS) == []
+
+
+def test_the_layers_name_every_folder_and_module():
+    rooms = {room_of(module_name(p)) for p in MODULES} - {None}
+    named = {room for rooms in LAYERS for room in rooms}
+    assert rooms == named
+
+
+@pytest.mark.parametrize(
+    "module, source",
+    [
+        ("low/a.py", "from ..high import b\n"),
+        (
+            "low/a.py",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..high.b import X\n",
+        ),
+        ("left/a.py", "import pkg.right.b\n"),
+        ("stray/a.py", "from ..low import a\n"),
+    ],
+    ids=["upward", "upward-type-checking", "across-one-layer", "no-layer"],
+)
+def test_an_import_against_the_layers_is_caught(tmp_path, module, source):
+    package = tmp_path / "pkg"
+    modules = {
+        "__init__.py": "",
+        "low/__init__.py": "",
+        "left/__init__.py": "",
+        "right/__init__.py": "",
+        "right/b.py": "",
+        "high/__init__.py": "",
+        "high/b.py": "from ..low import a\n",
+        module: source,
+    }
+    for name, text in modules.items():
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text(text)
+    layers = [("low",), ("left", "right"), ("high",)]
+    paths = sorted(package.rglob("*.py"))
+    wrong = against_the_layers(paths, package, layers)
+    assert len(wrong) == 1, wrong
+    clean = [p for p in paths if p != package / module]
+    assert against_the_layers(clean, package, layers) == []
