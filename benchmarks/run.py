@@ -701,8 +701,10 @@ def prepare_dp(work: Path, steps: int) -> None:
 _STAMP = r"\[(\d+-\d+-\d+ \d+:\d+:\d+,\d+)\][^\n]*"
 
 
-def dp_loop_seconds(work: Path, variant: str, steps: int) -> float:
-    """Train from scratch; return the seconds of deepmd-kit's training loop."""
+def dp_loop_seconds(
+    work: Path, variant: str, steps: int, backend: str = "pt-expt"
+) -> float:
+    """Train from scratch with ``dp --<backend>``; return the seconds of its loop."""
     from datetime import datetime
 
     for name in ("models", "checkpoint", "model.ckpt.pt", "lcurve.out"):
@@ -722,7 +724,7 @@ def dp_loop_seconds(work: Path, variant: str, steps: int) -> float:
     out = subprocess.run(
         [
             str(BIN / "dp"),
-            "--pt-expt",
+            f"--{backend}",
             "train",
             f"{variant}.json",
             "--skip-neighbor-stat",
@@ -744,17 +746,22 @@ def dp_loop_seconds(work: Path, variant: str, steps: int) -> float:
 
 
 def section_dp(work: Path, steps: int, rounds: int) -> None:
+    for backend in ("pt-expt", "pt"):
+        section_dp_backend(work, steps, rounds, backend)
+
+
+def section_dp_backend(work: Path, steps: int, rounds: int, backend: str) -> None:
     print(
-        f"\n[dp] dp --pt-expt train, {steps} steps, a checkpoint every step, "
+        f"\n[dp] dp --{backend} train, {steps} steps, a checkpoint every step, "
         f"{rounds} rounds"
     )
-    work = work / "dp"
+    work = work / f"dp-{backend}"
     work.mkdir()
     prepare_dp(work, steps)
-    dp_loop_seconds(work, "off", steps)  # warm the caches
+    dp_loop_seconds(work, "off", steps, backend)  # warm the caches
     times = interleaved(
         {
-            v: (lambda v=v: dp_loop_seconds(work, v, steps))
+            v: (lambda v=v: dp_loop_seconds(work, v, steps, backend))
             for v in ("off", "sync", "async-process", "async-thread")
         },
         rounds,
@@ -765,7 +772,7 @@ def section_dp(work: Path, steps: int, rounds: int) -> None:
         ratio = med(times[f"async-{writer}"]) / med(times["off"])
         report(
             "dp",
-            f"training loop, background saves ({writer}) / plugin off",
+            f"dp --{backend}: training loop, background saves ({writer}) / plugin off",
             ratio,
             "<= 1.05",
             ratio <= 1.05,

@@ -15,12 +15,14 @@ target or its pointer line, never a payload: publication reads no checkpoint.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from .commit import at_once
 from .errors import CheckpointWriteError, UnreadableFileError
 from .pointers import MAX_POINTER_BYTES, pointer_text
 from .storage import Storage
@@ -169,27 +171,79 @@ def publish(
     for target in targets:
         by_directory.setdefault(target.path.parent, []).append(target)
     done: list[_Before] = []
+    written: dict[Path, Path] = {}  # a later pointer -> its fsynced temporary file
     try:
         # directory by directory, in the order given (the store's own first):
         # its targets move, then one fsync of it. Within a directory the order
         # on disk does not matter (each move is atomic and names a committed
         # checkpoint); the fsync of the store directory also makes the new
-        # payload's name durable before any mirror elsewhere names it
-        for directory, group in by_directory.items():
+        # payload's name durable before any mirror elsewhere names it. The
+        # bytes of the later directories' pointers are written and fsynced
+        # under their temporary names beside that first fsync (no name of
+        # theirs changes before it returns)
+        for index, (directory, group) in enumerate(by_directory.items()):
             for target in group:
                 done.append(_before(target, storage))
-                _move(target, checkpoint, storage=storage, durable=durable)
+                _move(
+                    target,
+                    checkpoint,
+                    storage=storage,
+                    durable=durable,
+                    written=written.pop(target.path, None),
+                )
             if durable:
-                storage.sync_dir(directory, holding=[t.path for t in group])
+                sync = functools.partial(
+                    storage.sync_dir, directory, holding=[t.path for t in group]
+                )
+                later = [
+                    t
+                    for group in list(by_directory.values())[index + 1 :]
+                    for t in group
+                    if t.kind == "pointer" and t.sync
+                ]
+                if index == 0 and later:
+                    at_once(
+                        functools.partial(
+                            _write_pointers, later, checkpoint, storage, written
+                        ),
+                        sync,
+                    )
+                else:
+                    sync()
     except CheckpointWriteError:
+        for tmp in written.values():
+            storage.remove_quietly(tmp)
         for before in reversed(done):
             _put_back(before, storage, durable=durable)
         raise
 
 
-def _move(target: Mirror, checkpoint: Path, *, storage: Storage, durable: bool) -> None:
-    """Point one target at ``checkpoint`` (atomic; its directory not fsynced)."""
-    if target.kind == "pointer":
+def _write_pointers(
+    pointers: list[Mirror], checkpoint: Path, storage: Storage, written: dict
+) -> None:
+    """Write (and fsync) each pointer's text naming ``checkpoint`` under a temporary name."""
+    for target in pointers:
+        data = pointer_text(checkpoint, target.path).encode("utf-8")
+        written[target.path] = storage.write_temp(
+            target.path, lambda handle, data=data: handle.write(data), durable=True
+        )
+
+
+def _move(
+    target: Mirror,
+    checkpoint: Path,
+    *,
+    storage: Storage,
+    durable: bool,
+    written: Path | None = None,
+) -> None:
+    """Point one target at ``checkpoint`` (atomic; its directory not fsynced).
+
+    ``written``: a pointer's temporary file, already written (and fsynced).
+    """
+    if written is not None:
+        storage.move_into_place(written, target.path, durable=False)
+    elif target.kind == "pointer":
         text = pointer_text(checkpoint, target.path)
         storage.write_atomic(
             target.path,
