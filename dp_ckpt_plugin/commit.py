@@ -167,7 +167,7 @@ def write_new(
 
     Durable, through a storage that can (``write_payload`` with
     ``meanwhile``, ``sync_file``), the three fsyncs before the payload's
-    move overlap (:func:`_record_beside`): the payload's runs from the end
+    move overlap (``_record_beside``): the payload's runs from the end
     of its write while the record is written and moved onto its name, then
     the record's data and ``D`` are fsynced at once; the payload is moved
     onto its name only once all three returned. Until then the payload has
