@@ -702,9 +702,16 @@ _STAMP = r"\[(\d+-\d+-\d+ \d+:\d+:\d+,\d+)\][^\n]*"
 
 
 def dp_loop_seconds(
-    work: Path, variant: str, steps: int, backend: str = "pt-expt"
+    work: Path,
+    variant: str,
+    steps: int,
+    backend: str = "pt-expt",
+    baseline: Path | None = None,
 ) -> float:
-    """Train from scratch with ``dp --<backend>``; return the seconds of its loop."""
+    """Train from scratch with ``dp --<backend>``; return the seconds of its loop.
+
+    With ``baseline``, the plugin is imported from that source tree instead.
+    """
     from datetime import datetime
 
     for name in ("models", "checkpoint", "model.ckpt.pt", "lcurve.out"):
@@ -716,6 +723,10 @@ def dp_loop_seconds(
     for stale in work.glob("model.ckpt*.pt"):
         stale.unlink()
     env = {**os.environ, **THREADS}
+    if baseline is not None:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(baseline), *filter(None, [env.get("PYTHONPATH")])]
+        )
     if variant == "off":
         env["DP_CKPT_DISABLE"] = "1"
     if variant.startswith("async-"):  # the writer: async-process, async-thread
@@ -745,12 +756,16 @@ def dp_loop_seconds(
     return (last - first).total_seconds()
 
 
-def section_dp(work: Path, steps: int, rounds: int) -> None:
+def section_dp(
+    work: Path, steps: int, rounds: int, baseline: Path | None = None
+) -> None:
     for backend in ("pt-expt", "pt"):
-        section_dp_backend(work, steps, rounds, backend)
+        section_dp_backend(work, steps, rounds, backend, baseline)
 
 
-def section_dp_backend(work: Path, steps: int, rounds: int, backend: str) -> None:
+def section_dp_backend(
+    work: Path, steps: int, rounds: int, backend: str, baseline: Path | None = None
+) -> None:
     print(
         f"\n[dp] dp --{backend} train, {steps} steps, a checkpoint every step, "
         f"{rounds} rounds"
@@ -759,13 +774,16 @@ def section_dp_backend(work: Path, steps: int, rounds: int, backend: str) -> Non
     work.mkdir()
     prepare_dp(work, steps)
     dp_loop_seconds(work, "off", steps, backend)  # warm the caches
-    times = interleaved(
-        {
-            v: (lambda v=v: dp_loop_seconds(work, v, steps, backend))
-            for v in ("off", "sync", "async-process", "async-thread")
-        },
-        rounds,
-    )
+    variants = {
+        v: (lambda v=v: dp_loop_seconds(work, v, steps, backend))
+        for v in ("off", "sync", "async-process", "async-thread")
+    }
+    if baseline is not None:  # the same background variants of another tree
+        for v in ("async-process", "async-thread"):
+            variants[f"{v} (baseline)"] = lambda v=v: dp_loop_seconds(
+                work, v, steps, backend, baseline
+            )
+    times = interleaved(variants, rounds)
     for variant, values in times.items():
         show(f"training loop, plugin {variant}", values)
     for writer in ("process", "thread"):
@@ -782,6 +800,10 @@ def section_dp_backend(work: Path, steps: int, rounds: int, backend: str) -> Non
         f"  {'training loop, synchronous saves / plugin off':60s} {ratio:9.3f}"
         "   (no target)"
     )
+    for writer in ("process", "thread") if baseline is not None else ():
+        ratio = med(times[f"async-{writer} (baseline)"]) / med(times["off"])
+        label = f"baseline: background saves ({writer}) / plugin off"
+        print(f"  {label:60s} {ratio:9.3f}   (no target)")
 
 
 def section_import(rounds: int) -> None:
@@ -982,6 +1004,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7, help="rounds (at least 7)")
     parser.add_argument("--sizes", type=int, nargs="+", help="payload sizes, MiB")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="a source tree of dp_ckpt_plugin (an earlier commit's) whose "
+        "background variants the dp section runs beside this one's",
+    )
     parser.add_argument("--child-steady", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child_steady:
@@ -1010,7 +1038,7 @@ def main(argv: list[str] | None = None) -> int:
         if "digest" in sections:
             section_digest(work, max(sizes), rounds)
         if "dp" in sections:
-            section_dp(work, 10 if args.quick else 20, rounds)
+            section_dp(work, 10 if args.quick else 20, rounds, args.baseline)
         if "import" in sections:
             section_import(rounds)
         if "remote" in sections:

@@ -82,6 +82,9 @@ class Writer:
         self.durable = durable
         self.check_free_space = check_free_space
         self.written: set[str] = set()
+        #: Whether a first save overlaps its fsyncs (:func:`write_new`); the
+        #: store turns it off for a background save.
+        self.overlap = True
 
     def commit(
         self,
@@ -119,7 +122,7 @@ class Writer:
             )
             self.catalogue.discard(family, path.name)
             log.info("moved %s, written before this run, to %s", path, dest)
-        record = write_new(path, serialize, **details, **fresh)
+        record = write_new(path, serialize, **details, **fresh, overlap=self.overlap)
         self.written.add(path.name)
         return record
 
@@ -154,6 +157,7 @@ def write_new(
     storage: Storage,
     metrics: Mapping[str, float] | None = None,
     sync_name: bool = True,
+    overlap: bool = True,
 ) -> CommitRecord:
     """Write and commit the first checkpoint of a step at ``path`` (absent).
 
@@ -172,10 +176,11 @@ def write_new(
     the record's data and ``D`` are fsynced at once; the payload is moved
     onto its name only once all three returned. Until then the payload has
     no name, so whatever part of the record's write a crash keeps (an empty
-    record, one not yet named) names no file and is swept.
+    record, one not yet named) names no file and is swept. Without
+    ``overlap`` the three run one after the other on this thread.
     """
     fields = {"step": step, "family": family, "format": format, "metrics": metrics}
-    beside = durable and _overlaps(serialize, storage)
+    beside = durable and overlap and _overlaps(serialize, storage)
     try:
         if beside:
             made: dict = {}

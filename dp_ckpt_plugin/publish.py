@@ -79,6 +79,9 @@ class Publisher:
         self.storage = storage
         self.durable = durable
         self._steps: dict[str, int] = {}
+        #: Whether mirrored pointers are written beside the fsync of the
+        #: store directory (:func:`publish`); off for a background save.
+        self.overlap = True
 
     def publish(self, config, checkpoint, candidates) -> Path:
         """Publish what ``config``'s family names after ``checkpoint``; return it.
@@ -102,6 +105,7 @@ class Publisher:
             targets(self.directory, family, config.mirrors),
             storage=self.storage,
             durable=self.durable,
+            overlap=self.overlap,
         )
         self._steps[family.prefix] = max(step, last)
         return chosen
@@ -148,6 +152,7 @@ def publish(
     *,
     storage: Storage,
     durable: bool = True,
+    overlap: bool = True,
 ) -> None:
     """Point every target at ``checkpoint``, all or none.
 
@@ -161,6 +166,9 @@ def publish(
         Where the files are.
     durable : bool, optional
         Whether to fsync the directories.
+    overlap : bool, optional
+        Whether the mirrored pointers' bytes are written and fsynced beside
+        the fsync of the first directory (else each before its own move).
 
     Raises
     ------
@@ -201,7 +209,7 @@ def publish(
                     for t in group
                     if t.kind == "pointer" and t.sync
                 ]
-                if index == 0 and later:
+                if index == 0 and later and overlap:
                     at_once(
                         functools.partial(
                             _write_pointers, later, checkpoint, storage, written

@@ -1155,7 +1155,7 @@ def _write_pointers_unsynced(pointers, checkpoint, storage, written):
         )
 
 
-def _publish_mirrors_with_d(checkpoint, targets, *, storage, durable=True):
+def _publish_mirrors_with_d(checkpoint, targets, *, storage, durable=True, **_):
     """:func:`publish.publish` moving every target, then fsyncing each directory.
 
     The mirrors then move before the fsync of ``D`` made the payload's name
