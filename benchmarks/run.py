@@ -192,10 +192,41 @@ def writers() -> tuple[str, ...]:
     return ("thread", "process") if has else ("thread",)
 
 
+#: The package the savers come from (``dp_ckpt_plugin``, or a baseline's copy).
+PACKAGE = "dp_ckpt_plugin"
+#: The name a baseline tree's package is imported under (:func:`load_baseline`).
+BASELINE = "dp_ckpt_plugin_baseline"
+
+
+def load_baseline(tree: Path) -> str:
+    """Import the package of another source tree under :data:`BASELINE`.
+
+    Its modules import one another relatively, so its store, commit and
+    storage are its own; the formats it loads by name are this tree's.
+    """
+    import importlib.util
+
+    root = tree / "dp_ckpt_plugin"
+    spec = importlib.util.spec_from_file_location(
+        BASELINE, root / "__init__.py", submodule_search_locations=[str(root)]
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[BASELINE] = module
+    spec.loader.exec_module(module)
+    return BASELINE
+
+
 def manager_for(
-    directory: Path, *, keep: int = 2, async_save: bool = False, writer: str = ""
+    directory: Path,
+    *,
+    keep: int = 2,
+    async_save: bool = False,
+    writer: str = "",
+    package: str = PACKAGE,
 ):
-    from dp_ckpt_plugin import CheckpointManager
+    import importlib
+
+    CheckpointManager = importlib.import_module(package).CheckpointManager
 
     extra = {"writer": writer} if writer and len(writers()) > 1 else {}
     return CheckpointManager(
@@ -203,15 +234,19 @@ def manager_for(
     )
 
 
-def dp_store_for(cwd: Path, *, keep: int = 2):
+def dp_store_for(cwd: Path, *, keep: int = 2, package: str = PACKAGE):
     """The store ``dp --pt-expt train`` builds for ``save_dir: models``."""
     import dataclasses
+    import importlib
 
-    from dp_ckpt_plugin import get_plugin_manager
-    from dp_ckpt_plugin.deepmd.prepare import build_store
-    from dp_ckpt_plugin.deepmd.settings import read_settings
-    from dp_ckpt_plugin.ranks import SingleProcess
-    from dp_ckpt_plugin.retention import KeepLast
+    def of(name: str):
+        return importlib.import_module(f"{package}{name}")
+
+    get_plugin_manager = of("").get_plugin_manager
+    build_store = of(".deepmd.prepare").build_store
+    read_settings = of(".deepmd.settings").read_settings
+    SingleProcess = of(".ranks").SingleProcess
+    KeepLast = of(".retention").KeepLast
 
     cwd.mkdir(parents=True, exist_ok=True)
     config = {"training": {"save_dir": "models", "save_ckpt": "model.ckpt"}}
@@ -259,7 +294,9 @@ def with_cpu(fn: Callable[[], float], sink: list[float]) -> Callable[[], float]:
 # -- sections ---------------------------------------------------------------------------
 
 
-def section_save(work: Path, sizes: list[int], rounds: int) -> None:
+def section_save(
+    work: Path, sizes: list[int], rounds: int, baseline: str | None = None
+) -> None:
     print("\n[save] durable synchronous save of a torch state (16 tensors)")
     for mib in sizes:
         state = make_state(mib)
@@ -273,12 +310,22 @@ def section_save(work: Path, sizes: list[int], rounds: int) -> None:
             "CheckpointManager.save": Saver(manager)(state),
             "the dp host's store": Saver(dp_store)(state),
         }
+        others = []
+        if baseline is not None:  # the same savers of another tree, interleaved
+            others = [
+                manager_for(work / f"manager-{mib}-baseline", package=baseline),
+                dp_store_for(work / f"dp-{mib}-baseline", package=baseline),
+            ]
+            variants["CheckpointManager.save (baseline)"] = Saver(others[0])(state)
+            variants["the dp host's store (baseline)"] = Saver(others[1])(state)
         times = interleaved(
             {k: with_cpu(fn, cpu.setdefault(k, [])) for k, fn in variants.items()},
             rounds,
         )
         manager.close()
         dp_store.close()
+        for other in others:
+            other.close()
         print(f"  {mib} MiB ({len(data) / (1 << 20):.1f} MiB serialized):")
         for label, values in times.items():
             show(label, values)
@@ -298,6 +345,11 @@ def section_save(work: Path, sizes: list[int], rounds: int) -> None:
                 "<= 1.15",
                 ratio <= 1.15,
             )
+        for label in ("CheckpointManager.save", "the dp host's store"):
+            if f"{label} (baseline)" in times:
+                ratio = med(times[f"{label} (baseline)"]) / base
+                text = f"{mib} MiB baseline: {label} / (torch.save + fsync)"
+                print(f"  {text:60s} {ratio:9.3f}   (no target)")
         raw = med(times["raw write + fsync of the same bytes"])
         print(
             f"  {'':60s} {raw / med(times['CheckpointManager.save']):9.3f}"
@@ -1008,7 +1060,8 @@ def main(argv: list[str] | None = None) -> int:
         "--baseline",
         type=Path,
         help="a source tree of dp_ckpt_plugin (an earlier commit's) whose "
-        "background variants the dp section runs beside this one's",
+        "savers the save section and background variants the dp section run "
+        "beside this one's",
     )
     parser.add_argument("--child-steady", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -1025,8 +1078,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     with tempfile.TemporaryDirectory(dir=ROOT, prefix=".bench-") as tmp:
         work = Path(tmp)
+        baseline = load_baseline(args.baseline) if args.baseline else None
         if "save" in sections:
-            section_save(work, sizes, rounds)
+            section_save(work, sizes, rounds, baseline)
         if "async" in sections:
             section_async(work, [s for s in sizes if s >= 64] or sizes, rounds)
         if "crc" in sections:
