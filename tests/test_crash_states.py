@@ -1018,6 +1018,7 @@ def _write_new_named_first(
     storage,
     metrics=None,
     sync_name=True,
+    overlap=True,
 ):
     """:func:`commit.write_new` giving the payload its name before its record.
 
