@@ -20,9 +20,12 @@ the loop's stall, stall plus persist), ``crc`` (what skipping torch's zip
 CRC32 would save; the plugin keeps it), ``strace`` (bytes read, fsync calls),
 ``count`` (save and ``latest`` with 2,000 kept against 10), ``digest`` (the
 digest read back from the page cache against hashing while writing), ``dp``
-(``dp --pt-expt train``, a checkpoint every step), ``import`` (the entry
+(``dp --pt-expt train`` and ``dp --pt train``, a checkpoint every step),
+``import`` (the entry
 point), ``remote`` (a ``save_dir`` on moto's S3 server: upload throughput, the
 save's stall, remote calls of a save and of ``latest``). Every target is printed with its figure and ``met`` or ``MISSED``.
+``--baseline TREE`` runs another source tree's savers (``save``) and
+background variants (``dp``) interleaved with this tree's.
 Results are reported in ``docs/performance.md``.
 """
 
