@@ -20,9 +20,12 @@ the loop's stall, stall plus persist), ``crc`` (what skipping torch's zip
 CRC32 would save; the plugin keeps it), ``strace`` (bytes read, fsync calls),
 ``count`` (save and ``latest`` with 2,000 kept against 10), ``digest`` (the
 digest read back from the page cache against hashing while writing), ``dp``
-(``dp --pt-expt train``, a checkpoint every step), ``import`` (the entry
+(``dp --pt-expt train`` and ``dp --pt train``, a checkpoint every step),
+``import`` (the entry
 point), ``remote`` (a ``save_dir`` on moto's S3 server: upload throughput, the
 save's stall, remote calls of a save and of ``latest``). Every target is printed with its figure and ``met`` or ``MISSED``.
+``--baseline TREE`` runs another source tree's savers (``save``) and
+background variants (``dp``) interleaved with this tree's.
 Results are reported in ``docs/performance.md``.
 """
 
@@ -192,10 +195,41 @@ def writers() -> tuple[str, ...]:
     return ("thread", "process") if has else ("thread",)
 
 
+#: The package the savers come from (``dp_ckpt_plugin``, or a baseline's copy).
+PACKAGE = "dp_ckpt_plugin"
+#: The name a baseline tree's package is imported under (:func:`load_baseline`).
+BASELINE = "dp_ckpt_plugin_baseline"
+
+
+def load_baseline(tree: Path) -> str:
+    """Import the package of another source tree under :data:`BASELINE`.
+
+    Its modules import one another relatively, so its store, commit and
+    storage are its own; the formats it loads by name are this tree's.
+    """
+    import importlib.util
+
+    root = tree / "dp_ckpt_plugin"
+    spec = importlib.util.spec_from_file_location(
+        BASELINE, root / "__init__.py", submodule_search_locations=[str(root)]
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[BASELINE] = module
+    spec.loader.exec_module(module)
+    return BASELINE
+
+
 def manager_for(
-    directory: Path, *, keep: int = 2, async_save: bool = False, writer: str = ""
+    directory: Path,
+    *,
+    keep: int = 2,
+    async_save: bool = False,
+    writer: str = "",
+    package: str = PACKAGE,
 ):
-    from dp_ckpt_plugin import CheckpointManager
+    import importlib
+
+    CheckpointManager = importlib.import_module(package).CheckpointManager
 
     extra = {"writer": writer} if writer and len(writers()) > 1 else {}
     return CheckpointManager(
@@ -203,15 +237,19 @@ def manager_for(
     )
 
 
-def dp_store_for(cwd: Path, *, keep: int = 2):
+def dp_store_for(cwd: Path, *, keep: int = 2, package: str = PACKAGE):
     """The store ``dp --pt-expt train`` builds for ``save_dir: models``."""
     import dataclasses
+    import importlib
 
-    from dp_ckpt_plugin import get_plugin_manager
-    from dp_ckpt_plugin.deepmd.prepare import build_store
-    from dp_ckpt_plugin.deepmd.settings import read_settings
-    from dp_ckpt_plugin.ranks import SingleProcess
-    from dp_ckpt_plugin.retention import KeepLast
+    def of(name: str):
+        return importlib.import_module(f"{package}{name}")
+
+    get_plugin_manager = of("").get_plugin_manager
+    build_store = of(".deepmd.prepare").build_store
+    read_settings = of(".deepmd.settings").read_settings
+    SingleProcess = of(".ranks").SingleProcess
+    KeepLast = of(".retention").KeepLast
 
     cwd.mkdir(parents=True, exist_ok=True)
     config = {"training": {"save_dir": "models", "save_ckpt": "model.ckpt"}}
@@ -259,7 +297,9 @@ def with_cpu(fn: Callable[[], float], sink: list[float]) -> Callable[[], float]:
 # -- sections ---------------------------------------------------------------------------
 
 
-def section_save(work: Path, sizes: list[int], rounds: int) -> None:
+def section_save(
+    work: Path, sizes: list[int], rounds: int, baseline: str | None = None
+) -> None:
     print("\n[save] durable synchronous save of a torch state (16 tensors)")
     for mib in sizes:
         state = make_state(mib)
@@ -273,12 +313,22 @@ def section_save(work: Path, sizes: list[int], rounds: int) -> None:
             "CheckpointManager.save": Saver(manager)(state),
             "the dp host's store": Saver(dp_store)(state),
         }
+        others = []
+        if baseline is not None:  # the same savers of another tree, interleaved
+            others = [
+                manager_for(work / f"manager-{mib}-baseline", package=baseline),
+                dp_store_for(work / f"dp-{mib}-baseline", package=baseline),
+            ]
+            variants["CheckpointManager.save (baseline)"] = Saver(others[0])(state)
+            variants["the dp host's store (baseline)"] = Saver(others[1])(state)
         times = interleaved(
             {k: with_cpu(fn, cpu.setdefault(k, [])) for k, fn in variants.items()},
             rounds,
         )
         manager.close()
         dp_store.close()
+        for other in others:
+            other.close()
         print(f"  {mib} MiB ({len(data) / (1 << 20):.1f} MiB serialized):")
         for label, values in times.items():
             show(label, values)
@@ -298,6 +348,11 @@ def section_save(work: Path, sizes: list[int], rounds: int) -> None:
                 "<= 1.15",
                 ratio <= 1.15,
             )
+        for label in ("CheckpointManager.save", "the dp host's store"):
+            if f"{label} (baseline)" in times:
+                ratio = med(times[f"{label} (baseline)"]) / base
+                text = f"{mib} MiB baseline: {label} / (torch.save + fsync)"
+                print(f"  {text:60s} {ratio:9.3f}   (no target)")
         raw = med(times["raw write + fsync of the same bytes"])
         print(
             f"  {'':60s} {raw / med(times['CheckpointManager.save']):9.3f}"
@@ -701,8 +756,17 @@ def prepare_dp(work: Path, steps: int) -> None:
 _STAMP = r"\[(\d+-\d+-\d+ \d+:\d+:\d+,\d+)\][^\n]*"
 
 
-def dp_loop_seconds(work: Path, variant: str, steps: int) -> float:
-    """Train from scratch; return the seconds of deepmd-kit's training loop."""
+def dp_loop_seconds(
+    work: Path,
+    variant: str,
+    steps: int,
+    backend: str = "pt-expt",
+    baseline: Path | None = None,
+) -> float:
+    """Train from scratch with ``dp --<backend>``; return the seconds of its loop.
+
+    With ``baseline``, the plugin is imported from that source tree instead.
+    """
     from datetime import datetime
 
     for name in ("models", "checkpoint", "model.ckpt.pt", "lcurve.out"):
@@ -714,6 +778,10 @@ def dp_loop_seconds(work: Path, variant: str, steps: int) -> float:
     for stale in work.glob("model.ckpt*.pt"):
         stale.unlink()
     env = {**os.environ, **THREADS}
+    if baseline is not None:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(baseline), *filter(None, [env.get("PYTHONPATH")])]
+        )
     if variant == "off":
         env["DP_CKPT_DISABLE"] = "1"
     if variant.startswith("async-"):  # the writer: async-process, async-thread
@@ -722,7 +790,7 @@ def dp_loop_seconds(work: Path, variant: str, steps: int) -> float:
     out = subprocess.run(
         [
             str(BIN / "dp"),
-            "--pt-expt",
+            f"--{backend}",
             "train",
             f"{variant}.json",
             "--skip-neighbor-stat",
@@ -743,29 +811,41 @@ def dp_loop_seconds(work: Path, variant: str, steps: int) -> float:
     return (last - first).total_seconds()
 
 
-def section_dp(work: Path, steps: int, rounds: int) -> None:
+def section_dp(
+    work: Path, steps: int, rounds: int, baseline: Path | None = None
+) -> None:
+    for backend in ("pt-expt", "pt"):
+        section_dp_backend(work, steps, rounds, backend, baseline)
+
+
+def section_dp_backend(
+    work: Path, steps: int, rounds: int, backend: str, baseline: Path | None = None
+) -> None:
     print(
-        f"\n[dp] dp --pt-expt train, {steps} steps, a checkpoint every step, "
+        f"\n[dp] dp --{backend} train, {steps} steps, a checkpoint every step, "
         f"{rounds} rounds"
     )
-    work = work / "dp"
+    work = work / f"dp-{backend}"
     work.mkdir()
     prepare_dp(work, steps)
-    dp_loop_seconds(work, "off", steps)  # warm the caches
-    times = interleaved(
-        {
-            v: (lambda v=v: dp_loop_seconds(work, v, steps))
-            for v in ("off", "sync", "async-process", "async-thread")
-        },
-        rounds,
-    )
+    dp_loop_seconds(work, "off", steps, backend)  # warm the caches
+    variants = {
+        v: (lambda v=v: dp_loop_seconds(work, v, steps, backend))
+        for v in ("off", "sync", "async-process", "async-thread")
+    }
+    if baseline is not None:  # the same background variants of another tree
+        for v in ("async-process", "async-thread"):
+            variants[f"{v} (baseline)"] = lambda v=v: dp_loop_seconds(
+                work, v, steps, backend, baseline
+            )
+    times = interleaved(variants, rounds)
     for variant, values in times.items():
         show(f"training loop, plugin {variant}", values)
     for writer in ("process", "thread"):
         ratio = med(times[f"async-{writer}"]) / med(times["off"])
         report(
             "dp",
-            f"training loop, background saves ({writer}) / plugin off",
+            f"dp --{backend}: training loop, background saves ({writer}) / plugin off",
             ratio,
             "<= 1.05",
             ratio <= 1.05,
@@ -775,6 +855,10 @@ def section_dp(work: Path, steps: int, rounds: int) -> None:
         f"  {'training loop, synchronous saves / plugin off':60s} {ratio:9.3f}"
         "   (no target)"
     )
+    for writer in ("process", "thread") if baseline is not None else ():
+        ratio = med(times[f"async-{writer} (baseline)"]) / med(times["off"])
+        label = f"baseline: background saves ({writer}) / plugin off"
+        print(f"  {label:60s} {ratio:9.3f}   (no target)")
 
 
 def section_import(rounds: int) -> None:
@@ -975,6 +1059,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7, help="rounds (at least 7)")
     parser.add_argument("--sizes", type=int, nargs="+", help="payload sizes, MiB")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="a source tree of dp_ckpt_plugin (an earlier commit's) whose "
+        "savers the save section and background variants the dp section run "
+        "beside this one's",
+    )
     parser.add_argument("--child-steady", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child_steady:
@@ -990,8 +1081,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     with tempfile.TemporaryDirectory(dir=ROOT, prefix=".bench-") as tmp:
         work = Path(tmp)
+        baseline = load_baseline(args.baseline) if args.baseline else None
         if "save" in sections:
-            section_save(work, sizes, rounds)
+            section_save(work, sizes, rounds, baseline)
         if "async" in sections:
             section_async(work, [s for s in sizes if s >= 64] or sizes, rounds)
         if "crc" in sections:
@@ -1003,7 +1095,7 @@ def main(argv: list[str] | None = None) -> int:
         if "digest" in sections:
             section_digest(work, max(sizes), rounds)
         if "dp" in sections:
-            section_dp(work, 10 if args.quick else 20, rounds)
+            section_dp(work, 10 if args.quick else 20, rounds, args.baseline)
         if "import" in sections:
             section_import(rounds)
         if "remote" in sections:

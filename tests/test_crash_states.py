@@ -64,6 +64,7 @@ recorded save, and require the models that should catch it to report it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import itertools
@@ -96,6 +97,8 @@ from dp_ckpt_plugin.storage.local import LocalStorage
 from dp_ckpt_plugin.storage.temp import is_temp
 from dp_ckpt_plugin.store import archive as archiving
 from dp_ckpt_plugin.store import commit, pruning
+from dp_ckpt_plugin.store import publish as publishing
+from dp_ckpt_plugin.store.publish import Mirror
 
 #: Where the store directory lies under a scenario's root (created by the save).
 STORE = "run/models"
@@ -253,8 +256,8 @@ class Recorder(LocalStorage):
         The store directory (the storage is confined to it).
     """
 
-    def __init__(self, directory: Path) -> None:
-        super().__init__(directory)
+    def __init__(self, directory: Path, *, mirrors: Iterable[Path] = ()) -> None:
+        super().__init__(directory, mirrors=mirrors)
         self.lock = threading.RLock()
         self.recording = False
 
@@ -640,6 +643,10 @@ class Scenario:
         (``CheckpointManager(async_save=True)``): each save is waited for,
         and the recorded one is ``save`` followed by ``wait``, whose file
         operations all run on the store's worker thread.
+    mirror : bool
+        Whether the family has the mirrors the ``dp`` host gives it, outside
+        the store directory: a pointer (:data:`MIRROR`, fsynced) and an alias
+        beside it.
     """
 
     name: str
@@ -648,6 +655,7 @@ class Scenario:
     earlier_run: tuple[int, ...] = ()
     max_keep: int = 2
     async_save: bool = False
+    mirror: bool = False
 
     def saved(self, step: int) -> list[dict]:
         """Every payload saved for ``step`` before or during the scenario."""
@@ -674,7 +682,14 @@ SCENARIOS = [
     # ``save(3)`` (a snapshot) and ``wait()``, the worker thread writing,
     # committing, publishing and pruning step 1
     Scenario("background", save=(3, 0), before=((1, 0), (2, 0)), async_save=True),
+    # as ``prune``, with a pointer and an alias mirrored in the store's parent
+    # (deepmd-kit's working directory): the pointer's bytes are written and
+    # fsynced beside the fsync of ``D``, its move waits for that fsync
+    Scenario("mirrors", save=(3, 0), before=((1, 0), (2, 0)), mirror=True),
 ]
+
+#: The mirrored pointer of the ``mirrors`` scenario, relative to the root.
+MIRROR = "run/checkpoint"
 
 
 def record(scenario: Scenario, root: Path, pm, *, alter=None) -> Log:
@@ -703,7 +718,14 @@ def record(scenario: Scenario, root: Path, pm, *, alter=None) -> Log:
         with open_manager(directory, pm=pm, max_keep=0) as earlier:
             for step in scenario.earlier_run:
                 earlier.save(step, payload(step))
-    recorder = Recorder(directory)
+    mirrors = ()
+    if scenario.mirror:
+        outside = Path(os.path.realpath(root))
+        mirrors = (
+            Mirror(outside / MIRROR, "pointer"),
+            Mirror(outside / "run" / family().alias, "alias"),
+        )
+    recorder = Recorder(directory, mirrors=[m.path for m in mirrors])
     manager = open_manager(
         directory,
         pm=pm,
@@ -711,6 +733,9 @@ def record(scenario: Scenario, root: Path, pm, *, alter=None) -> Log:
         async_save=scenario.async_save,
         storage=recorder,
     )
+    if mirrors:
+        config = manager.store.families[family().prefix]
+        manager.store.add_family(dataclasses.replace(config, mirrors=mirrors))
     try:
         for step, version in scenario.before:
             manager.save(step, payload(step, version))
@@ -736,6 +761,35 @@ def check_state(scenario: Scenario, root: Path, returned: bool, pm) -> list[str]
     problems += check_next_run(scenario, directory, returned, pm)
     problems += check_leftovers(directory)
     problems += check_earlier_run(scenario, directory, pm)
+    if scenario.mirror:
+        problems += check_mirror(scenario, root, returned)
+    return problems
+
+
+def check_mirror(scenario: Scenario, root: Path, returned: bool) -> list[str]:
+    """The mirrored pointer names a payload that is there, the saved one once returned.
+
+    Plain deepmd-kit reads it: it is never empty, and never names a file
+    whose name a crash took (the payload's name is durable before it moves).
+    """
+    pointer = root / MIRROR
+    if not pointer.exists():
+        return ["the mirrored pointer is gone"]
+    text = pointer.read_text()
+    if not text:
+        return ["the mirrored pointer is empty"]
+    named = pointer.parent / text
+    problems = []
+    if not named.is_file():
+        problems.append(f"the mirrored pointer names {text}, which is not there")
+    step = family().step_of(named.name)
+    if returned and step != scenario.save[0]:
+        problems.append(
+            f"the mirrored pointer names step {step} once the save returned"
+        )
+    floor = scenario.floor
+    if floor is not None and step is not None and step < floor:
+        problems.append(f"the mirrored pointer went back to step {step} from {floor}")
     return problems
 
 
@@ -906,7 +960,9 @@ def test_crash_states(scenario, tmp_path, capsys):
     """Every crash state of the scenario's save reopens safely."""
     pm = plugin_manager()
     log = record(scenario, tmp_path / "recorded", pm)
-    issuers = set(log.threads)
+    # the fsyncs a save runs at once are issued by threads named after the
+    # thread of the save ("<name>/dp_ckpt-fsync...")
+    issuers = {name.split("/dp_ckpt-fsync", 1)[0] for name in log.threads}
     if scenario.async_save:  # the worker wrote everything, the caller nothing
         assert log.ops and threading.current_thread().name not in issuers, issuers
     else:
@@ -972,6 +1028,7 @@ def _write_new_named_first(
     storage,
     metrics=None,
     sync_name=True,
+    overlap=True,
 ):
     """:func:`commit.write_new` giving the payload its name before its record.
 
@@ -1061,6 +1118,69 @@ def _archive_in_one_batch(directory, checkpoints, links=(), *, storage, durable=
     return dest
 
 
+_WRITE_NEW = commit.write_new
+
+
+class _Skipping:
+    """A storage passing everything on to ``storage`` but ``skipped`` (a no-op)."""
+
+    def __init__(self, storage, skipped: str) -> None:
+        self._storage = storage
+        self._skipped = skipped
+
+    def __getattr__(self, name):
+        if name == self._skipped:
+            return lambda *args, **kwargs: None
+        return getattr(self._storage, name)
+
+
+def _write_new_overlapped_without(skipped: str) -> Callable:
+    """:func:`commit.write_new` whose overlapped record skips ``sync_file`` or ``sync_dir``.
+
+    ``sync_file``: the record's data is never fsynced before the payload is
+    named; ``sync_dir``: the record's name is not made durable before the
+    payload's move (publication's fsync of ``D`` comes after it).
+    """
+
+    def write_new(path, serialize, **kwargs):
+        real = commit._record_beside
+
+        def broken(path, storage, *args):
+            return real(path, _Skipping(storage, skipped), *args)
+
+        commit._record_beside = broken
+        try:
+            return _WRITE_NEW(path, serialize, **kwargs)
+        finally:
+            commit._record_beside = real
+
+    return write_new
+
+
+def _write_pointers_unsynced(pointers, checkpoint, storage, written):
+    """:func:`publish._write_pointers` not fsyncing the mirrored pointers' bytes."""
+    for target in pointers:
+        data = publishing.pointer_text(checkpoint, target.path).encode("utf-8")
+        written[target.path] = storage.write_temp(
+            target.path, lambda handle, data=data: handle.write(data), durable=False
+        )
+
+
+def _publish_mirrors_with_d(checkpoint, targets, *, storage, durable=True, **_):
+    """:func:`publish.publish` moving every target, then fsyncing each directory.
+
+    The mirrors then move before the fsync of ``D`` made the payload's name
+    durable: a crash can keep a mirror naming a payload whose name it lost.
+    """
+    directories = []
+    for target in targets:
+        publishing._move(target, checkpoint, storage=storage, durable=durable)
+        if target.path.parent not in directories:
+            directories.append(target.path.parent)
+    for directory in reversed(directories):
+        storage.sync_dir(directory)
+
+
 @dataclass(frozen=True)
 class Breakage:
     """An ordering taken out of the store, and the models that must catch it.
@@ -1124,6 +1244,42 @@ BREAKAGES = [
         _write_new_named_first,
         ("posix", "ordered"),
         "left without a valid record",
+    ),
+    Breakage(
+        "overlapped-record-data-not-fsynced",
+        "first-save",
+        commit,
+        "write_new",
+        _write_new_overlapped_without("sync_file"),
+        ("posix",),
+        "left without a valid record",
+    ),
+    Breakage(
+        "payload-named-before-record-name-durable",
+        "first-save",
+        commit,
+        "write_new",
+        _write_new_overlapped_without("sync_dir"),
+        ("posix",),
+        "left without a valid record",
+    ),
+    Breakage(
+        "mirrored-pointer-not-fsynced",
+        "mirrors",
+        publishing,
+        "_write_pointers",
+        _write_pointers_unsynced,
+        ("posix",),
+        "the mirrored pointer is empty",
+    ),
+    Breakage(
+        "mirrors-moved-before-d-fsynced",
+        "mirrors",
+        publishing,
+        "publish",
+        _publish_mirrors_with_d,
+        ("posix",),
+        "which is not there",
     ),
     Breakage(
         "make-dirs-without-parent-fsync",

@@ -93,11 +93,15 @@ def test_a_save_makes_each_step_durable_before_the_next(tmp_path, monkeypatch):
     i_payload_move = ops.index(("replace", f"<tmp:{payload}>", payload))
     i_pointer_move = ops.index(("replace", "<tmp:checkpoint>", "checkpoint"))
     i_alias_move = ops.index(("replace", "<tmp:model.ckpt.h5>", "model.ckpt.h5"))
+    i_record_fsync = ops.index(("fsync", record))
     # the payload's bytes are durable before anything names them; the record
-    # is durable (its directory fsynced) before the payload gets its name; the
-    # payload's name, the pointer and the alias are made durable by one fsync
-    # of the directory after the three moves, before the save returns
-    assert i_payload_fsync < i_record_move < i_payload_move < i_pointer_move
+    # is moved onto its name unsynced, then its bytes and its name are made
+    # durable (its data and the directory fsynced, at once, while the
+    # payload's fsync runs) before the payload gets its name; the payload's
+    # name, the pointer and the alias are made durable by one fsync of the
+    # directory after the three moves, before the save returns
+    assert max(i_payload_fsync, i_record_move) < i_payload_move < i_pointer_move
+    assert i_record_move < i_record_fsync < i_payload_move
     assert ("fsync", ".") in ops[i_record_move:i_payload_move]
     assert ("fsync", ".") not in ops[i_payload_move:i_pointer_move]
     assert ("fsync", ".") in ops[max(i_pointer_move, i_alias_move) :]

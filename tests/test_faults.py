@@ -249,7 +249,9 @@ class FaultInjector:
         real = LocalStorage._sys_fsync
 
         def sys_fsync(storage, fd, path):
-            if temp_target(os.path.basename(os.fspath(path))) == name:
+            # a temporary file, or (the commit record) the file under its name
+            base = os.path.basename(os.fspath(path))
+            if name in (temp_target(base), base):
                 raise self.error(path)
             return real(storage, fd, path)
 

@@ -138,6 +138,7 @@ class Storage(Protocol):
         *,
         durable: bool,
         digest: Callable[[memoryview], str],
+        meanwhile: Callable[[Path, str], object] | None = None,
     ) -> tuple[Path, str]: ...
 
     def move_into_place(self, tmp: Path, path: Path, *, durable: bool) -> None: ...

@@ -412,6 +412,7 @@ class LocalStorage:
         *,
         durable: bool,
         digest: Callable[[memoryview], str],
+        meanwhile: Callable[[Path, str], object] | None = None,
     ) -> tuple[Path, str]:
         """Write a checkpoint under a temporary name; return it and its digest.
 
@@ -431,10 +432,34 @@ class LocalStorage:
         Once written, ``digest`` reads the bytes where they are, in the page
         cache (a read-only map of the file, no copy), on a thread of its own
         while this one waits for the fsync: hashing and flushing overlap.
-        """
-        return self._write(path, writer, durable=durable, digest=digest)
 
-    def _write(self, path: Path, writer, *, durable: bool, digest) -> tuple:
+        With ``meanwhile`` (and ``durable``), the fsync of the payload runs
+        on a thread of its own from the moment the file is written; this
+        thread hashes it, then calls ``meanwhile(tmp, digest)`` (the commit
+        writes its record and makes it durable there), and returns once both
+        are done: the payload's fsync overlaps the hash and the record's
+        fsyncs. An error of ``meanwhile`` is raised as it is.
+        """
+        return self._write(
+            path, writer, durable=durable, digest=digest, meanwhile=meanwhile
+        )
+
+    def sync_file(self, path: Path) -> None:
+        """Make the data of the file at ``path`` durable (an fsync through a new descriptor)."""
+        try:
+            fd = self._sys_open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+        except OSError as exc:
+            raise _fail("open to fsync", path, exc) from exc
+        try:
+            self._sys_fsync(fd, path)
+        except OSError as exc:
+            raise _fail("fsync", path, exc) from exc
+        finally:
+            os.close(fd)
+
+    def _write(
+        self, path: Path, writer, *, durable: bool, digest, meanwhile=None
+    ) -> tuple:
         tmp = path.parent / temp_name(path.name)
         self._check(tmp, "write")
         step = "create"
@@ -476,14 +501,16 @@ class LocalStorage:
                         self._sys_fsync(fd, tmp)
                 else:
                     step = "fsync"
-                    found = _digest_while(
-                        fd,
-                        digest,
-                        (lambda: self._sys_fsync(fd, tmp)) if durable else None,
-                    )
+                    fsync = (lambda: self._sys_fsync(fd, tmp)) if durable else None
+                    if meanwhile is not None and fsync is not None:
+                        found = _digest_beside(fd, digest, fsync, tmp, meanwhile)
+                    else:
+                        found = _digest_while(fd, digest, fsync)
         except BaseException as exc:
             if step != "create":
                 self.remove_quietly(tmp)
+            if isinstance(exc, _Meanwhile):
+                raise exc.error from None
             cause = _os_cause(exc)
             if step == "write" and recorder is not None and recorder.error is not None:
                 cause = recorder.error
@@ -1126,6 +1153,53 @@ def _digest_while(fd: int, digest, fsync) -> str:
             view.release()
     finally:
         mapped.close()
+
+
+class _Meanwhile(Exception):
+    """The error of a ``meanwhile`` call, raised as it is by ``_write``."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _digest_beside(fd: int, digest, fsync, tmp: Path, meanwhile) -> str:
+    """``digest`` of the file open as ``fd``, then ``meanwhile(tmp, digest)``, beside ``fsync``.
+
+    ``fsync`` runs on a thread of its own from the start; the hash (from a
+    read-only map) and ``meanwhile`` run on the caller's thread. Returns once
+    both sides are done; the fsync's error first, then ``meanwhile``'s
+    (wrapped in ``_Meanwhile``).
+    """
+    found: dict = {}
+
+    def run() -> None:
+        try:
+            fsync()
+        except BaseException as exc:  # raised in the caller's thread
+            found["error"] = exc
+
+    name = f"{threading.current_thread().name}/dp_ckpt-fsync"
+    thread = threading.Thread(target=run, name=name)
+    thread.start()
+    try:
+        try:
+            value = _digest_while(fd, digest, None)
+        except BaseException:
+            thread.join()
+            raise
+        try:
+            meanwhile(tmp, value)
+        except BaseException as exc:
+            thread.join()
+            if "error" in found:
+                raise found["error"] from None
+            raise _Meanwhile(exc) from None
+    finally:
+        thread.join()
+    if "error" in found:
+        raise found["error"]
+    return value
 
 
 class _FinalName:

@@ -25,13 +25,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import BinaryIO, NoReturn
 
 from ..checkpoint import Checkpoint
 from ..checkpoint.catalogue import Catalogue, read_record_or_none
-from ..checkpoint.digests import write_hashed
+from ..checkpoint.digests import digest_of_view, write_hashed
 from ..checkpoint.layout import Family
 from ..checkpoint.records import CommitRecord, make_record, record_path, write_record
 from ..errors import CheckpointWriteError
@@ -81,6 +82,9 @@ class Committer:
         self.durable = durable
         self.check_free_space = check_free_space
         self.written: set[str] = set()
+        #: Whether a first save overlaps its fsyncs (:func:`write_new`); the
+        #: store turns it off for a background save.
+        self.overlap = True
 
     def commit(
         self,
@@ -118,7 +122,7 @@ class Committer:
             )
             self.catalogue.discard(family, path.name)
             log.info("moved %s, written before this run, to %s", path, dest)
-        record = write_new(path, serialize, **details, **fresh)
+        record = write_new(path, serialize, **details, **fresh, overlap=self.overlap)
         self.written.add(path.name)
         return record
 
@@ -153,6 +157,7 @@ def write_new(
     storage: Storage,
     metrics: Mapping[str, float] | None = None,
     sync_name: bool = True,
+    overlap: bool = True,
 ) -> CommitRecord:
     """Write and commit the first checkpoint of a step at ``path`` (absent).
 
@@ -163,25 +168,109 @@ def write_new(
     Without ``sync_name`` the directory is not fsynced after the payload's
     move: the caller does it (the store's publication fsyncs ``D`` after
     moving the pointer and alias, one fsync for the three names).
+
+    Durable, through a storage that can (``write_payload`` with
+    ``meanwhile``, ``sync_file``), the three fsyncs before the payload's
+    move overlap (``_record_beside``): the payload's runs from the end
+    of its write while the record is written and moved onto its name, then
+    the record's data and ``D`` are fsynced at once; the payload is moved
+    onto its name only once all three returned. Until then the payload has
+    no name, so whatever part of the record's write a crash keeps (an empty
+    record, one not yet named) names no file and is swept. Without
+    ``overlap`` the three run one after the other on this thread.
     """
-    tmp, record = _described_payload(
-        path,
-        serialize,
-        durable,
-        storage,
-        step=step,
-        family=family,
-        format=format,
-        metrics=metrics,
-    )
+    fields = {"step": step, "family": family, "format": format, "metrics": metrics}
+    beside = durable and overlap and _overlaps(serialize, storage)
     try:
-        write_record(path, record, durable=durable, storage=storage)
+        if beside:
+            made: dict = {}
+            tmp, _ = storage.write_payload(
+                path,
+                serialize,
+                durable=durable,
+                digest=digest_of_view,
+                meanwhile=functools.partial(
+                    _record_beside, path, storage, fields, made
+                ),
+            )
+            record = made["record"]
+    except (OSError, CheckpointWriteError) as exc:
+        _undo(exc, path, (record_path(path),), storage)
+    if not beside:
+        tmp, record = _described_payload(path, serialize, durable, storage, **fields)
+    try:
+        if not beside:
+            write_record(path, record, durable=durable, storage=storage)
         storage.move_into_place(tmp, path, durable=durable and sync_name)
     except (OSError, CheckpointWriteError) as exc:
         # nothing of this step may stay: the temporary file, the record, and
         # a payload whose name might not survive (its directory fsync failed)
         _undo(exc, path, (tmp, path, record_path(path)), storage)
     return record
+
+
+def _overlaps(serialize, storage: Storage) -> bool:
+    """Whether a first save can overlap its fsyncs (see :func:`write_new`)."""
+    return (
+        not hasattr(serialize, "write_remotely")
+        and hasattr(storage, "write_payload")
+        and hasattr(storage, "sync_file")
+    )
+
+
+def _record_beside(
+    path: Path, storage: Storage, fields: dict, made: dict, tmp: Path, digest: str
+) -> None:
+    """Write the record of ``path`` (payload at ``tmp``) while the payload's fsync runs.
+
+    The record is written under a temporary name and moved onto its own
+    name at once, then its data and the directory are fsynced together (on
+    two threads: neither needs the other first, the payload being unnamed).
+    """
+    record = make_record(tmp, name=path.name, digest=digest, storage=storage, **fields)
+    made["record"] = record
+    target = record_path(path)
+    data = record.to_json().encode("utf-8")
+    storage.move_into_place(
+        storage.write_temp(target, lambda handle: handle.write(data), durable=False),
+        target,
+        durable=False,
+    )
+    at_once(
+        lambda: storage.sync_file(target),
+        lambda: storage.sync_dir(path.parent, holding=[target]),
+    )
+
+
+def at_once(*calls: Callable[[], object]) -> None:
+    """Run ``calls`` at once, each but the last on a thread of its own.
+
+    Returns once every call returned; raises the first error (in the order
+    given). For fsyncs that no order is needed between.
+    """
+    errors: list[BaseException | None] = [None] * len(calls)
+
+    def run(index: int) -> None:
+        try:
+            calls[index]()
+        except BaseException as exc:  # raised in the caller's thread
+            errors[index] = exc
+
+    base = threading.current_thread().name
+    threads = [
+        threading.Thread(target=run, args=(i,), name=f"{base}/dp_ckpt-fsync-{i}")
+        for i in range(len(calls) - 1)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        run(len(calls) - 1)
+    finally:
+        for thread in threads:
+            thread.join()
+    for error in errors:
+        if error is not None:
+            raise error
 
 
 def rewrite(

@@ -290,13 +290,13 @@ class CheckpointStore:
         reported = {f: check_metrics(m) for f, m in (metrics or {}).items()}
         if not background:
             self.wait()
-            self._save_states(step, states, paths, reported)
+            self._save_states(step, states, paths, reported)  # overlapped
             return paths
         self.open()  # the lock is taken (or refused) now, not on the worker
 
         def snapshot() -> tuple:
             taken = {f: self._background.take(step, s) for f, s in states.items()}
-            return step, taken, paths, reported
+            return step, taken, paths, reported, False
 
         self._background.submit(snapshot, self._save_states)
         return paths
@@ -305,8 +305,17 @@ class CheckpointStore:
         """Wait for the background save in flight; raise its error if it failed."""
         self._background.wait()
 
-    def _save_states(self, step, states, paths, metrics) -> None:
+    def _save_states(self, step, states, paths, metrics, overlap=True) -> None:
+        """Save every family's payload of ``step``, holding the mutex.
+
+        ``overlap``: whether the commit and publication run their fsyncs at
+        once on threads of their own (a save on the caller's thread); a
+        background save runs them one after the other on the worker, where
+        handing work to more threads beside a training loop holding the
+        interpreter lock cost more than it saved (docs/performance.md).
+        """
         with self._mutex:
+            self.committer.overlap = self.publisher.overlap = overlap
             self.remote.check()  # a run fenced off stops here, with one line
             saved = [
                 self._save(step, s, f, paths[f], metrics) for f, s in states.items()

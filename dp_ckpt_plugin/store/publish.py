@@ -15,6 +15,7 @@ target or its pointer line, never a payload: publication reads no checkpoint.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from typing import Literal
 from ..checkpoint.pointers import MAX_POINTER_BYTES, pointer_text
 from ..errors import CheckpointWriteError, UnreadableFileError
 from ..storage import Storage
+from .commit import at_once
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,9 @@ class Publisher:
         self.storage = storage
         self.durable = durable
         self._steps: dict[str, int] = {}
+        #: Whether mirrored pointers are written beside the fsync of the
+        #: store directory (:func:`publish`); off for a background save.
+        self.overlap = True
 
     def publish(self, config, checkpoint, candidates) -> Path:
         """Publish what ``config``'s family names after ``checkpoint``; return it.
@@ -100,6 +105,7 @@ class Publisher:
             targets(self.directory, family, config.mirrors),
             storage=self.storage,
             durable=self.durable,
+            overlap=self.overlap,
         )
         self._steps[family.prefix] = max(step, last)
         return chosen
@@ -146,6 +152,7 @@ def publish(
     *,
     storage: Storage,
     durable: bool = True,
+    overlap: bool = True,
 ) -> None:
     """Point every target at ``checkpoint``, all or none.
 
@@ -159,6 +166,9 @@ def publish(
         Where the files are.
     durable : bool, optional
         Whether to fsync the directories.
+    overlap : bool, optional
+        Whether the mirrored pointers' bytes are written and fsynced beside
+        the fsync of the first directory (else each before its own move).
 
     Raises
     ------
@@ -169,27 +179,79 @@ def publish(
     for target in targets:
         by_directory.setdefault(target.path.parent, []).append(target)
     done: list[_Before] = []
+    written: dict[Path, Path] = {}  # a later pointer -> its fsynced temporary file
     try:
         # directory by directory, in the order given (the store's own first):
         # its targets move, then one fsync of it. Within a directory the order
         # on disk does not matter (each move is atomic and names a committed
         # checkpoint); the fsync of the store directory also makes the new
-        # payload's name durable before any mirror elsewhere names it
-        for directory, group in by_directory.items():
+        # payload's name durable before any mirror elsewhere names it. The
+        # bytes of the later directories' pointers are written and fsynced
+        # under their temporary names beside that first fsync (no name of
+        # theirs changes before it returns)
+        for index, (directory, group) in enumerate(by_directory.items()):
             for target in group:
                 done.append(_before(target, storage))
-                _move(target, checkpoint, storage=storage, durable=durable)
+                _move(
+                    target,
+                    checkpoint,
+                    storage=storage,
+                    durable=durable,
+                    written=written.pop(target.path, None),
+                )
             if durable:
-                storage.sync_dir(directory, holding=[t.path for t in group])
+                sync = functools.partial(
+                    storage.sync_dir, directory, holding=[t.path for t in group]
+                )
+                later = [
+                    t
+                    for group in list(by_directory.values())[index + 1 :]
+                    for t in group
+                    if t.kind == "pointer" and t.sync
+                ]
+                if index == 0 and later and overlap:
+                    at_once(
+                        functools.partial(
+                            _write_pointers, later, checkpoint, storage, written
+                        ),
+                        sync,
+                    )
+                else:
+                    sync()
     except CheckpointWriteError:
+        for tmp in written.values():
+            storage.remove_quietly(tmp)
         for before in reversed(done):
             _put_back(before, storage, durable=durable)
         raise
 
 
-def _move(target: Mirror, checkpoint: Path, *, storage: Storage, durable: bool) -> None:
-    """Point one target at ``checkpoint`` (atomic; its directory not fsynced)."""
-    if target.kind == "pointer":
+def _write_pointers(
+    pointers: list[Mirror], checkpoint: Path, storage: Storage, written: dict
+) -> None:
+    """Write (and fsync) each pointer's text naming ``checkpoint`` under a temporary name."""
+    for target in pointers:
+        data = pointer_text(checkpoint, target.path).encode("utf-8")
+        written[target.path] = storage.write_temp(
+            target.path, lambda handle, data=data: handle.write(data), durable=True
+        )
+
+
+def _move(
+    target: Mirror,
+    checkpoint: Path,
+    *,
+    storage: Storage,
+    durable: bool,
+    written: Path | None = None,
+) -> None:
+    """Point one target at ``checkpoint`` (atomic; its directory not fsynced).
+
+    ``written``: a pointer's temporary file, already written (and fsynced).
+    """
+    if written is not None:
+        storage.move_into_place(written, target.path, durable=False)
+    elif target.kind == "pointer":
         text = pointer_text(checkpoint, target.path)
         storage.write_atomic(
             target.path,
