@@ -3,6 +3,8 @@ and a real S3 endpoint (see ``s3_server.py``)."""
 
 from __future__ import annotations
 
+import ast
+import functools
 import json
 import os
 from pathlib import Path
@@ -34,14 +36,27 @@ def pytest_addoption(parser):
     )
 
 
-def _shares_fixtures(item: pytest.Item) -> bool:
-    """Whether ``item`` uses a module- or class-scoped fixture of its own module."""
-    module = item.nodeid.split("::", 1)[0]
-    info = getattr(item, "_fixtureinfo", None)
-    for defs in getattr(info, "name2fixturedefs", {}).values():
-        fixture = defs[-1]
-        if fixture.scope in _SHARED_SCOPES and fixture.baseid.startswith(module):
-            return True
+@functools.cache
+def _keeps_whole(root: Path, module: str) -> bool:
+    """Whether the test module ``module`` (a node id's path) defines a module-,
+    class- or package-scoped fixture: then one worker runs all its tests."""
+    try:
+        tree = ast.parse((root / module).read_text("utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and (
+            getattr(node.func, "attr", None) == "fixture"
+            or getattr(node.func, "id", None) == "fixture"
+        ):
+            for keyword in node.keywords:
+                value = keyword.value
+                if (
+                    keyword.arg == "scope"
+                    and isinstance(value, ast.Constant)
+                    and value.value in _SHARED_SCOPES
+                ):
+                    return True
     return False
 
 
@@ -52,32 +67,39 @@ def _recorded() -> dict[str, float]:
         return {}
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup``: a module that shares module- or class-scoped
+    fixtures (a trained run, a built documentation) is one piece of work,
+    run by one worker, so the fixture is made once, not once per worker;
+    any other test is a piece of its own, for whichever worker is free.
+    (``xdist_group`` marks still group as they do.) The run's shared
+    trainings (``shared_trained``) are shared across workers through a lock
+    file instead."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ModuleGroups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            if scope != nodeid:  # an xdist_group mark's
+                return scope
+            module = nodeid.split("::", 1)[0]
+            return module if _keeps_whole(config.rootpath, module) else nodeid
+
+    return ModuleGroups(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Keep modules with shared fixtures whole, and start the slowest first.
+    """Start the slowest work first.
 
-    Under ``pytest -n N --dist loadgroup`` each test goes to whichever worker
-    is free, except those of a group, which one worker runs. The tests of a
-    module that shares a module- or class-scoped fixture (a trained run, a
-    built documentation) are grouped by their module, so the fixture is made
-    once, not once per worker. The run's shared trainings (``shared_trained``)
-    are shared across workers through a lock file instead.
-
-    The pieces of work (a grouped module, or one test) are dealt out slowest
-    first, by the seconds :data:`DURATIONS` records (:data:`_UNRECORDED` for a
-    test it does not have), each module keeping its own order: the small ones
-    fill in behind the big ones, so the workers end together.
+    The pieces of work (a module kept whole, see
+    :func:`pytest_xdist_make_scheduler`, or one test) are dealt out slowest
+    first, by the seconds :data:`DURATIONS` records (:data:`_UNRECORDED` for
+    a test it does not have), each module keeping its own order: the small
+    ones fill in behind the big ones, so the workers end together.
     """
-    grouped: dict[str, bool] = {}
-    for item in items:
-        module = item.nodeid.split("::", 1)[0]
-        if not grouped.get(module):
-            grouped[module] = _shares_fixtures(item)
-    if config.pluginmanager.hasplugin("xdist"):
-        for item in items:
-            module = item.nodeid.split("::", 1)[0]
-            if grouped[module]:
-                item.add_marker(pytest.mark.xdist_group(module))
     recorded = _recorded()
 
     def seconds(item: pytest.Item) -> float:
@@ -89,7 +111,8 @@ def pytest_collection_modifyitems(config, items):
     units: dict[str, list[pytest.Item]] = {}
     for item in items:
         module = item.nodeid.split("::", 1)[0]
-        units.setdefault(module if grouped[module] else item.nodeid, []).append(item)
+        whole = _keeps_whole(config.rootpath, module)
+        units.setdefault(module if whole else item.nodeid, []).append(item)
     ordered = sorted(
         units.values(), key=lambda unit: sum(map(seconds, unit)), reverse=True
     )
