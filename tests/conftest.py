@@ -169,7 +169,8 @@ def make_manager(tmp_path, pm):
 
 @pytest.fixture(scope="module", autouse=True)
 def timing_summary():
-    """After a module that ran commands (``e2e_support.run``), print each one's wall time."""
+    """After a module that ran commands (``e2e_support.run``), print each one's
+    wall time (and add them to the file ``E2E_TIMINGS`` names, if set)."""
     from e2e_support import TIMINGS
 
     first = len(TIMINGS)
@@ -181,6 +182,10 @@ def timing_summary():
     for label, seconds in rows:
         print(f"[e2e] {seconds:6.1f} s  {label}")
     print(f"[e2e] {sum(s for _, s in rows):6.1f} s  in all ({len(rows)} commands)")
+    # pytest -n shows no worker's output: E2E_TIMINGS names a file to add them to
+    if os.environ.get("E2E_TIMINGS"):
+        with open(os.environ["E2E_TIMINGS"], "a", encoding="utf-8") as out:
+            out.writelines(f"{s:.1f}\t{label}\n" for label, s in rows)
 
 
 # -- the shared trainings of the end-to-end tests (see e2e_support.py) -----------
