@@ -3,7 +3,11 @@ and a real S3 endpoint (see ``s3_server.py``)."""
 
 from __future__ import annotations
 
+import ast
+import functools
+import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +15,130 @@ import pytest
 pytest.register_assert_rewrite("helpers")
 
 from helpers import free_port, open_manager, plugin_manager  # noqa: E402
+
+# -- running on several workers (pytest -n, pytest-xdist) -------------------------
+
+_SHARED_SCOPES = ("module", "class", "package")
+
+DURATIONS = Path(__file__).with_name("durations.json")
+"""Seconds each slow test took (setup, call and teardown) in a recorded run:
+what orders the tests, slowest first. ``pytest --record-durations`` writes it."""
+
+_UNRECORDED = {"e2e": 10.0, "torture": 5.0}
+"""Seconds assumed for a test the record does not have, by mark (else 0)."""
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--record-durations",
+        action="store_true",
+        help=f"write the durations of the tests that took 1 s or more to {DURATIONS.name}",
+    )
+
+
+@functools.cache
+def _keeps_whole(root: Path, module: str) -> bool:
+    """Whether the test module ``module`` (a node id's path) defines a module-,
+    class- or package-scoped fixture: then one worker runs all its tests."""
+    try:
+        tree = ast.parse((root / module).read_text("utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and (
+            getattr(node.func, "attr", None) == "fixture"
+            or getattr(node.func, "id", None) == "fixture"
+        ):
+            for keyword in node.keywords:
+                value = keyword.value
+                if (
+                    keyword.arg == "scope"
+                    and isinstance(value, ast.Constant)
+                    and value.value in _SHARED_SCOPES
+                ):
+                    return True
+    return False
+
+
+def _recorded() -> dict[str, float]:
+    try:
+        return json.loads(DURATIONS.read_text("utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup``: a module that shares module- or class-scoped
+    fixtures (a trained run, a built documentation) is one piece of work,
+    run by one worker, so the fixture is made once, not once per worker;
+    any other test is a piece of its own, for whichever worker is free.
+    (``xdist_group`` marks still group as they do.) The run's shared
+    trainings (``shared_trained``) are shared across workers through a lock
+    file instead."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ModuleGroups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            if scope != nodeid:  # an xdist_group mark's
+                return scope
+            module = nodeid.split("::", 1)[0]
+            return module if _keeps_whole(config.rootpath, module) else nodeid
+
+    return ModuleGroups(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Start the slowest work first.
+
+    The pieces of work (a module kept whole, see
+    :func:`pytest_xdist_make_scheduler`, or one test) are dealt out slowest
+    first, by the seconds :data:`DURATIONS` records (:data:`_UNRECORDED` for
+    a test it does not have), each module keeping its own order: the small
+    ones fill in behind the big ones, so the workers end together.
+    """
+    recorded = _recorded()
+
+    def seconds(item: pytest.Item) -> float:
+        if item.nodeid in recorded:
+            return recorded[item.nodeid]
+        marks = [m for m in _UNRECORDED if item.get_closest_marker(m)]
+        return max((_UNRECORDED[m] for m in marks), default=0.0)
+
+    units: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        whole = _keeps_whole(config.rootpath, module)
+        units.setdefault(module if whole else item.nodeid, []).append(item)
+    ordered = sorted(
+        units.values(), key=lambda unit: sum(map(seconds, unit)), reverse=True
+    )
+    items[:] = [item for unit in ordered for item in unit]
+
+
+_TOOK: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    if report.when in ("setup", "call", "teardown"):
+        # under loadgroup a grouped test's id ends in @<group>
+        nodeid = report.nodeid
+        if nodeid.rfind("@") > nodeid.rfind("]"):
+            nodeid = nodeid.rsplit("@", 1)[0]
+        _TOOK[nodeid] = _TOOK.get(nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    config = session.config
+    if not config.getoption("record_durations") or hasattr(config, "workerinput"):
+        return
+    durations = {k: v for k, v in _recorded().items() if k not in _TOOK}
+    durations.update({k: round(v, 1) for k, v in _TOOK.items() if v >= 1.0})
+    text = json.dumps(dict(sorted(durations.items())), indent=1)
+    DURATIONS.write_text(text + "\n", "utf-8")
 
 
 @pytest.fixture
@@ -41,7 +169,8 @@ def make_manager(tmp_path, pm):
 
 @pytest.fixture(scope="module", autouse=True)
 def timing_summary():
-    """After a module that ran commands (``e2e_support.run``), print each one's wall time."""
+    """After a module that ran commands (``e2e_support.run``), print each one's
+    wall time (and add them to the file ``E2E_TIMINGS`` names, if set)."""
     from e2e_support import TIMINGS
 
     first = len(TIMINGS)
@@ -53,6 +182,44 @@ def timing_summary():
     for label, seconds in rows:
         print(f"[e2e] {seconds:6.1f} s  {label}")
     print(f"[e2e] {sum(s for _, s in rows):6.1f} s  in all ({len(rows)} commands)")
+    # pytest -n shows no worker's output: E2E_TIMINGS names a file to add them to
+    if os.environ.get("E2E_TIMINGS"):
+        with open(os.environ["E2E_TIMINGS"], "a", encoding="utf-8") as out:
+            out.writelines(f"{s:.1f}\t{label}\n" for label, s in rows)
+
+
+# -- the shared trainings of the end-to-end tests (see e2e_support.py) -----------
+
+
+@pytest.fixture(scope="session")
+def shared_trained(tmp_path_factory):
+    """``shared_trained(backend)``: the run's one shared training of ``backend``.
+
+    Trained on first use, once per test run: the workers of ``pytest -n``
+    share it through a directory of the run and a lock file
+    (``e2e_support.shared_training``). Read it, never change it; a test that
+    changes a store takes :func:`trained_copy`.
+    """
+    from e2e_support import shared_training
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's directory, above each worker's own
+    root = root / "shared_trained"
+    root.mkdir(exist_ok=True)
+    return lambda backend: shared_training(root, backend)
+
+
+@pytest.fixture
+def trained_copy(shared_trained, tmp_path):
+    """``trained_copy(backend="pt-expt", name="trained")``: a copy of the shared
+    training of ``backend`` in this test's ``tmp_path / name``."""
+    from e2e_support import copy_tree
+
+    def copy(backend: str = "pt-expt", name: str = "trained"):
+        return copy_tree(shared_trained(backend), tmp_path / name)
+
+    return copy
 
 
 # -- a real S3 endpoint (moto's server; see s3_server.py) ------------------------

@@ -307,6 +307,68 @@ def copy_tree(source: Path, target: Path) -> Path:
     return target
 
 
+SHARED_FRAMES = 8
+"""Training frames of the data of the shared trainings."""
+
+SHARED_TRAINING = {
+    "numb_steps": 10,
+    "save_freq": 5,
+    "disp_freq": 5,
+    "max_ckpt_keep": 2,
+    "save_dir": "models",
+}
+"""The ``training`` keys of the shared trainings, on top of ``examples/input.json``:
+``models/model.ckpt-{5,10}.pt``, no EMA."""
+
+
+def shared_config() -> dict[str, Any]:
+    """The input of the shared trainings (:data:`SHARED_TRAINING`)."""
+    return example_config(**SHARED_TRAINING)
+
+
+def shared_training(root: Path, backend: str) -> Path:
+    """The working directory of the shared training of ``backend`` under ``root``.
+
+    ``dp --<backend> train`` of :func:`shared_config` on :data:`SHARED_FRAMES`
+    frames runs once per ``root``: the first caller trains while holding a lock
+    file, every later one (in this process or another worker of the run) waits
+    for that lock and takes what was trained. A failed training is tried again
+    by the next caller. Tests never change this directory: they work on a copy
+    (the ``trained_copy`` fixture).
+
+    Parameters
+    ----------
+    root : Path
+        A directory of the test run that its workers share.
+    backend : str
+        ``"pt"`` or ``"pt-expt"``.
+
+    Returns
+    -------
+    Path
+        The working directory: ``data/``, ``input.json``, ``models/`` and
+        deepmd-kit's pointer and alias beside them.
+    """
+    from filelock import FileLock
+
+    workdir = root / f"trained_{backend}"
+    done = root / f"trained_{backend}.done"
+    with FileLock(str(root / f"trained_{backend}.lock")):
+        if done.exists():
+            return workdir
+        shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(root / f"data_{backend}", ignore_errors=True)
+        data = make_data(root / f"data_{backend}", frames=SHARED_FRAMES)
+        make_workdir(root, workdir.name, data, shared_config())
+        run(
+            dp("train", "input.json", backend=backend),
+            workdir,
+            label=f"dp --{backend} train input.json (shared)",
+        ).check()
+        done.write_text("trained\n", "utf-8")
+    return workdir
+
+
 def sha256(path: Path) -> str:
     """Hex sha256 of a file."""
     return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -360,11 +361,56 @@ def start_saver(*args, **popen):
     )
 
 
+#: Lowest port :func:`free_port` hands out.
+_LOWEST_PORT = 20000
+#: Ports already handed out by this process (a server stopped and started
+#: again keeps its port; no other caller gets it meanwhile).
+_GIVEN_PORTS: set[int] = set()
+#: Its own generator: a test seeding :mod:`random` does not fix the ports.
+_PORT_DRAW = random.Random()
+
+
+def _ephemeral_start() -> int:
+    """The lowest port the kernel picks by itself (for port 0 or a connection)."""
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        return int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """Return a TCP port on localhost that was free a moment ago."""
+    """Return a TCP port on localhost that was free a moment ago.
+
+    The port is below the kernel's ephemeral range, so no socket the kernel
+    numbers itself (a connection's own end, a server bound to port 0) takes
+    it between this call and its use; under pytest-xdist each worker draws
+    from a slice of its own, so two workers never get the same port. Where
+    there is no room below that range, the kernel picks.
+    """
+    top = _ephemeral_start()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    count = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1), 1)
+    width = (top - _LOWEST_PORT) // count
+    if width >= 100:
+        low = _LOWEST_PORT + (index % count) * width
+        for _ in range(200):
+            port = _PORT_DRAW.randrange(low, low + width)
+            if port in _GIVEN_PORTS:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _GIVEN_PORTS.add(port)
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port = sock.getsockname()[1]
+    _GIVEN_PORTS.add(port)
+    return port
 
 
 # -- remote stores ---------------------------------------------------------------

@@ -7,8 +7,9 @@ generated: each reader of deepmd-kit (``DP_CKPT_DISABLE=1``: ``train
 --restart``, ``--init-model``, ``freeze`` in the working directory and with
 ``-c``, ``change-bias``) runs on a store the plugin wrote, for each backend
 (``--pt``, ``--pt-expt``) and each layout (with ``save_dir: models``,
-without). One trained store per backend and layout is shared; a reader that
-writes works on a copy.
+without). One trained store per backend and layout is shared (the plugin's
+with ``save_dir`` is the run's shared training of the backend, see
+``conftest.py``); every reader works on a copy.
 
 The bytes are compared with what plain deepmd-kit writes for the same input
 (one plain run per backend, with ``save_dir``); without ``save_dir`` the
@@ -27,6 +28,7 @@ import pytest
 from e2e_support import (
     E2E_MARKS,
     RESUMING,
+    SHARED_FRAMES,
     copy_tree,
     dp,
     dp_env,
@@ -35,6 +37,7 @@ from e2e_support import (
     make_workdir,
     payload_structure,
     run,
+    shared_config,
     unmatched_variables,
     write_config,
 )
@@ -43,8 +46,8 @@ pytestmark = E2E_MARKS
 
 BACKENDS = ("pt", "pt-expt")
 LAYOUTS = ("save_dir", "flat")
-STEPS = 4
-TRAINING = {"numb_steps": STEPS, "save_freq": 2, "disp_freq": 2, "max_ckpt_keep": 2}
+STEPS = 10
+TRAINING = {"numb_steps": STEPS, "save_freq": 5, "disp_freq": 5, "max_ckpt_keep": 2}
 FROZEN = {"pt": ".pth", "pt-expt": ".pte"}
 PLAIN = dp_env(DP_CKPT_DISABLE="1")
 
@@ -95,16 +98,24 @@ def base(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def data(base):
-    return make_data(base / "data_source", frames=6)
+    return make_data(base / "data_source", frames=SHARED_FRAMES)
 
 
 @pytest.fixture(scope="module")
-def trained(base, data):
-    """``trained(backend, layout, plain=False)``: a working directory, trained once."""
+def trained(base, data, shared_trained):
+    """``trained(backend, layout, plain=False)``: a working directory, trained once.
+
+    The plugin's with ``save_dir`` is the run's shared training of the backend
+    (``conftest.py``), of the same input; nothing writes into it (the readers
+    run on copies).
+    """
+    assert config("save_dir") == shared_config()
     made = {}
 
     def get(backend: str, layout: str, *, plain: bool = False) -> Path:
         key = (backend, layout, plain)
+        if key == (backend, "save_dir", False):
+            return shared_trained(backend)
         if key not in made:
             name = f"{'plain' if plain else 'plugin'}_{backend}_{layout}"
             workdir = make_workdir(base, name, data, config(layout))
@@ -164,9 +175,9 @@ def test_plain_deepmd_reads_what_the_plugin_wrote(
     args, writes = READERS[reader]
     store = "models" if layout == "save_dir" else "."
     args = [a.format(store=store) for a in args]
-    workdir = source
+    # every reader runs on a copy: the stores are shared by the cases
+    workdir = copy_tree(source, base / f"read_{backend}_{layout}_{reader[-7:]}")
     if writes:
-        workdir = copy_tree(source, base / f"read_{backend}_{layout}_{reader[-7:]}")
         write_config(workdir / "input.json", config(layout, numb_steps=STEPS + 2))
     latest = store_dir(workdir, layout) / f"model.ckpt-{STEPS}.pt"
     alias = (workdir / "model.ckpt.pt").resolve()  # before a reader moves it

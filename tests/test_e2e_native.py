@@ -46,6 +46,7 @@ from e2e_support import (
     resumed_from,
     run,
     saved_steps,
+    shared_config,
     start,
     steps,
     stray_files,
@@ -83,12 +84,13 @@ def data(base):
     return make_data(base / "data_source", frames=8)
 
 
-@pytest.fixture(scope="module")
-def trained(base, data):
-    """10 steps with ``save_dir: models``: ``models/model.ckpt-{5,10}.pt``."""
-    workdir = make_workdir(base, "trained", data, config())
-    run(dp("train", "input.json"), workdir).check()
-    return workdir
+@pytest.fixture
+def trained(trained_copy):
+    """A copy of the run's shared ``dp --pt-expt`` training (``conftest.py``):
+    10 steps with ``save_dir: models``, ``models/model.ckpt-{5,10}.pt``, the
+    input :func:`config` gives."""
+    assert shared_config() == config()
+    return trained_copy("pt-expt")
 
 
 # -- item 2: the version guard ---------------------------------------------------
@@ -129,9 +131,9 @@ def _version() -> str:
 # -- item 3: handles for --finetune and change-bias -------------------------------
 
 
-def test_finetune_takes_a_directory(base, trained):
+def test_finetune_takes_a_directory(trained):
     """``--finetune models`` resolves the store; the earlier run is archived."""
-    workdir = copy_tree(trained, base / "finetune")
+    workdir = trained
     result = run(dp("train", "input.json", "--finetune", "models"), workdir).check()
     out = result.output
     assert_no_traceback(result)
@@ -157,9 +159,9 @@ def test_finetune_takes_a_directory(base, trained):
     ],
 )
 def test_change_bias_takes_latest_a_directory_and_a_prefix(
-    base, trained, handle, output, written
+    trained, handle, output, written
 ):
-    workdir = copy_tree(trained, base / f"change_bias_{written}")
+    workdir = trained
     before = tree_state(workdir / "models")
     args = ["change-bias", handle, "-s", "data/valid"]
     if output:

@@ -20,12 +20,10 @@ from pathlib import Path
 import pytest
 from e2e_support import (
     E2E_MARKS,
-    copy_tree,
     dp,
     example_config,
-    make_data,
-    make_workdir,
     run,
+    shared_config,
     write_config,
 )
 
@@ -120,20 +118,13 @@ def traced(args: list[str], workdir: Path, trace: Path):
     )
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """One working directory per backend after 10 steps (checkpoints at 5 and 10)."""
-    base = tmp_path_factory.mktemp("e2e_one_reading")
-    data = make_data(base / "data_source", frames=12)
-    found = {}
-    for backend in BACKENDS:
-        config = example_config(numb_steps=10, save_freq=5, disp_freq=5)
-        workdir = make_workdir(base, backend, data, config)
-        run(
-            dp("train", "input.json", "--skip-neighbor-stat", backend=backend), workdir
-        ).check()
-        found[backend] = workdir
-    return found
+@pytest.fixture
+def trained(trained_copy):
+    """``trained(backend, name)``: a copy in ``tmp_path / name`` of the run's
+    shared training of ``backend`` (``conftest.py``): 10 steps, checkpoints at
+    5 and 10."""
+    assert shared_config() == example_config(numb_steps=10, save_freq=5, disp_freq=5)
+    return trained_copy
 
 
 def assert_read_once(trace: Path, checkpoint: Path) -> None:
@@ -144,7 +135,7 @@ def assert_read_once(trace: Path, checkpoint: Path) -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_restart_reads_its_checkpoint_once(trained, backend, tmp_path):
-    workdir = copy_tree(trained[backend], tmp_path / "restart")
+    workdir = trained(backend, "restart")
     config = example_config(numb_steps=15, save_freq=5, disp_freq=5)
     write_config(workdir / "input.json", config)
     trace = tmp_path / "restart.trace"
@@ -177,7 +168,7 @@ READERS = {
 def test_freeze_and_change_bias_read_their_checkpoint_once(
     trained, backend, command, tmp_path
 ):
-    workdir = copy_tree(trained[backend], tmp_path / command)
+    workdir = trained(backend, command)
     args, made = READERS[command]
     trace = tmp_path / f"{command}.trace"
     traced(dp(*args, backend=backend), workdir, trace).check()
