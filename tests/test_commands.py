@@ -856,3 +856,60 @@ def test_prune_takes_the_option_name_of_the_previous_release(tmp_path, capsys):
     status, data = as_json(capsys, "prune", d, "--dry-run", "--max-ckpt-keep", "1")
     assert status == 0
     assert data["families"][0]["policy"] == {"keep_last": 1}
+
+
+# -- a live store moving on under a reader ----------------------------------------
+
+
+class _PrunedAfterListing(type(local_storage(None))):
+    """A storage whose listing is followed by a retention removing ``doomed``."""
+
+    def __init__(self, doomed):
+        super().__init__()
+        self.doomed = doomed
+
+    def names(self, directory):
+        listed = super().names(directory)
+        for path in self.doomed:
+            if path.parent == directory and path.exists():
+                os.unlink(path)
+                os.unlink(record_path(path))
+        return listed
+
+
+def test_files_pruned_after_the_listing_are_not_strays(store):
+    from dp_ckpt_plugin.commands.inventory import read_inventory
+
+    kept = sorted(store.glob("model.ckpt-*.h5"))
+    doomed = kept[:2]
+    inventory = read_inventory(store, storage=_PrunedAfterListing(doomed))
+    assert sorted(inventory.vanished) == doomed
+    assert [s.path for s in inventory.strays] == []
+    assert {c.path for c in inventory.checkpoints()} == set(kept[2:])
+
+
+def test_verify_lists_again_when_every_listed_file_went(store, capsys, monkeypatch):
+    """All that one listing saw was pruned before its records were read."""
+    from dp_ckpt_plugin.commands import inventory as inventories
+
+    real = inventories.read_inventory
+    calls = []
+
+    def read_inventory(directory, *, storage=None):
+        calls.append(directory)
+        if len(calls) == 1:  # every listed file goes, as a saving run prunes
+            doomed = sorted(Path(directory).glob("model.ckpt-*.h5"))
+            found = real(directory, storage=_PrunedAfterListing(doomed))
+            assert found.vanished and not found.checkpoints()
+            fill(Path(directory), losses={10: 0.5, 11: 0.4})
+            return found
+        return real(directory)
+
+    monkeypatch.setattr("dp_ckpt_plugin.commands.verify.read_inventory", read_inventory)
+    status, verdict = as_json(capsys, "verify", store)
+    assert status == 0 and verdict["ok"], verdict
+    assert len(calls) == 2
+    assert {Path(c["path"]).name for c in verdict["checkpoints"]} >= {
+        "model.ckpt-10.h5",
+        "model.ckpt-11.h5",
+    }

@@ -148,6 +148,10 @@ class Inventory:
         checkpoints and its size.
     warnings : list of str
         What could not be read.
+    vanished : list of Path
+        Numbered files listed that were gone when their record was read (a
+        live store's retention removed them meanwhile): neither checkpoints
+        nor strays.
     """
 
     directory: Path
@@ -157,6 +161,7 @@ class Inventory:
     quarantined: list[Path]
     archives: list[ArchiveFolder]
     warnings: list[str]
+    vanished: list[Path] = field(default_factory=list)
 
     @property
     def format(self) -> str | None:
@@ -193,8 +198,9 @@ def read_inventory(directory: Path, *, storage: Storage | None = None) -> Invent
             )
     listing = _listdir(directory, storage)
     strays = _find_families(directory, listing, views, storage)
+    vanished: list[Path] = []
     for view in views.values():
-        _fill(directory, view, strays, listing, storage)
+        _fill(directory, view, strays, listing, storage, vanished)
     try:
         archives = archive_folders(directory, storage=storage)
     except UnreadableFileError as exc:
@@ -208,7 +214,16 @@ def read_inventory(directory: Path, *, storage: Storage | None = None) -> Invent
         quarantined=_payloads(directory / QUARANTINE_DIR, storage),
         archives=archives,
         warnings=warnings,
+        vanished=vanished,
     )
+
+
+def _gone(path: Path, storage: Storage) -> bool:
+    """Whether a listed file is no longer there (removed since the listing)."""
+    try:
+        return storage.entry(path) is None
+    except UnreadableFileError:
+        return False
 
 
 def _listdir(directory: Path, storage: Storage) -> dict[str, str]:
@@ -278,6 +293,7 @@ def _fill(
     strays: dict[Path, Stray],
     listing: dict[str, str],
     storage: Storage,
+    vanished: list[Path],
 ) -> None:
     """Read a family's committed checkpoints, pointer, alias and strays."""
     fam = view.family
@@ -292,7 +308,9 @@ def _fill(
         except InvalidRecordError:
             continue  # reported among the strays already
         step = fam.step_of(path.name)
-        if record is None:
+        if record is None and _gone(path, storage):
+            vanished.append(path)
+        elif record is None:
             strays[path] = Stray(path, fam.prefix, step, "no commit record")
         elif record.step != step or record.family != fam.prefix:
             strays[path] = Stray(

@@ -121,10 +121,19 @@ def check(checkpoint: Checkpoint, *, digest: bool) -> Check:
     return Check(checkpoint, hashed=hashed)
 
 
+#: How often a store whose listed files all went before their records were
+#: read is listed again (retention of a run saving meanwhile).
+_RELISTINGS = 5
+
+
 def run(args: argparse.Namespace) -> int:
     """Check; exit status 1 on any problem."""
     if default_storage().entry(args.path, follow=True).is_dir:
         inventory = read_inventory(args.path)
+        for _ in range(_RELISTINGS):  # a live store moved on under the listing
+            if inventory.checkpoints() or not inventory.vanished:
+                break
+            inventory = read_inventory(args.path)
         checkpoints = inventory.checkpoints()
         problems = link_problems(inventory) + [
             f"{s.path}: {s.problem}"
