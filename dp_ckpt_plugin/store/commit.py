@@ -181,22 +181,9 @@ def write_new(
     """
     fields = {"step": step, "family": family, "format": format, "metrics": metrics}
     beside = durable and overlap and _overlaps(serialize, storage)
-    try:
-        if beside:
-            made: dict = {}
-            tmp, _ = storage.write_payload(
-                path,
-                serialize,
-                durable=durable,
-                digest=digest_of_view,
-                meanwhile=functools.partial(
-                    _record_beside, path, storage, fields, made
-                ),
-            )
-            record = made["record"]
-    except (OSError, CheckpointWriteError) as exc:
-        _undo(exc, path, (record_path(path),), storage)
-    if not beside:
+    if beside:
+        tmp, record = _recorded_payload(path, serialize, storage, fields)
+    else:
         tmp, record = _described_payload(path, serialize, durable, storage, **fields)
     try:
         if not beside:
@@ -218,6 +205,29 @@ def _overlaps(serialize, storage: Storage) -> bool:
     )
 
 
+def _recorded_payload(
+    path: Path, serialize: Callable[[BinaryIO], object], storage: Storage, fields: dict
+) -> tuple[Path, CommitRecord]:
+    """Write the payload of ``path`` durably and its record beside its fsync.
+
+    Returns the temporary path and the record, already durable under its
+    name (:func:`_record_beside`); on failure the record is removed (the
+    storage removes the temporary file).
+    """
+    made: dict = {}
+    try:
+        tmp, _ = storage.write_payload(
+            path,
+            serialize,
+            durable=True,
+            digest=digest_of_view,
+            meanwhile=functools.partial(_record_beside, path, storage, fields, made),
+        )
+    except (OSError, CheckpointWriteError) as exc:
+        _undo(exc, path, (record_path(path),), storage)
+    return tmp, made["record"]
+
+
 def _record_beside(
     path: Path, storage: Storage, fields: dict, made: dict, tmp: Path, digest: str
 ) -> None:
@@ -229,13 +239,7 @@ def _record_beside(
     """
     record = make_record(tmp, name=path.name, digest=digest, storage=storage, **fields)
     made["record"] = record
-    target = record_path(path)
-    data = record.to_json().encode("utf-8")
-    storage.move_into_place(
-        storage.write_temp(target, lambda handle: handle.write(data), durable=False),
-        target,
-        durable=False,
-    )
+    target = write_record(path, record, durable=False, storage=storage)
     at_once(
         lambda: storage.sync_file(target),
         lambda: storage.sync_dir(path.parent, holding=[target]),
