@@ -35,6 +35,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import CheckpointError
+from ..text import MAX_LOG_LINE, shown
 
 #: The subcommands, each a module of this package.
 SUBCOMMANDS = ("ls", "resolve", "show", "inspect", "verify", "prune", "adopt", "sync")
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fail(message: object, status: int) -> int:
-    sys.stderr.write(f"dp-ckpt: error: {one_line(str(message))}\n")
+    sys.stderr.write(f"dp-ckpt: error: {shown(one_line(str(message)), MAX_LOG_LINE)}\n")
     return status
 
 

@@ -42,6 +42,7 @@ from ..storage.objects import (
     StorageUnavailableError,
     VersionMismatchError,
 )
+from ..text import shown
 from .head import FencedError, took_over
 from .keys import LEASE_KEY
 
@@ -74,7 +75,11 @@ class Holder:
         )
 
     def describe(self) -> str:
-        return f"pid {self.pid} on {self.host}, since {self.since}: {self.command}"
+        """Who holds it, in one line fit to show (its text came from ``U``)."""
+        return (
+            f"pid {self.pid} on {shown(self.host, 80)}, since {shown(self.since, 40)}: "
+            f"{shown(self.command, 120)}"
+        )
 
 
 @dataclass(frozen=True)
