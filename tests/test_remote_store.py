@@ -252,6 +252,7 @@ def test_a_zombie_paused_before_its_deletes_removes_nothing_the_new_writer_needs
     pm, tmp_path, mem
 ):
     import threading
+    import time
 
     zombie = remote_store(pm, tmp_path / "z", mem, keep=1)
     save_steps(zombie, [1])
@@ -266,7 +267,12 @@ def test_a_zombie_paused_before_its_deletes_removes_nothing_the_new_writer_needs
     assert paused.wait(30)
     mem.clear_hooks()
     newer = remote_store(pm, tmp_path / "n", mem, keep=1)
-    newer.remote.lease._wall = lambda: 1e10  # the zombie's lease ran out
+    # the zombie's lease runs out: unchanged for its time to live on the
+    # newer writer's clock (the zombie's heartbeat is not due within it)
+    clock = [0.0]
+    newer.remote.lease._wall = lambda: time.time() + 3600
+    newer.remote.lease._clock = lambda: clock[0]
+    newer.remote.lease._sleep = lambda s: clock.__setitem__(0, clock[0] + s)
     found = newer.resolve("latest")
     go.set()
     zombie.remote.flush(30)

@@ -20,8 +20,7 @@ from ..checkpoint.digests import hasher
 from ..errors import CheckpointError, RestartNotFoundError
 from ..remote import head as heads
 from ..remote.fetch import RemoteSource, candidates, fetch_first
-from ..remote.keys import LEASE_KEY
-from ..remote.lease import Lease, LeaseState
+from ..remote.lease import Lease
 from ..retention import KeepLast, plan_prune
 from ..storage.registry import storage_for
 from ..text import MAX_LOG_LINE, shown
@@ -391,19 +390,10 @@ def _report(storage, gone, args, *, removed: bool) -> None:
 
 
 def _release(storage, args) -> int:
-    """Give up a lease whose holder is gone (it must not be alive)."""
-    lease = Lease(storage)
-    found = storage.get(LEASE_KEY)
-    if found is None:
+    """Release a lease whose holder is gone (watched up to its time to live)."""
+    why = Lease(storage).clear()
+    if why is None:
         sys.stdout.write(f"{storage.url}: no lease\n")
-        return 0
-    try:
-        state = LeaseState.parse(found[0], storage.url_of(LEASE_KEY))
-        free = lease._free(state)
-    except CheckpointError:
-        state, free = None, "it is malformed"
-    if state is not None and free is None:
-        raise UsageError(f"{storage.url}: {lease._refusal(state)}")
-    storage.delete(LEASE_KEY)
-    sys.stdout.write(f"{storage.url}: lease removed ({free})\n")
+    else:
+        sys.stdout.write(f"{storage.url}: lease released ({shown(why)})\n")
     return 0
