@@ -6,8 +6,8 @@ shown to a person only through :func:`shown`: control characters (escape,
 carriage return, line feed, the bidirectional overrides, line and
 paragraph separators) are written as Python escapes (``\\x1b``, ``\\n``,
 ``\\u202e``), so no value can colour a terminal, move its cursor, rewrite a
-line or split one line into two; and a value longer than the limit is cut,
-saying by how much.
+line or split one line into two; a value longer than the limit is cut,
+saying by how much; and no URL keeps its userinfo (``user:password@``).
 
 The package's logger (``dp_ckpt_plugin``) passes every message through
 :func:`shown` as well (:func:`guard_logger`), so a log line stays one line
@@ -17,12 +17,25 @@ whatever a message carries.
 from __future__ import annotations
 
 import logging
+import re
 
 #: Most characters :func:`shown` keeps of one value.
 MAX_SHOWN = 300
 #: Most characters of one log line of the package's logger.
 MAX_LOG_LINE = 4000
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+#: The userinfo of a URL (``user:password@``): never shown.
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]*:[^/\s@]*@")
+_HTTP_USER = re.compile(r"(?i)\b(https?://)[^/\s@]+@")
+
+
+def scrub_url(text: str) -> str:
+    """``text`` with the userinfo of its URLs as ``***`` (``http://***@host``).
+
+    Any ``user:password@``, and any userinfo of an ``http(s)`` URL (an
+    endpoint's); ``abfs://container@account`` names no secret and stays.
+    """
+    return _HTTP_USER.sub(r"\1***@", _USERINFO.sub(r"\1***@", text))
 
 
 def _escaped(char: str) -> str:
@@ -38,11 +51,12 @@ def shown(value: object, limit: int = MAX_SHOWN) -> str:
     """``value`` as text fit to show: one line, printable, at most ``limit`` long.
 
     Printable characters (letters of any script, digits, punctuation, the
-    space) are kept; every other one is escaped. What would run past
+    space) are kept; every other one is escaped; the userinfo of a URL is
+    scrubbed (:func:`scrub_url`). What would run past
     ``limit`` characters is replaced by ``...(N more characters)``, so the
     result is never longer than ``limit``.
     """
-    text = value if isinstance(value, str) else str(value)
+    text = scrub_url(value if isinstance(value, str) else str(value))
     out: list[str] = []
     size = 0
     room = limit - len(f"...({len(text)} more characters)")

@@ -57,9 +57,19 @@ class _Parser(argparse.ArgumentParser):
 
 
 def is_remote(value: object) -> bool:
-    """Whether a command-line value names a store on object storage."""
-    from ..storage.registry import scheme_of
+    """Whether a command-line value names a store on object storage.
 
+    Raises
+    ------
+    UsageError
+        For a mistyped URL (``s3:/bucket/run``), saying what was meant.
+    """
+    from ..storage.registry import check_not_mistyped, scheme_of
+
+    try:
+        check_not_mistyped(value)
+    except CheckpointError as exc:
+        raise UsageError(str(exc)) from None
     return isinstance(value, str) and scheme_of(value) not in ("", "file")
 
 

@@ -1,7 +1,8 @@
 """The writer lease of a remote store: one writer at a time, fenced by epoch.
 
-``U/LEASE`` is a small JSON object: the epoch, the holder (host, pid, command,
-since), when it was last renewed and for how long it holds. It moves only by
+``U/LEASE`` is a small JSON object: the epoch, the holder (host, pid, program
+name, since; never the program's arguments, which may hold a secret), when it
+was last renewed and for how long it holds. It moves only by
 ``put_if_absent`` (the first writer ever) and ``put_if_match`` (every renewal,
 takeover and release), so of two runs starting at once exactly one takes it,
 and the other is refused with one line naming the holder.
@@ -74,10 +75,12 @@ class Holder:
 
     @classmethod
     def this_process(cls) -> Holder:
+        """This process: its host, pid and program name (never its arguments,
+        which may hold a secret, and the lease is stored in the bucket)."""
         return cls(
             socket.gethostname(),
             os.getpid(),
-            " ".join(sys.argv)[:500],
+            program_name(),
             time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         )
 
@@ -144,6 +147,17 @@ class LeaseState:
                 "store, remove it (dp-ckpt prune --release-lease)"
             )
         return cls(epoch, holder_, float(renewed), float(ttl), released)
+
+
+def program_name() -> str:
+    """The name of this process's program (``dp``, ``dp-ckpt``, ``pytest``)."""
+    first = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    name = os.path.basename(first)
+    if name == "__main__.py":  # python -m PACKAGE: the package's name
+        name = os.path.basename(os.path.dirname(first))
+    if not name or name == "-c":
+        name = os.path.basename(sys.executable or "") or "python"
+    return name[:64]
 
 
 def alive(pid: int) -> bool:

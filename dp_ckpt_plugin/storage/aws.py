@@ -35,7 +35,9 @@ import datetime as dt
 import hashlib
 import hmac
 import http.client
+import ipaddress
 import os
+import re
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Mapping
@@ -45,6 +47,7 @@ from pathlib import Path
 from urllib.parse import quote, urlsplit
 
 from ..errors import ConfigError
+from ..text import scrub_url, shown
 
 #: The SHA-256 of an empty request body.
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -93,8 +96,9 @@ class AwsSettings:
     virtual_hosted: bool = False
 
     def __repr__(self) -> str:
+        endpoint = scrub_url(self.endpoint) if self.endpoint else None
         return (
-            f"AwsSettings(region={self.region!r}, endpoint={self.endpoint!r}, "
+            f"AwsSettings(region={self.region!r}, endpoint={endpoint!r}, "
             f"credentials from {self.source or 'the provider chain'})"
         )
 
@@ -122,6 +126,77 @@ def _first(*values: str | None) -> str | None:
     return next((v for v in values if v), None)
 
 
+def _named(*pairs: tuple[str, str | None]) -> tuple[str, str | None]:
+    """The first ``(name, value)`` whose value is set, else ``("", None)``."""
+    return next(((n, v) for n, v in pairs if v), ("", None))
+
+
+_REGION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?")
+
+
+def check_region(name: str, value: str | None) -> str:
+    """``value``, a region; :class:`ConfigError` naming ``name`` if it is not one."""
+    if value is None or not _REGION.fullmatch(value):
+        raise ConfigError(
+            f"{name} is {shown(value)!r}: not an AWS region (letters, digits, "
+            "'-', '_' and '.', such as us-east-1)"
+        )
+    return value
+
+
+def check_endpoint(name: str, value: str | None) -> str | None:
+    """``value``, an endpoint URL or ``None``; :class:`ConfigError` naming ``name``.
+
+    Checked before any client is built (a client given a malformed one
+    panics at its first request): ``http://`` or ``https://``, a host, a
+    port from 1 to 65535 if any, no space or control character, no query.
+    """
+    if value is None:
+        return None
+    said = scrub_url(value)
+    if "@" in said:  # what comes before it may be a password, URL or not
+        scheme, sep, rest = said.rpartition("://")
+        said = f"{scheme}{sep}***@{rest.rpartition('@')[2]}"
+    said = shown(said)
+
+    def refuse(why: str) -> ConfigError:
+        return ConfigError(f"{name} is {said!r}: {why}")
+
+    if any(c.isspace() or not c.isprintable() for c in value):
+        raise refuse("an endpoint URL holds no space or control character")
+    try:
+        parts = urlsplit(value)
+    except ValueError as exc:
+        raise refuse(f"not a URL ({exc})") from None
+    try:
+        port = parts.port
+    except ValueError:
+        raise refuse("the port must be a number from 1 to 65535") from None
+    if parts.scheme.lower() not in ("http", "https"):
+        raise refuse(
+            "an endpoint URL starts with http:// or https:// "
+            "(such as http://127.0.0.1:9000)"
+        )
+    if not parts.hostname:
+        raise refuse("the endpoint URL names no host")
+    if not (_HOST.fullmatch(parts.hostname) or _ip(parts.hostname)):
+        raise refuse(f"{shown(parts.hostname)!r} is not a host name")
+    if port == 0:
+        raise refuse("the port must be a number from 1 to 65535")
+    if parts.query or parts.fragment:
+        raise refuse("an endpoint URL has no query or fragment")
+    return value
+
+
+def _ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -141,20 +216,24 @@ def resolve(options: Mapping[str, object], environ: Mapping[str, str]) -> AwsSet
         name, environ, required=bool(explicit or "AWS_PROFILE" in environ)
     )
     opt = {k: (str(v) if v is not None else None) for k, v in options.items()}
-    region = _first(
-        opt.get("region"),
-        environ.get("AWS_REGION"),
-        environ.get("AWS_DEFAULT_REGION"),
-        profile.get("region"),
-        DEFAULT_REGION,
+    region = check_region(
+        *_named(
+            ("the option region", opt.get("region")),
+            ("AWS_REGION", environ.get("AWS_REGION")),
+            ("AWS_DEFAULT_REGION", environ.get("AWS_DEFAULT_REGION")),
+            (f"the region of AWS profile {name!r}", profile.get("region")),
+            ("the default region", DEFAULT_REGION),
+        )
     )
-    endpoint = _first(
-        opt.get("endpoint"),
-        opt.get("aws_endpoint_url_s3"),
-        environ.get("AWS_ENDPOINT_URL_S3"),
-        environ.get("AWS_ENDPOINT_URL"),
-        environ.get("AWS_ENDPOINT"),
-        profile.get("endpoint_url"),
+    endpoint = check_endpoint(
+        *_named(
+            ("the option endpoint", opt.get("endpoint")),
+            ("the option aws_endpoint_url_s3", opt.get("aws_endpoint_url_s3")),
+            ("AWS_ENDPOINT_URL_S3", environ.get("AWS_ENDPOINT_URL_S3")),
+            ("AWS_ENDPOINT_URL", environ.get("AWS_ENDPOINT_URL")),
+            ("AWS_ENDPOINT", environ.get("AWS_ENDPOINT")),
+            (f"the endpoint_url of AWS profile {name!r}", profile.get("endpoint_url")),
+        )
     )
     env_keys = (environ.get("AWS_ACCESS_KEY_ID"), environ.get("AWS_SECRET_ACCESS_KEY"))
     if opt.get("access_key_id") and opt.get("secret_access_key"):

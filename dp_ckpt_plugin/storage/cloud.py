@@ -49,6 +49,7 @@ from typing import BinaryIO, TypeVar
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
+from ..text import scrub_url
 from . import aws
 from .objects import (
     SMALL_OBJECT_LIMIT,
@@ -374,6 +375,7 @@ class CloudStorage:
             self.counts["requests"] += requests
 
     def _scrub(self, text: str) -> str:
+        text = scrub_url(text)
         for secret in sorted(self._secrets, key=len, reverse=True):
             if len(secret) >= 4:
                 text = text.replace(secret, "***")
@@ -727,7 +729,7 @@ def _prepare(data: Source) -> tuple[int, object]:
     return end - position, data
 
 
-_PERFORMING = re.compile(r"Error performing (\w+) (\S+)")
+_PERFORMING = re.compile(r"Error performing (\w+) ([a-z][a-z0-9+.-]*://\S+)")
 _STATUS = re.compile(r"status code: (\d{3})( [A-Za-z][A-Za-z ]*[a-z])?")
 _CODE = re.compile(r"<Code>([^<]+)</Code>(?:\s*<Message>([^<]*)</Message>)?")
 _RETRIES = re.compile(r"after (\d+) retries")

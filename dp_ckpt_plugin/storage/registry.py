@@ -43,6 +43,8 @@ ENTRY_POINT_GROUP = "dp_ckpt.storage"
 Factory = Callable[..., ObjectStorage]
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+#: A scheme and a colon followed by one slash or none (``s3:/bucket``).
+_NEAR_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):/?(?!/)(.*)", re.DOTALL)
 _VALID_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")
 
 
@@ -103,6 +105,31 @@ def scheme_of(text: str | os.PathLike) -> str:
         return ""
     found = _SCHEME.match(text)
     return found.group(1).lower() if found else ""
+
+
+def check_not_mistyped(text: str | os.PathLike) -> None:
+    """Refuse a path that is a mistyped URL of an object store (``s3:/bucket/run``).
+
+    A scheme some storage serves (not ``file``), a colon and one slash or
+    none would otherwise be a local folder named ``s3:``.
+
+    Raises
+    ------
+    ConfigError
+        In one line: ``did you mean s3://bucket/run``.
+    """
+    if isinstance(text, os.PathLike) or not isinstance(text, str):
+        return
+    found = _NEAR_URL.fullmatch(text.strip())
+    if found is None or scheme_of(text.strip()):
+        return
+    scheme = found.group(1).lower()
+    if scheme == "file" or scheme not in known_schemes():
+        return
+    meant = f"{scheme}://{found.group(2).lstrip('/') or 'BUCKET/PREFIX'}"
+    raise ConfigError(
+        f"{text}: not a local path nor an object-store URL; did you mean {meant}"
+    )
 
 
 def register(scheme: str, factory: Factory, *, replace: bool = False) -> None:
@@ -205,6 +232,7 @@ def storage_for(url_or_path: str | os.PathLike, **options) -> ObjectStorage:
         return _local(os.fspath(url_or_path), **options)
     scheme = scheme_of(url_or_path)
     if not scheme:
+        check_not_mistyped(url_or_path)
         return _local(url_or_path, **options)
     factory = _factory(scheme)
     if factory is None:
