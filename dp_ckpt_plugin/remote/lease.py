@@ -48,7 +48,7 @@ from ..storage.objects import (
     VersionMismatchError,
 )
 from ..text import shown
-from .head import FencedError, took_over
+from .head import FencedError, say_once, took_over
 from .keys import LEASE_KEY
 
 log = logging.getLogger("dp_ckpt_plugin")
@@ -372,6 +372,10 @@ class Lease:
             return why
 
     # -- holding -----------------------------------------------------------------
+    def held(self) -> threading.RLock:
+        """The lock under which :attr:`lost` changes (for a caller that sets it)."""
+        return self._lock
+
     def check(self) -> None:
         """Raise :class:`~dp_ckpt_plugin.remote.head.FencedError` if this lease was lost."""
         if self.lost is not None:
@@ -439,7 +443,7 @@ class Lease:
             try:
                 self.renew_if_due()
             except FencedError:
-                log.error("%s", self.lost)
+                say_once(self.lost, log)
                 return
             except StorageUnavailableError as exc:
                 if self.valid_for() <= 0:
@@ -448,7 +452,7 @@ class Lease:
                         f"the lease could not be renewed for {self.ttl:.0f} s "
                         f"({exc.cause}), so another run may take the store over",
                     )
-                    log.error("%s", self.lost)
+                    say_once(self.lost, log)
                     return
 
     def release(self) -> None:
