@@ -22,8 +22,9 @@
 :attr:`ObjectInfo.version <dp_ckpt_plugin.storage.objects.ObjectInfo.version>`
 is the ETag on S3 and Azure, the generation on GCS: what the store compares.
 
-Settings come the way users already give them (:mod:`.aws` for S3; obstore
-reads ``GOOGLE_*`` and ``AZURE_*`` itself). Transient errors (5xx, timeouts,
+Settings come the way users already give them (:mod:`.aws` for S3, through
+botocore's credential chain; obstore reads ``GOOGLE_*`` and ``AZURE_*``
+itself). Transient errors (5xx, timeouts,
 refused or reset connections) are retried by obstore with
 :data:`RETRIES` retries and exponential backoff, within
 :data:`RETRY_TIMEOUT`, so a dead endpoint fails in seconds; then one
@@ -261,20 +262,19 @@ class CloudStorage:
 
     # -- making the store -------------------------------------------------------
     def _check_credentials(self, environ: Mapping[str, str]) -> None:
+        """No credentials anywhere in the chain: one line now, before any request."""
         settings = self.settings
-        if settings is None or settings.static:
+        if settings is None or settings.signed:
             return
-        elsewhere = any(
-            environ.get(name)
-            for name in (
-                "AWS_WEB_IDENTITY_TOKEN_FILE",
-                "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-                "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-                "AWS_SKIP_SIGNATURE",
+        if aws.truthy(environ.get("AWS_SKIP_SIGNATURE")):
+            return  # anonymous requests, asked for
+        said = _NO_CREDENTIALS
+        if not aws.truthy(environ.get("AWS_EC2_METADATA_DISABLED")):
+            said += (
+                " (none in the environment or the profile files, and the instance "
+                "metadata service did not answer)"
             )
-        )
-        if not elsewhere and aws._truthy(environ.get("AWS_EC2_METADATA_DISABLED")):
-            raise StorageUnavailableError(self.url, "reach", _NO_CREDENTIALS)
+        raise StorageUnavailableError(self.url, "reach", said)
 
     def _open(self, options: dict, environ: Mapping[str, str], account: str):
         store_module = self._obstore.store
@@ -351,16 +351,20 @@ class CloudStorage:
             config["endpoint"] = settings.endpoint
             if settings.endpoint.startswith("http://"):
                 client.setdefault("allow_http", True)
+        provider = None
         if settings.static:
             config["access_key_id"] = settings.access_key_id
             config["secret_access_key"] = settings.secret_access_key
             if settings.session_token:
                 config["session_token"] = settings.session_token
+        elif settings.provider is not None:
+            provider = settings.provider  # botocore's chain, renewed by obstore
         return store_module.S3Store(
             self.bucket,
             prefix=prefix,
             client_options=client,
             retry_config=retry,
+            credential_provider=provider,
             **config,
         )
 
@@ -650,8 +654,8 @@ class CloudStorage:
 
     @property
     def aborts_uploads(self) -> bool:
-        """Whether :meth:`abort_incomplete_uploads` can run here (S3, static keys)."""
-        return self.kind == "s3" and self.settings is not None and self.settings.static
+        """Whether :meth:`abort_incomplete_uploads` can run here (S3, signed requests)."""
+        return self.kind == "s3" and self.settings is not None and self.settings.signed
 
     def abort_incomplete_uploads(
         self, prefix: str, older_than_seconds: float, *, page: int = 1000
@@ -680,13 +684,13 @@ class CloudStorage:
             raise StorageUnavailableError(
                 self.url,
                 what,
-                "only S3 storage with keys from the options, the environment or a "
-                "profile can list them; set a lifecycle rule on the bucket instead",
+                "only S3 storage with credentials can list them; set a lifecycle "
+                "rule on the bucket instead",
             )
         self._count("abort_incomplete_uploads", 0)
         base = f"{self.prefix}/" if self.prefix else ""
-        uploads = aws.MultipartUploads(self.settings, self.bucket)
         try:
+            uploads = aws.MultipartUploads(self.settings, self.bucket)
             aborted = 0
             found = uploads.uploads_older_than(base + prefix, older_than_seconds, page)
             for upload in found:
@@ -704,7 +708,8 @@ class CloudStorage:
 
 _NO_CREDENTIALS = (
     "no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
-    "AWS_PROFILE with a profile in ~/.aws/credentials"
+    "AWS_PROFILE with a profile in ~/.aws/credentials or ~/.aws/config (keys, "
+    "a role, SSO or a credential_process)"
 )
 
 
