@@ -231,3 +231,36 @@ def test_a_hostile_holder_is_shown_escaped_when_waited_for_and_refused(name, cap
         assert "\n" not in str(caught.value) and printable(str(caught.value))
     finally:
         forget(bucket)
+
+
+# -- a staging directory: what its records say -----------------------------------------
+
+LOCAL_COMMANDS = (
+    ["ls", "{dir}"],
+    ["show", "{dir}"],
+    ["verify", "{dir}"],
+    ["resolve", "latest", "--dir", "{dir}"],
+    ["prune", "{dir}", "--keep-last", "1", "--dry-run"],
+)
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_every_command_prints_a_hostile_record_field_of_a_directory_as_printable_lines(
+    tmp_path, capsys, name
+):
+    """A metric's name in a commit record of a staging directory ``S``, printed by
+    every command that reads ``S``."""
+    from helpers import open_manager
+
+    value = HOSTILE[name][:2000]
+    directory = tmp_path / "S"
+    with open_manager(directory, max_keep=0) as manager:
+        for step in (1, 2):
+            manager.save(step, make_payload(step), metrics={value: 1.0, "loss": 2.0})
+    for command in LOCAL_COMMANDS:
+        argv = [a.replace("{dir}", str(directory)) for a in command]
+        status = main(argv)
+        out, err = capsys.readouterr()
+        assert status in (0, 1), (argv, err)
+        assert printable(out), (argv, out[:500])
+        assert printable(err), (argv, err[:500])
