@@ -264,3 +264,33 @@ def test_every_command_prints_a_hostile_record_field_of_a_directory_as_printable
         assert status in (0, 1), (argv, err)
         assert printable(out), (argv, out[:500])
         assert printable(err), (argv, err[:500])
+
+
+def test_every_module_logs_through_the_guarded_logger():
+    """A logger filter sees only its own logger's records: every module of the
+    package logs through ``dp_ckpt_plugin`` (the host's log set-up, which
+    configures deepmd-kit's loggers and reads the handlers of ``deepmd``,
+    aside)."""
+    import ast
+    from pathlib import Path
+
+    import dp_ckpt_plugin
+
+    root = Path(dp_ckpt_plugin.__file__).parent
+    elsewhere = []
+    for path in sorted(root.rglob("*.py")):
+        if path.relative_to(root).as_posix() in ("deepmd/logs.py", "text.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "getLogger"
+                and not (
+                    len(node.args) == 1
+                    and isinstance(node.args[0], ast.Constant)
+                    and node.args[0].value in ("dp_ckpt_plugin", "deepmd")
+                )
+            ):
+                elsewhere.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert elsewhere == []
