@@ -233,3 +233,32 @@ def test_the_lease_names_the_program_never_its_arguments(monkeypatch, argv, prog
         lease.release()
     finally:
         forget(bucket)
+
+
+# -- URLs with control characters -------------------------------------------------------
+
+CONTROL_URLS = (
+    "s3://bucket/r\nun",
+    "s3://bucket/r\x1b[31mun",
+    "s3://bucket/run\r",
+    "s3://buc\tket/run",
+    "s3://bucket/r\u202eun",
+    "memory://bucket/r\nun",
+)
+
+
+@pytest.mark.parametrize("url", CONTROL_URLS)
+def test_a_url_with_a_control_character_is_one_line_everywhere(s3_env, capsys, url):
+    """Never silently another URL (Python's URL parser drops a newline)."""
+    from dp_ckpt_plugin.deepmd.argcheck import check_save_url
+
+    with pytest.raises(ConfigError, match="holds no control character") as caught:
+        storage_for(url)
+    _one_clean_line(str(caught.value))
+    with pytest.raises(ConfigError, match="holds no control character") as caught:
+        check_save_url(url)
+    _one_clean_line(str(caught.value))
+    assert main(["ls", url]) != 0
+    err = capsys.readouterr().err
+    assert "holds no control character" in err
+    _one_clean_line(err)

@@ -50,7 +50,7 @@ from typing import BinaryIO, TypeVar
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
-from ..text import scrub_url
+from ..text import scrub_url, shown
 from . import aws
 from .objects import (
     SMALL_OBJECT_LIMIT,
@@ -136,10 +136,15 @@ def parse_url(url: str) -> tuple[str, str, str, str]:
     Raises
     ------
     ConfigError
-        In one line naming the URL: an unknown scheme, no bucket, a bucket
-        name the store refuses, credentials in the URL, a query, or a prefix
-        with empty, ``.`` or ``..`` parts.
+        In one line naming the URL: a control character, an unknown scheme,
+        no bucket, a bucket name the store refuses, credentials in the URL, a
+        query, or a prefix with empty, ``.`` or ``..`` parts.
     """
+    if any(not c.isprintable() for c in url):
+        raise ConfigError(
+            f"{shown(url)}: an object-store URL holds no control character "
+            "(a newline, a tab, an escape)"
+        )
     scheme, _, rest = url.partition("://")
     scheme = scheme.lower()
     if scheme not in SCHEMES:

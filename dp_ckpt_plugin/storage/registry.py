@@ -35,6 +35,7 @@ from importlib import metadata
 from urllib.parse import unquote, urlsplit
 
 from ..errors import ConfigError
+from ..text import shown
 from .objects import ObjectStorage
 
 #: Entry-point group third-party storages register under (name = scheme).
@@ -234,6 +235,11 @@ def storage_for(url_or_path: str | os.PathLike, **options) -> ObjectStorage:
     if not scheme:
         check_not_mistyped(url_or_path)
         return _local(url_or_path, **options)
+    if any(not c.isprintable() for c in url_or_path):
+        raise ConfigError(
+            f"{shown(url_or_path)}: a URL holds no control character (a "
+            "newline, a tab, an escape)"
+        )
     factory = _factory(scheme)
     if factory is None:
         known = ", ".join(f"{s}://" for s in known_schemes())
@@ -258,6 +264,11 @@ def remote_url(text: str) -> str:
     scheme = scheme_of(text)
     if not scheme or scheme == "file":
         raise ValueError("it is not the URL of an object store")
+    if any(not c.isprintable() for c in text):
+        raise ValueError(
+            "an object-store URL holds no control character (a newline, a tab, "
+            "an escape)"
+        )
     if _factory(scheme) is None:
         known = ", ".join(f"{s}://" for s in known_schemes() if s != "file")
         raise ValueError(
