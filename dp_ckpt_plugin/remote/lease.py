@@ -356,6 +356,8 @@ class Lease:
             except InvalidRecordError:
                 self.storage.delete(LEASE_KEY)
                 return "it was malformed, so it was removed"
+            if state.released:
+                return "it was released already"
             why = self._free(state)
             if why is None:
                 watched, why = self._watch(state, info.version, watched)
