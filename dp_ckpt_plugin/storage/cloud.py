@@ -256,6 +256,7 @@ class CloudStorage:
         environ = dict(os.environ)
         self._secrets = _secret_values(options, environ)
         self.settings: aws.AwsSettings | None = None
+        self._uploads: aws.MultipartUploads | None = None
         if self.kind == "s3":
             self.settings = aws.resolve(options, environ)
             self._secrets += self.settings.secrets()
@@ -695,7 +696,9 @@ class CloudStorage:
         self._count("abort_incomplete_uploads", 0)
         base = f"{self.prefix}/" if self.prefix else ""
         try:
-            uploads = aws.MultipartUploads(self.settings, self.bucket)
+            if self._uploads is None:  # botocore's client, made once
+                self._uploads = aws.MultipartUploads(self.settings, self.bucket)
+            uploads = self._uploads
             aborted = 0
             found = uploads.uploads_older_than(base + prefix, older_than_seconds, page)
             for upload in found:
