@@ -344,3 +344,31 @@ def _download(storage, key: str, path: Path) -> Path:
     with open(path, "wb") as sink:
         storage.download(key, sink)
     return path
+
+
+def test_dp_train_refused_by_a_hostile_lease_holder_says_one_printable_line(
+    base, data, s3
+):
+    """A LEASE whose holder text carries terminal escapes and newlines, renewed
+    a moment ago by another host: ``dp train`` is refused in one line, the
+    holder shown escaped."""
+    import time as _time
+
+    from dp_ckpt_plugin.remote.keys import LEASE_KEY
+    from dp_ckpt_plugin.remote.lease import Holder, LeaseState
+    from dp_ckpt_plugin.storage.registry import storage_for
+
+    url = url_of(s3)
+    hostile = "evil\x1b[2J\x1b[31mhost\rERROR forged\nline\u202e"
+    holder = Holder(hostile, 4242, hostile, "then")
+    state = LeaseState(3, holder, _time.time() + 5, 600.0)
+    storage_for(url).put(LEASE_KEY, state.to_bytes())
+    workdir = node(base, "hostile_lease", data, url)
+    result = run(dp("train", "input.json"), workdir, env=env_of(s3, workdir))
+    assert result.returncode != 0
+    assert "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if "ERROR" in line]
+    assert len(errors) == 1, result.describe()
+    assert "is in use by another run" in errors[0]
+    assert "evil\\x1b[2J\\x1b[31mhost\\rERROR forged\\nline\\u202e" in errors[0]
+    assert "\x1b" not in result.output and "\r" not in result.output
