@@ -90,6 +90,21 @@ def test_a_malformed_endpoint_is_one_line_before_any_client(
     assert built == []  # refused before any client was built
 
 
+def commands_on_a_url(tmp_path):
+    """Every ``dp-ckpt`` command that opens a remote store."""
+    url = "s3://bucket/run"
+    return (
+        ["ls", url],
+        ["verify", url],
+        ["show", url],
+        ["resolve", "latest", "--dir", url],
+        ["inspect", url],
+        ["prune", url, "--keep-last", "1"],
+        ["prune", url, "--release-lease"],
+        ["sync", url, str(tmp_path / "copy")],
+    )
+
+
 @pytest.mark.parametrize("value", sorted(BAD_ENDPOINTS))
 def test_dp_ckpt_and_the_manager_say_a_malformed_endpoint_in_one_line(
     s3_env, monkeypatch, capsys, value, tmp_path
@@ -99,12 +114,7 @@ def test_dp_ckpt_and_the_manager_say_a_malformed_endpoint_in_one_line(
     from dp_ckpt_plugin import CheckpointManager
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", value)
-    for argv in (
-        ["ls", "s3://bucket/run"],
-        ["verify", "s3://bucket/run"],
-        ["prune", "s3://bucket/run", "--keep-last", "1"],
-        ["sync", "s3://bucket/run", str(tmp_path / "copy")],
-    ):
+    for argv in commands_on_a_url(tmp_path):
         assert main(argv) != 0
         out, err = capsys.readouterr()
         assert out == ""
@@ -134,6 +144,27 @@ def test_a_malformed_region_is_one_line_naming_where_it_came_from(
         storage_for("s3://bucket/run", **options)
     assert str(caught.value).startswith(f"{name} is ")
     assert "not an AWS region" in str(caught.value)
+    _one_clean_line(str(caught.value))
+
+
+def test_dp_ckpt_and_the_manager_say_a_malformed_region_in_one_line(
+    s3_env, monkeypatch, capsys, tmp_path
+):
+    from helpers import plugin_manager
+
+    from dp_ckpt_plugin import CheckpointManager
+
+    monkeypatch.setenv("AWS_REGION", "us east\x1b[2J")
+    for argv in commands_on_a_url(tmp_path):
+        assert main(argv) != 0
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert err.startswith("dp-ckpt: error: AWS_REGION is "), err
+        _one_clean_line(err)
+    with pytest.raises(ConfigError, match=r"^AWS_REGION is ") as caught:
+        CheckpointManager(
+            "s3://bucket/run", staging=tmp_path / "s", pm=plugin_manager()
+        )
     _one_clean_line(str(caught.value))
 
 
