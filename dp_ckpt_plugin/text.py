@@ -92,7 +92,13 @@ class _OneLine(logging.Filter):
 
 
 def guard_logger(name: str = "dp_ckpt_plugin") -> None:
-    """Make every message of logger ``name`` one shown line (idempotent)."""
+    """Make every message of logger ``name`` one shown line (idempotent).
+
+    The guard formats the message, so it must see what other filters made
+    of the record: called again after another filter was added, it moves
+    itself behind it.
+    """
     logger = logging.getLogger(name)
-    if not any(isinstance(f, _OneLine) for f in logger.filters):
-        logger.addFilter(_OneLine())
+    for old in [f for f in logger.filters if isinstance(f, _OneLine)]:
+        logger.removeFilter(old)
+    logger.addFilter(_OneLine())

@@ -294,3 +294,22 @@ def test_every_module_logs_through_the_guarded_logger():
             ):
                 elsewhere.append(f"{path.relative_to(root)}:{node.lineno}")
     assert elsewhere == []
+
+
+def test_the_host_shortens_paths_and_the_guard_still_renders_last(
+    caplog, monkeypatch, tmp_path
+):
+    """The host's filter shortens a path argument; the guard, formatting the
+    message, runs after it whatever the order they were added in."""
+    from pathlib import Path
+
+    from dp_ckpt_plugin.deepmd.logs import demote_replaced_lines
+
+    monkeypatch.chdir(tmp_path)
+    demote_replaced_lines()
+    log = logging.getLogger("dp_ckpt_plugin")
+    hostile = Path(tmp_path / "models" / "model\x1b[31m.ckpt-5\n.pt")
+    with caplog.at_level(logging.INFO, logger="dp_ckpt_plugin"):
+        log.info("removed %s (retention)", hostile)
+    message = caplog.records[-1].getMessage()
+    assert message == "removed models/model\\x1b[31m.ckpt-5\\n.pt (retention)"
