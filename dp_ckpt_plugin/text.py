@@ -52,9 +52,9 @@ def shown(value: object, limit: int = MAX_SHOWN) -> str:
 
     Printable characters (letters of any script, digits, punctuation, the
     space) are kept; every other one is escaped; the userinfo of a URL is
-    scrubbed (:func:`scrub_url`). What would run past
-    ``limit`` characters is replaced by ``...(N more characters)``, so the
-    result is never longer than ``limit``.
+    scrubbed (:func:`scrub_url`). What would run past ``limit`` characters
+    is replaced by ``...(N more characters)``, so the result is never
+    longer than ``limit``.
     """
     text = scrub_url(value if isinstance(value, str) else str(value))
     out: list[str] = []
