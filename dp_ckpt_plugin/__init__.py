@@ -11,7 +11,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from .text import guard_logger
+
 __version__ = "0.3.0"
+
+guard_logger()
 
 #: Public name -> module that defines it.
 _EXPORTS = {

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 
 class CheckpointError(Exception):
-    """Base class of every error dp_ckpt_plugin raises on purpose."""
+    """Base class of every error dp_ckpt_plugin raises on purpose.
+
+    ``said`` is true once the error's line was logged where it was found (a
+    background thread: the lease's heartbeat, the uploader); a front that
+    catches it later ends with it without saying it again.
+    """
+
+    said: bool = False
 
 
 class ConfigError(CheckpointError, ValueError):

@@ -225,8 +225,9 @@ class CheckpointManager:
 
 def remote_url_or_none(directory) -> str | None:
     """``directory`` as a remote store's URL, or ``None`` for a local path."""
-    from .storage.registry import remote_url, scheme_of
+    from .storage.registry import check_not_mistyped, remote_url, scheme_of
 
+    check_not_mistyped(directory)
     if not isinstance(directory, str) or scheme_of(directory) in ("", "file"):
         return None
     try:

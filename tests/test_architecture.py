@@ -896,6 +896,7 @@ def test_the_store_reads_in_one_sitting():
 #: imports only from its own folder and the layers below it (type-checking
 #: imports included). Two folders on one layer do not import each other.
 LAYERS: list[tuple[str, ...]] = [
+    ("text",),
     ("errors",),
     ("markers",),
     ("blocklist",),

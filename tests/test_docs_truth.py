@@ -179,10 +179,10 @@ def rendered() -> list[str]:
     )
     # the same run with save_dir "s3://bucket/run", staged in /tmp/dp_ckpt-0
     from dp_ckpt_plugin.remote.head import Entry
-    from dp_ckpt_plugin.storage.staging import staging_dir
+    from dp_ckpt_plugin.storage.staging import staging_path
 
     url = "s3://bucket/run"
-    staged = staging_dir(url, base=Path("/tmp/dp_ckpt-0"))
+    staged = staging_path(url, base=Path("/tmp/dp_ckpt-0"))
     remote_settings = RunSettings(
         staged,
         Path("model.ckpt"),

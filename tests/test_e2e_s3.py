@@ -201,7 +201,10 @@ def test_a_stop_signal_ends_after_the_upload(base, data, s3):
     assert head.family("model.ckpt").published.step == stopped
 
 
-@pytest.mark.parametrize("case", ["bad-url", "missing-bucket", "no-credentials"])
+@pytest.mark.parametrize(
+    "case",
+    ["bad-url", "missing-bucket", "no-credentials", "bad-endpoint", "one-slash"],
+)
 def test_a_store_that_cannot_be_used_fails_in_one_line_before_the_build(
     base, data, s3, case
 ):
@@ -209,6 +212,7 @@ def test_a_store_that_cannot_be_used_fails_in_one_line_before_the_build(
     url = {
         "bad-url": "s3://Bad_Bucket/run",
         "missing-bucket": "s3://no-such-bucket-x/run",
+        "one-slash": f"s3:/{bucket}/run",
     }
     workdir = node(base, f"bad_{case}", data, url.get(case, f"s3://{bucket}/nocred"))
     env = env_of(s3, workdir)
@@ -216,12 +220,21 @@ def test_a_store_that_cannot_be_used_fails_in_one_line_before_the_build(
         env.pop("AWS_ACCESS_KEY_ID")
         env.pop("AWS_SECRET_ACCESS_KEY")
         env["HOME"] = str(workdir)
+    if case == "bad-endpoint":  # no scheme: the client would panic
+        env["AWS_ENDPOINT_URL"] = env["AWS_ENDPOINT_URL"].split("://", 1)[1]
     result = run(dp("train", "input.json"), workdir, env=env, timeout=120)
     assert result.returncode != 0
     assert "Start to train" not in result.output and "Traceback" not in result.output
     errors = [line for line in result.output.splitlines() if "ERROR" in line]
     assert len(errors) == 1, result.describe()
     assert aws["AWS_SECRET_ACCESS_KEY"] not in result.output
+    said = {
+        "bad-endpoint": "AWS_ENDPOINT_URL is ",
+        "one-slash": f"did you mean s3://{bucket}/run",
+    }
+    assert said.get(case, "") in errors[0]
+    assert "panic" not in result.output.lower()
+    assert not (workdir / "s3:").exists()
 
 
 # -- two nodes ------------------------------------------------------------------
@@ -331,3 +344,31 @@ def _download(storage, key: str, path: Path) -> Path:
     with open(path, "wb") as sink:
         storage.download(key, sink)
     return path
+
+
+def test_dp_train_refused_by_a_hostile_lease_holder_says_one_printable_line(
+    base, data, s3
+):
+    """A LEASE whose holder text carries terminal escapes and newlines, renewed
+    a moment ago by another host: ``dp train`` is refused in one line, the
+    holder shown escaped."""
+    import time as _time
+
+    from dp_ckpt_plugin.remote.keys import LEASE_KEY
+    from dp_ckpt_plugin.remote.lease import Holder, LeaseState
+    from dp_ckpt_plugin.storage.registry import storage_for
+
+    url = url_of(s3)
+    hostile = "evil\x1b[2J\x1b[31mhost\rERROR forged\nline\u202e"
+    holder = Holder(hostile, 4242, hostile, "then")
+    state = LeaseState(3, holder, _time.time() + 5, 600.0)
+    storage_for(url).put(LEASE_KEY, state.to_bytes())
+    workdir = node(base, "hostile_lease", data, url)
+    result = run(dp("train", "input.json"), workdir, env=env_of(s3, workdir))
+    assert result.returncode != 0
+    assert "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if "ERROR" in line]
+    assert len(errors) == 1, result.describe()
+    assert "is in use by another run" in errors[0]
+    assert "evil\\x1b[2J\\x1b[31mhost\\rERROR forged\\nline\\u202e" in errors[0]
+    assert "\x1b" not in result.output and "\r" not in result.output

@@ -63,7 +63,8 @@ def test_deepmd_backend_entry_point_is_light_and_takes_over_pt_expt_and_pt():
     pytest.importorskip("deepmd")
     keys, loaded, untouched = run_probe(PROBE).splitlines()
     assert keys.split() == ["dp_ckpt_plugin.deepmd.takeover"] * 4
-    # the entry point loads the tiny modules that declare the hosts, and no torch
+    # the entry point loads the tiny modules that declare the hosts, and no
+    # torch; and the one that keeps every log line of the package one line
     assert loaded == str(
         [
             "dp_ckpt_plugin",
@@ -72,6 +73,7 @@ def test_deepmd_backend_entry_point_is_light_and_takes_over_pt_expt_and_pt():
             "dp_ckpt_plugin.deepmd.pt",
             "dp_ckpt_plugin.deepmd.pt_expt",
             "dp_ckpt_plugin.deepmd.takeover",
+            "dp_ckpt_plugin.text",
         ]
     )
     assert "dp_ckpt" not in untouched  # --tf, --jax, --pd are deepmd-kit's own

@@ -34,7 +34,7 @@ def test_saves_upload_and_a_new_node_restarts_from_them(pm, tmp_path, s3_bucket)
     with remote_store(pm, tmp_path / "a", storage, keep=2) as store:
         for step in (1, 2, 3):
             store.save(step, payload(step))
-        store.remote.flush(60)
+            store.remote.flush(60)  # each uploaded (a backlog sends only the newest)
         before = dict(storage.counts)
         store.save(4, payload(4))
         store.remote.flush(60)

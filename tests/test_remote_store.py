@@ -252,6 +252,7 @@ def test_a_zombie_paused_before_its_deletes_removes_nothing_the_new_writer_needs
     pm, tmp_path, mem
 ):
     import threading
+    import time
 
     zombie = remote_store(pm, tmp_path / "z", mem, keep=1)
     save_steps(zombie, [1])
@@ -266,7 +267,12 @@ def test_a_zombie_paused_before_its_deletes_removes_nothing_the_new_writer_needs
     assert paused.wait(30)
     mem.clear_hooks()
     newer = remote_store(pm, tmp_path / "n", mem, keep=1)
-    newer.remote.lease._wall = lambda: 1e10  # the zombie's lease ran out
+    # the zombie's lease runs out: unchanged for its time to live on the
+    # newer writer's clock (the zombie's heartbeat is not due within it)
+    clock = [0.0]
+    newer.remote.lease._wall = lambda: time.time() + 3600
+    newer.remote.lease._clock = lambda: clock[0]
+    newer.remote.lease._sleep = lambda s: clock.__setitem__(0, clock[0] + s)
     found = newer.resolve("latest")
     go.set()
     zombie.remote.flush(30)
@@ -427,3 +433,49 @@ def test_the_manager_takes_a_url(tmp_path, mem):
     ) as m:
         restored = m.restore("latest")
         assert restored.step == 3 and payload_mismatches(restored.state, 3) == []
+
+
+def test_a_fenced_writer_says_its_line_once(pm, tmp_path, mem, caplog, monkeypatch):
+    """Its uploader, its heartbeat, its next save and the end of the run meet the
+    takeover; the line is said once."""
+    import time
+    from types import SimpleNamespace
+
+    from dp_ckpt_plugin.deepmd import cli
+
+    caplog.set_level(logging.INFO, "dp_ckpt_plugin")
+    zombie = remote_store(pm, tmp_path / "z", mem, keep=1, ttl=0.6)
+    save_steps(zombie, [1])
+    lease = zombie.remote.lease
+    lease._stop.set()  # paused: it renews no more
+    lease._thread.join()
+    lease._thread = None
+    newer = remote_store(pm, tmp_path / "n", mem, keep=1, ttl=0.6)
+    newer.remote.lease._wall = lambda: time.time() + 60
+    assert newer.resolve("latest").step == 1
+    # it wakes: the upload of its next save meets the takeover first
+    zombie.save(2, make_payload(2))
+    with pytest.raises(CheckpointWriteError) as at_flush:
+        zombie.remote.flush(30)
+    lease.start_heartbeat()  # then its heartbeat
+    time.sleep(0.5)
+    with pytest.raises(CheckpointWriteError) as at_save:  # then its next save
+        zombie.save(3, make_payload(3))
+    assert at_save.value is at_flush.value and at_save.value.said
+
+    def train(flags, host):  # the end of the run: dp's front gets the error
+        raise at_save.value
+
+    monkeypatch.setattr(cli, "run_train", train)
+    with pytest.raises(SystemExit) as ended:
+        cli.run_command(SimpleNamespace(command="train"), "pt")
+    assert ended.value.code == 1
+    said = [
+        r.getMessage()
+        for r in caplog.records
+        if "moves nothing there any more" in r.getMessage()
+    ]
+    assert len(said) == 1, said
+    assert "another run took the store over" in said[0]
+    newer.close()
+    zombie.close()

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import CheckpointError
+from ..text import MAX_LOG_LINE, shown
 
 #: The subcommands, each a module of this package.
 SUBCOMMANDS = ("ls", "resolve", "show", "inspect", "verify", "prune", "adopt", "sync")
@@ -56,9 +57,19 @@ class _Parser(argparse.ArgumentParser):
 
 
 def is_remote(value: object) -> bool:
-    """Whether a command-line value names a store on object storage."""
-    from ..storage.registry import scheme_of
+    """Whether a command-line value names a store on object storage.
 
+    Raises
+    ------
+    UsageError
+        For a mistyped URL (``s3:/bucket/run``), saying what was meant.
+    """
+    from ..storage.registry import check_not_mistyped, scheme_of
+
+    try:
+        check_not_mistyped(value)
+    except CheckpointError as exc:
+        raise UsageError(str(exc)) from None
     return isinstance(value, str) and scheme_of(value) not in ("", "file")
 
 
@@ -164,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fail(message: object, status: int) -> int:
-    sys.stderr.write(f"dp-ckpt: error: {one_line(str(message))}\n")
+    sys.stderr.write(f"dp-ckpt: error: {shown(one_line(str(message)), MAX_LOG_LINE)}\n")
     return status
 
 

@@ -3,6 +3,10 @@
 Tables go to standard output; they are for people and may change. The JSON
 form (``--json``) is for programs: its keys are documented in
 ``docs/command.md`` and carry ``"version": 1``.
+
+Every string printed, and every cell of a table, is shown through
+:func:`dp_ckpt_plugin.text.shown` as plain text (no ``rich`` markup): a
+name or a field read from a store cannot colour the terminal or split a line.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import json
 import sys
 import time
 from typing import Any
+
+from ..text import shown
 
 #: Version of the JSON the commands print.
 JSON_VERSION = 1
@@ -42,8 +48,8 @@ class Printer:
         )
 
     def print(self, *renderables: Any) -> None:
-        """Print, as ``rich.console.Console.print`` does."""
-        self.console.print(*renderables)
+        """Print, as ``rich.console.Console.print`` does (strings as plain text)."""
+        self.console.print(*(_plain(r) for r in renderables))
         if not self.tty:
             buffer = self.console.file
             text = buffer.getvalue()
@@ -52,6 +58,15 @@ class Printer:
             self.stream.write(
                 "".join(line.rstrip() + "\n" for line in text.splitlines())
             )
+
+
+def _plain(value: Any) -> Any:
+    """A string as ``rich`` text shown verbatim, escaped; anything else as it is."""
+    if not isinstance(value, str):
+        return value
+    from rich.text import Text
+
+    return Text(shown(value, limit=10_000))
 
 
 def console(*, stderr: bool = False) -> Printer:
@@ -64,7 +79,11 @@ def table(title: str | None, columns: list[str], *, right: tuple[str, ...] = ())
     from rich import box
     from rich.table import Table
 
-    out = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    class _Shown(Table):
+        def add_row(self, *cells: Any, **options: Any) -> None:
+            super().add_row(*(_plain(c) for c in cells), **options)
+
+    out = _Shown(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for name in columns:
         out.add_column(name, justify="right" if name in right else "left")
     return out

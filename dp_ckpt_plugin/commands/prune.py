@@ -91,7 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--release-lease",
         action="store_true",
-        help="of a remote store: remove a writer lease whose holder is gone",
+        help="of a remote store: release a writer lease whose holder is gone "
+        "(watched up to its time to live)",
     )
     for key, doc in OPTIONS.items():
         flags = ["--" + key.replace("_", "-")]

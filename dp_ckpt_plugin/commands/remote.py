@@ -20,10 +20,10 @@ from ..checkpoint.digests import hasher
 from ..errors import CheckpointError, RestartNotFoundError
 from ..remote import head as heads
 from ..remote.fetch import RemoteSource, candidates, fetch_first
-from ..remote.keys import LEASE_KEY
-from ..remote.lease import Lease, LeaseState
+from ..remote.lease import Lease
 from ..retention import KeepLast, plan_prune
 from ..storage.registry import storage_for
+from ..text import MAX_LOG_LINE, shown
 from . import FAILURE, UsageError, is_remote, output
 
 #: Each command, and the attribute of its arguments that may hold a URL.
@@ -101,12 +101,16 @@ def ls(args: argparse.Namespace) -> int:
     )
     out.print(f"{storage.url}: HEAD seq {head.seq}, epoch {head.epoch}; lease {holder}")
     for family in data["families"]:
-        out.print(f"{family['family']}: {len(family['checkpoints'])} checkpoint(s)")
+        out.print(
+            f"{shown(family['family'])}: {len(family['checkpoints'])} checkpoint(s)"
+        )
         for c in family["checkpoints"]:
             mark = "  <- latest" if c["published"] else ""
-            out.print(f"  step {c['step']:>8}  {_mb(c['size']):>10}  {c['key']}{mark}")
+            out.print(
+                f"  step {c['step']:>8}  {_mb(c['size']):>10}  {shown(c['key'])}{mark}"
+            )
     for archive in head.archives:
-        out.print(f"archive: {storage.url_of(archive)}")
+        out.print(f"archive: {shown(storage.url_of(archive))}")
     return 0
 
 
@@ -204,7 +208,7 @@ def verify(args: argparse.Namespace) -> int:
     else:
         for row in rows:
             if row["problem"]:
-                sys.stdout.write(f"{row['url']}: {row['problem']}\n")
+                sys.stdout.write(f"{shown(row['url'])}: {shown(row['problem'])}\n")
         rate = (
             f", {hashed / 1e6:.1f} MB hashed at {hashed / 1e6 / seconds:.1f} MB/s"
             if digest
@@ -267,9 +271,9 @@ def resolve(args: argparse.Namespace) -> int:
     found = next(iter(candidates(storage, spec, primary(_head(storage)))))
     url = storage.url_of(found.entry.key)
     for warning in found.warnings:
-        sys.stderr.write(f"dp-ckpt: warning: {warning}\n")
+        sys.stderr.write(f"dp-ckpt: warning: {shown(warning, MAX_LOG_LINE)}\n")
     if getattr(args, "path_only", False):
-        sys.stdout.write(url + "\n")
+        sys.stdout.write(shown(url, MAX_LOG_LINE) + "\n")
         return 0
     data = {
         "spec": args.spec,
@@ -285,7 +289,8 @@ def resolve(args: argparse.Namespace) -> int:
         output.print_json(data)
     else:
         sys.stdout.write(
-            f"{args.spec}: {url} (step {found.entry.step}), {found.how}; its record "
+            f"{shown(args.spec)}: {shown(url)} (step {found.entry.step}), "
+            f"{shown(found.how)}; its record "
             "agrees with HEAD (the payload is hashed when a run fetches it)\n"
         )
     return 0
@@ -305,13 +310,13 @@ def inspect(args: argparse.Namespace) -> int:
     source = RemoteSource(storage, cache, LocalStorage(cache))
     found, path, warnings = fetch_first(storage, spec, primary(_head(storage)), source)
     for warning in warnings:
-        sys.stderr.write(f"dp-ckpt: warning: {warning}\n")
+        sys.stderr.write(f"dp-ckpt: warning: {shown(warning, MAX_LOG_LINE)}\n")
     result = inspect_file(path, digest=args.digest, depth=args.depth)
     result["url"] = storage.url_of(found.entry.key)
     if args.json:
         output.print_json(result)
     else:
-        sys.stdout.write(f"{result['url']} (fetched into {path})\n")
+        sys.stdout.write(f"{shown(result['url'])} (fetched into {shown(path)})\n")
         show(result)
     return 0 if result["loaded"] and result["record"] in {"ok", "none"} else FAILURE
 
@@ -379,23 +384,16 @@ def _report(storage, gone, args, *, removed: bool) -> None:
     verb = "removed" if removed else "would remove"
     sys.stdout.write(f"{storage.url}: {verb} {len(items)} checkpoint(s)\n")
     for item in items:
-        sys.stdout.write(f"  {item['family']} step {item['step']}: {item['url']}\n")
+        sys.stdout.write(
+            f"  {shown(item['family'])} step {item['step']}: {shown(item['url'])}\n"
+        )
 
 
 def _release(storage, args) -> int:
-    """Give up a lease whose holder is gone (it must not be alive)."""
-    lease = Lease(storage)
-    found = storage.get(LEASE_KEY)
-    if found is None:
+    """Release a lease whose holder is gone (watched up to its time to live)."""
+    why = Lease(storage).clear()
+    if why is None:
         sys.stdout.write(f"{storage.url}: no lease\n")
-        return 0
-    try:
-        state = LeaseState.parse(found[0], storage.url_of(LEASE_KEY))
-        free = lease._free(state)
-    except CheckpointError:
-        state, free = None, "it is malformed"
-    if state is not None and free is None:
-        raise UsageError(f"{storage.url}: {lease._refusal(state)}")
-    storage.delete(LEASE_KEY)
-    sys.stdout.write(f"{storage.url}: lease removed ({free})\n")
+    else:
+        sys.stdout.write(f"{storage.url}: lease released ({shown(why)})\n")
     return 0

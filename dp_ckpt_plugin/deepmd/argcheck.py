@@ -684,6 +684,12 @@ def check_save_dir(value: Any, key: str = "training.save_dir") -> Path | str | N
         value = value.strip()[len("file://") :]  # a local directory, by URL
     elif _URL.match(value.strip()):
         return check_save_url(value.strip(), key)
+    from ..storage.registry import check_not_mistyped
+
+    try:
+        check_not_mistyped(value)
+    except ConfigError as exc:
+        raise ConfigError(f"`{key}` is {exc}") from None
     path = Path(value)
     _check_directory_usable(Path(os.path.abspath(path)), key)
     return path

@@ -75,7 +75,8 @@ def run_command(flags: argparse.Namespace, host: str) -> None:
         else:
             run_change_bias(flags, host)
     except CheckpointError as exc:
-        log.error("%s", exc)
+        if not exc.said:  # a line found in the background was said there
+            log.error("%s", exc)
         sys.exit(1)
     except Stopped as stop:
         log.warning("%s", stopped_line(stop))

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..markers import hookimpl
+from ..text import guard_logger
 
 log = logging.getLogger("dp_ckpt_plugin")
 
@@ -335,6 +336,7 @@ def demote_replaced_lines(host: str | None = None) -> None:
     plugin = logging.getLogger("dp_ckpt_plugin")
     if not any(isinstance(f, ShortPaths) for f in plugin.filters):
         plugin.addFilter(ShortPaths())
+        guard_logger()  # the one-line guard formats last, short paths included
 
 
 # -- the loggers a command configures ------------------------------------------------

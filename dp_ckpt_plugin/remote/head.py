@@ -25,7 +25,9 @@ naming the URL.
 from __future__ import annotations
 
 import json
+import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -62,6 +64,17 @@ class FencedError(CheckpointWriteError):
 
     def __init__(self, url: str, detail: str) -> None:
         super().__init__(f"{url}: {detail}; this run moves nothing there any more")
+
+
+_SAYING = threading.Lock()
+
+
+def say_once(exc: CheckpointWriteError, logger: logging.Logger) -> None:
+    """Log ``exc``'s line at error level unless it was said already; mark it said."""
+    with _SAYING:
+        said, exc.said = exc.said, True
+    if not said:
+        logger.error("%s", exc)
 
 
 def took_over(epoch: int, newer: int, who: str = "") -> str:

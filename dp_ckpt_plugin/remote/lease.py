@@ -1,7 +1,8 @@
 """The writer lease of a remote store: one writer at a time, fenced by epoch.
 
-``U/LEASE`` is a small JSON object: the epoch, the holder (host, pid, command,
-since), when it was last renewed and for how long it holds. It moves only by
+``U/LEASE`` is a small JSON object: the epoch, the holder (host, pid, program
+name, since; never the program's arguments, which may hold a secret), when it
+was last renewed and for how long it holds. It moves only by
 ``put_if_absent`` (the first writer ever) and ``put_if_match`` (every renewal,
 takeover and release), so of two runs starting at once exactly one takes it,
 and the other is refused with one line naming the holder.
@@ -13,12 +14,16 @@ next renewal or its next move of HEAD, whichever comes first, and deletes
 nothing.
 
 A lease is free when its holder released it, when its holder ran on this host
-and its process is gone, or when it was not renewed for its whole time to
-live. A lease renewed a moment ago is held: the run is refused at once. One
-that has not been renewed for a while (its holder died on another host) is
-waited for, up to its time to live counted on this host's own clock (so
-clocks that disagree between hosts cannot shorten it), then taken over, with a
-line saying so.
+and its process is gone, or when its version (the object's ETag) stayed the
+same for its whole time to live counted on this host's own clock: a live
+holder renews it every third of that time, so a version unchanged that long
+means the holder is gone. The time a lease carries is never trusted to free
+it (clocks disagree between hosts, and a lease may carry any time): it only
+decides whether a run is refused at once (renewed within the last renewal
+period by this host's clock) or watches the version first. A time in the
+future is watched like any other, so no lease blocks ``U`` for good, and
+:meth:`Lease.clear` (``dp-ckpt prune --release-lease``) frees one whose
+holder is gone the same way.
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ from ..storage.objects import (
     StorageUnavailableError,
     VersionMismatchError,
 )
-from .head import FencedError, took_over
+from ..text import shown
+from .head import FencedError, say_once, took_over
 from .keys import LEASE_KEY
 
 log = logging.getLogger("dp_ckpt_plugin")
@@ -53,6 +59,9 @@ DEFAULT_TTL = 60.0
 RENEW_FRACTION = 1 / 3
 #: Most bytes a lease may hold.
 MAX_LEASE_BYTES = 64 * 1024
+#: Seconds a holder's clock may run ahead of this host's and its lease still
+#: count as renewed a moment ago.
+CLOCK_SLACK = 5.0
 
 
 @dataclass(frozen=True)
@@ -66,15 +75,21 @@ class Holder:
 
     @classmethod
     def this_process(cls) -> Holder:
+        """This process: its host, pid and program name (never its arguments,
+        which may hold a secret, and the lease is stored in the bucket)."""
         return cls(
             socket.gethostname(),
             os.getpid(),
-            " ".join(sys.argv)[:500],
+            program_name(),
             time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         )
 
     def describe(self) -> str:
-        return f"pid {self.pid} on {self.host}, since {self.since}: {self.command}"
+        """Who holds it, in one line fit to show (its text came from ``U``)."""
+        return (
+            f"pid {self.pid} on {shown(self.host, 80)}, since {shown(self.since, 40)}: "
+            f"{shown(self.command, 120)}"
+        )
 
 
 @dataclass(frozen=True)
@@ -132,6 +147,17 @@ class LeaseState:
                 "store, remove it (dp-ckpt prune --release-lease)"
             )
         return cls(epoch, holder_, float(renewed), float(ttl), released)
+
+
+def program_name() -> str:
+    """The name of this process's program (``dp``, ``dp-ckpt``, ``pytest``)."""
+    first = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    name = os.path.basename(first)
+    if name == "__main__.py":  # python -m PACKAGE: the package's name
+        name = os.path.basename(os.path.dirname(first))
+    if not name or name == "-c":
+        name = os.path.basename(sys.executable or "") or "python"
+    return name[:64]
 
 
 def alive(pid: int) -> bool:
@@ -204,10 +230,46 @@ class Lease:
             return "released"
         if state.holder.host == self.holder.host and not alive(state.holder.pid):
             return f"its holder, pid {state.holder.pid} on this host, is gone"
-        idle = self._wall() - state.renewed
-        if idle > 2 * state.ttl:
-            return f"it was last renewed {idle:.0f} s ago and held {state.ttl:.0f} s"
         return None
+
+    def _fresh(self, state: LeaseState) -> bool:
+        """Whether ``state`` says it was renewed within the last renewal period.
+
+        Only ever a reason to refuse at once, never to take: a time ahead of
+        this host's clock (beyond :data:`CLOCK_SLACK`) is not fresh.
+        """
+        age = self._wall() - state.renewed
+        return -CLOCK_SLACK <= age < 2 * state.ttl * RENEW_FRACTION
+
+    def _watch(
+        self, state: LeaseState, version: str | None, watched: tuple | None
+    ) -> tuple[tuple | None, str | None]:
+        """One look at a held lease: ``(watched, why)``; ``why`` once it is free.
+
+        ``watched`` is ``(version, since)``: the version first seen and when,
+        on this host's monotonic clock.
+
+        Raises
+        ------
+        StoreLockedError
+            When its holder is alive: it was renewed a moment ago, or its
+            version changed while watched.
+        """
+        if watched is None or watched[0] != version:
+            if watched is not None or self._fresh(state):
+                raise self._refusal(state)
+            watched = (version, self._clock())
+            log.warning(
+                "%s: waiting up to %.0f s for the lease of %s to be renewed "
+                "(it seems to have stopped)",
+                self.storage.url,
+                state.ttl,
+                state.holder.describe(),
+            )
+        if self._clock() - watched[1] < state.ttl:
+            self._sleep(min(1.0, state.ttl / 10))
+            return watched, None
+        return watched, f"it was not renewed for {state.ttl:g} s"
 
     # -- taking ------------------------------------------------------------------
     def acquire(self, *, min_epoch: int = 1) -> int:
@@ -230,26 +292,9 @@ class Lease:
                     continue
                 why = self._free(state)
                 if why is None:
-                    if watched is None or watched[0] != version:
-                        fresh = self._wall() - state.renewed
-                        if (
-                            watched is not None
-                            or fresh < 2 * state.ttl * RENEW_FRACTION
-                        ):
-                            raise self._refusal(state)
-                        watched = (version, self._clock())
-                        log.warning(
-                            "%s: waiting up to %.0f s for the lease of %s, last renewed "
-                            "%.0f s ago (it seems to have stopped)",
-                            self.storage.url,
-                            state.ttl,
-                            state.holder.describe(),
-                            fresh,
-                        )
-                    if self._clock() - watched[1] < state.ttl:
-                        self._sleep(min(1.0, state.ttl / 10))
+                    watched, why = self._watch(state, version, watched)
+                    if why is None:
                         continue
-                    why = f"it was not renewed for {state.ttl:.0f} s"
                 epoch = max(state.epoch + 1, min_epoch)
                 if self._take(version, epoch, why, previous=state):
                     return self.epoch
@@ -280,15 +325,59 @@ class Lease:
         return True
 
     def _refusal(self, state: LeaseState) -> StoreLockedError:
-        left = max(0.0, state.renewed + state.ttl - self._wall())
         return StoreLockedError(
             f"checkpoint store {self.storage.url} is in use by another run "
-            f"({state.holder.describe()}; its lease was renewed "
-            f"{max(0.0, self._wall() - state.renewed):.0f} s ago and holds {left:.0f} s "
-            "more); wait for it to finish or choose another save_dir"
+            f"({state.holder.describe()}, epoch {state.epoch}; it renews its lease "
+            f"every {state.ttl * RENEW_FRACTION:.0f} s); wait for it to finish or "
+            "choose another save_dir"
         )
 
+    def clear(self) -> str | None:
+        """Release a lease whose holder is gone; return why it was free.
+
+        ``None`` when there is no lease. A lease that is not free at once
+        (released, or its holder ran on this host and is gone) is watched up to its time to live on this host's
+        clock; it is released (by compare-and-swap, keeping its epoch) only if
+        its version did not change meanwhile. A malformed lease is removed.
+
+        Raises
+        ------
+        StoreLockedError
+            When its holder renews it.
+        """
+        watched: tuple | None = None
+        while True:
+            found = self.storage.get(LEASE_KEY, MAX_LEASE_BYTES)
+            if found is None:
+                return None
+            data, info = found
+            try:
+                state = LeaseState.parse(data, self.url)
+            except InvalidRecordError:
+                self.storage.delete(LEASE_KEY)
+                return "it was malformed, so it was removed"
+            if state.released:
+                return "it was released already"
+            why = self._free(state)
+            if why is None:
+                watched, why = self._watch(state, info.version, watched)
+                if why is None:
+                    continue
+            released = LeaseState(
+                state.epoch, self.holder, self._wall(), state.ttl, True
+            )
+            try:
+                self.storage.put_if_match(LEASE_KEY, released.to_bytes(), info.version)
+            except VersionMismatchError:
+                watched = None  # it moved as it was released: look again
+                continue
+            return why
+
     # -- holding -----------------------------------------------------------------
+    def held(self) -> threading.RLock:
+        """The lock under which :attr:`lost` changes (for a caller that sets it)."""
+        return self._lock
+
     def check(self) -> None:
         """Raise :class:`~dp_ckpt_plugin.remote.head.FencedError` if this lease was lost."""
         if self.lost is not None:
@@ -356,7 +445,7 @@ class Lease:
             try:
                 self.renew_if_due()
             except FencedError:
-                log.error("%s", self.lost)
+                say_once(self.lost, log)
                 return
             except StorageUnavailableError as exc:
                 if self.valid_for() <= 0:
@@ -365,7 +454,7 @@ class Lease:
                         f"the lease could not be renewed for {self.ttl:.0f} s "
                         f"({exc.cause}), so another run may take the store over",
                     )
-                    log.error("%s", self.lost)
+                    say_once(self.lost, log)
                     return
 
     def release(self) -> None:

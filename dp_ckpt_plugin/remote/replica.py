@@ -48,7 +48,7 @@ from ..storage.objects import (
     StorageUnavailableError,
 )
 from . import head as heads
-from .head import Entry, FencedError, Head
+from .head import Entry, FencedError, Head, say_once
 from .keys import archive_key, payload_key, record_key
 from .lease import DEFAULT_TTL, Holder, Lease
 from .probe import probe
@@ -476,7 +476,16 @@ class RemoteStore:
         )
 
     def _fail(self, exc: BaseException) -> None:
-        log.error("%s", exc)
+        if isinstance(exc, FencedError):
+            # one story of being fenced off: the heartbeat may have found it first
+            with self.lease.held():
+                if self.lease.lost is None:
+                    self.lease.lost = exc
+                exc = self.lease.lost
+        if isinstance(exc, CheckpointError):
+            say_once(exc, log)
+        else:
+            log.error("%s", exc)
         with self._lock:
             self._fatal = exc
             self._lock.notify_all()

@@ -19,7 +19,7 @@ from ..checkpoint.records import record_path
 from ..errors import CheckpointWriteError, UnreadableFileError
 from ..storage import Storage
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("dp_ckpt_plugin")
 
 
 def quarantine(path: Path, store: Path, *, storage: Storage) -> Path | None:

@@ -1,28 +1,33 @@
-"""S3 settings taken the way AWS tools take them, and the S3 calls obstore lacks.
+"""S3 settings taken the way AWS tools take them, through botocore; the two
+multipart calls obstore lacks, through botocore's S3 client.
 
 :func:`resolve` finds the region, the endpoint and the credentials of an S3
-storage in the order the AWS command line and SDKs use:
+storage. The credentials come from botocore's own chain for the profile
+(the ``profile`` option, else ``AWS_PROFILE``, else ``default``): the
+environment's keys (unless a profile was named in the options), the shared
+credentials and config files with everything they may say (static keys,
+assumed roles, SSO, ``credential_process``, web identity), the container's
+and the instance's credentials; the storage's own ``access_key_id`` and
+``secret_access_key`` options come first. Keys that expire are renewed by
+obstore through :class:`obstore.auth.boto3.Boto3CredentialProvider`.
 
-- credentials: the storage's options (``access_key_id``, ``secret_access_key``,
-  ``session_token``; a ``profile`` option reads that profile instead), then
-  ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``, then
-  the profile named by ``AWS_PROFILE`` (or ``default``) in
-  ``~/.aws/credentials`` and ``~/.aws/config`` (``AWS_SHARED_CREDENTIALS_FILE``,
-  ``AWS_CONFIG_FILE``); with none of these, obstore's own chain (web identity,
-  container credentials, the instance metadata service) is left to find them;
+The region and the endpoint are taken in the order AWS's tools use, and
+checked here, before any client is built, so a malformed one is one line
+naming where it came from (a client given a malformed endpoint panics at its
+first request):
+
 - region: the ``region`` option, ``AWS_REGION``, ``AWS_DEFAULT_REGION``, the
   profile's ``region``, else ``us-east-1``;
 - endpoint: the ``endpoint`` option, ``AWS_ENDPOINT_URL_S3``,
-  ``AWS_ENDPOINT_URL``, the profile's ``endpoint_url``, else AWS's own.
+  ``AWS_ENDPOINT_URL``, ``AWS_ENDPOINT``, the profile's ``endpoint_url``,
+  else AWS's own.
 
-obstore reads the environment variables itself but not the profile files,
-and refuses an ``http://`` endpoint unless told to allow it; the storage
-hands it what was resolved here, so both agree.
+Written here by hand, because no library does it for us: only that order
+with its checks, and the one-line wording of what fails.
 
 :class:`MultipartUploads` lists and aborts the incomplete multipart uploads a
-killed writer leaves (``ListMultipartUploads``, ``AbortMultipartUpload``):
-two plain HTTP requests signed with AWS Signature Version 4 by
-:func:`sign_v4`, with the same resolved credentials and endpoint.
+killed writer leaves (``ListMultipartUploads``, ``AbortMultipartUpload``)
+with botocore's S3 client, on the same session, endpoint and credentials.
 
 Nothing here logs or words a secret: :meth:`AwsSettings.secrets` lists what a
 message must never hold, and the settings' ``repr`` shows none of it.
@@ -30,40 +35,38 @@ message must never hold, and the settings' ``repr`` shows none of it.
 
 from __future__ import annotations
 
-import configparser
 import datetime as dt
-import hashlib
-import hmac
-import http.client
-import os
+import ipaddress
+import re
 import time
-import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
-from pathlib import Path
-from urllib.parse import quote, urlsplit
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from ..errors import ConfigError
+from ..text import scrub_url, shown
 
-#: The SHA-256 of an empty request body.
-EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 #: The region when nothing names one (as AWS's tools assume).
 DEFAULT_REGION = "us-east-1"
-#: Seconds to wait for a connection and for each answer of a signed request.
+#: Seconds to wait for a connection and for each answer of a multipart call.
 REQUEST_TIMEOUT = 10.0
-#: Attempts of a signed request that meets a transient error (5xx, refused).
+#: Attempts of a multipart call that meets a transient error (5xx, refused).
 REQUEST_ATTEMPTS = 4
-#: First pause between attempts, doubled each time.
-FIRST_BACKOFF = 0.1
-#: Profile keys that mean "credentials come from elsewhere", not read here.
-_INDIRECT_KEYS = (
-    "role_arn",
-    "credential_process",
-    "sso_start_url",
-    "sso_session",
-    "web_identity_token_file",
-)
+
+_REGION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?")
+#: How botocore names where credentials came from -> how a line says it.
+_METHODS = {
+    "env": "environment",
+    "shared-credentials-file": "profile",
+    "config-file": "profile",
+    "assume-role": "profile (assumed role)",
+    "sso": "profile (SSO)",
+    "custom-process": "profile (credential_process)",
+    "assume-role-with-web-identity": "web identity",
+    "container-role": "the container's credentials",
+    "iam-role": "the instance's credentials",
+}
 
 
 @dataclass(frozen=True)
@@ -76,12 +79,17 @@ class AwsSettings:
     endpoint : str or None
         A custom endpoint (``http://127.0.0.1:9000``), or ``None`` for AWS's.
     access_key_id, secret_access_key, session_token : str or None
-        Static credentials, or ``None`` when obstore's chain finds them.
+        Static credentials, or ``None`` when they are renewed (``provider``)
+        or not needed (anonymous).
     source : str
         Where the credentials came from (``options``, ``environment``,
-        ``profile dev``), or ``""``.
+        ``profile dev``, ``profile dev (SSO)``), or ``""``.
     virtual_hosted : bool
         Whether the bucket is in the host name rather than the path.
+    provider : object or None
+        obstore's credential provider for keys that expire.
+    session : botocore.session.Session or None
+        The session the credentials came from (for the multipart calls).
     """
 
     region: str
@@ -91,236 +99,275 @@ class AwsSettings:
     session_token: str | None
     source: str
     virtual_hosted: bool = False
+    provider: object | None = field(default=None, compare=False, repr=False)
+    session: object | None = field(default=None, compare=False, repr=False)
 
     def __repr__(self) -> str:
+        endpoint = scrub_url(self.endpoint) if self.endpoint else None
         return (
-            f"AwsSettings(region={self.region!r}, endpoint={self.endpoint!r}, "
-            f"credentials from {self.source or 'the provider chain'})"
+            f"AwsSettings(region={self.region!r}, endpoint={endpoint!r}, "
+            f"credentials from {self.source or 'nowhere (anonymous)'})"
         )
 
     @property
     def static(self) -> bool:
-        """Whether the credentials are known here (not left to obstore)."""
+        """Whether the credentials are fixed keys (not renewed by a provider)."""
         return bool(self.access_key_id and self.secret_access_key)
+
+    @property
+    def signed(self) -> bool:
+        """Whether requests are signed at all (not anonymous)."""
+        return self.static or self.provider is not None
 
     def secrets(self) -> tuple[str, ...]:
         """The values no message may hold."""
         found = (self.secret_access_key, self.session_token, self.access_key_id)
         return tuple(s for s in found if s)
 
-    def bucket_url(self, bucket: str) -> str:
-        """The URL of the bucket, without a trailing ``/``."""
-        if self.endpoint:
-            base = self.endpoint.rstrip("/")
-            return base if self.virtual_hosted else f"{base}/{bucket}"
-        if self.virtual_hosted:
-            return f"https://{bucket}.s3.{self.region}.amazonaws.com"
-        return f"https://s3.{self.region}.amazonaws.com/{bucket}"
+
+def _named(*pairs: tuple[str, str | None]) -> tuple[str, str | None]:
+    """The first ``(name, value)`` whose value is set, else ``("", None)``."""
+    return next(((n, v) for n, v in pairs if v), ("", None))
 
 
-def _first(*values: str | None) -> str | None:
-    return next((v for v in values if v), None)
+def check_region(name: str, value: str | None) -> str:
+    """``value``, a region; :class:`ConfigError` naming ``name`` if it is not one."""
+    if value is None or not _REGION.fullmatch(value):
+        raise ConfigError(
+            f"{name} is {shown(value)!r}: not an AWS region (letters, digits, "
+            "'-', '_' and '.', such as us-east-1)"
+        )
+    return value
 
 
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+def check_endpoint(name: str, value: str | None) -> str | None:
+    """``value``, an endpoint URL or ``None``; :class:`ConfigError` naming ``name``.
+
+    Checked before any client is built (a client given a malformed one
+    panics at its first request): ``http://`` or ``https://``, a host, a
+    port from 1 to 65535 if any, no space or control character, no query.
+    """
+    if value is None:
+        return None
+    said = scrub_url(value)
+    if "@" in said:  # what comes before it may be a password, URL or not
+        scheme, sep, rest = said.rpartition("://")
+        said = f"{scheme}{sep}***@{rest.rpartition('@')[2]}"
+    said = shown(said)
+
+    def refuse(why: str) -> ConfigError:
+        return ConfigError(f"{name} is {said!r}: {why}")
+
+    if any(c.isspace() or not c.isprintable() for c in value):
+        raise refuse("an endpoint URL holds no space or control character")
+    try:
+        parts = urlsplit(value)
+    except ValueError as exc:
+        raise refuse(f"not a URL ({exc})") from None
+    try:
+        port = parts.port
+    except ValueError:
+        raise refuse("the port must be a number from 1 to 65535") from None
+    if parts.scheme.lower() not in ("http", "https"):
+        raise refuse(
+            "an endpoint URL starts with http:// or https:// "
+            "(such as http://127.0.0.1:9000)"
+        )
+    if not parts.hostname:
+        raise refuse("the endpoint URL names no host")
+    if not (_HOST.fullmatch(parts.hostname) or _ip(parts.hostname)):
+        raise refuse(f"{shown(parts.hostname)!r} is not a host name")
+    if port == 0:
+        raise refuse("the port must be a number from 1 to 65535")
+    if parts.query or parts.fragment:
+        raise refuse("an endpoint URL has no query or fragment")
+    return value
+
+
+def _ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def truthy(value: object) -> bool:
+    """Whether a setting says yes (``1``, ``true``, ``yes``, ``on``)."""
+    return str(value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _botocore():
+    try:
+        import botocore.exceptions
+        import botocore.session
+    except ImportError:
+        raise ConfigError(
+            "S3 storage needs botocore: pip install 'dp-ckpt-plugin[s3]'"
+        ) from None
+    return botocore
+
+
+def _session(profile: str | None, environ: Mapping[str, str]):
+    """botocore's session of ``profile`` (``None``: ``AWS_PROFILE`` or default)."""
+    botocore = _botocore()
+    try:
+        session = botocore.session.Session(profile=profile)
+        session.get_scoped_config()  # reads the files; a missing profile fails here
+    except botocore.exceptions.ProfileNotFound:
+        name = profile or environ.get("AWS_PROFILE")
+        raise ConfigError(
+            f"AWS profile {name!r} is in neither "
+            f"{session.get_config_variable('credentials_file')} nor "
+            f"{session.get_config_variable('config_file')}"
+        ) from None
+    except botocore.exceptions.BotoCoreError as exc:
+        raise ConfigError(f"could not read the AWS files: {_line(exc)}") from None
+    return session
+
+
+def _line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return shown(scrub_url(text), 300)
+
+
+class CredentialsError(ConfigError):
+    """The credential chain found keys it could not use (an expired SSO login,
+    a failing ``credential_process``, a role it may not assume)."""
 
 
 def resolve(options: Mapping[str, object], environ: Mapping[str, str]) -> AwsSettings:
     """The region, endpoint and credentials of an S3 storage (see the module docs).
 
+    Credentials that cannot be found at all leave :attr:`AwsSettings.signed`
+    false (the storage says so in one line, unless requests are anonymous).
+
     Raises
     ------
     ConfigError
-        When a profile named explicitly is not in the files, or cannot give
-        static keys, or a file cannot be read.
+        In one line: a malformed region or endpoint (naming where it came
+        from), a profile named but not found, an AWS file that cannot be
+        read, or credentials the chain found but could not use.
     """
-    explicit = options.get("profile")
-    name = str(explicit or environ.get("AWS_PROFILE") or "default")
-    profile = read_profile(
-        name, environ, required=bool(explicit or "AWS_PROFILE" in environ)
-    )
     opt = {k: (str(v) if v is not None else None) for k, v in options.items()}
-    region = _first(
-        opt.get("region"),
-        environ.get("AWS_REGION"),
-        environ.get("AWS_DEFAULT_REGION"),
-        profile.get("region"),
-        DEFAULT_REGION,
+    explicit = opt.get("profile")
+    session = _session(explicit, environ)
+    name = session.get_config_variable("profile") or "default"
+    profile = session.get_scoped_config()
+    region = check_region(
+        *_named(
+            ("the option region", opt.get("region")),
+            ("AWS_REGION", environ.get("AWS_REGION")),
+            ("AWS_DEFAULT_REGION", environ.get("AWS_DEFAULT_REGION")),
+            (f"the region of AWS profile {name!r}", profile.get("region")),
+            ("the default region", DEFAULT_REGION),
+        )
     )
-    endpoint = _first(
-        opt.get("endpoint"),
-        opt.get("aws_endpoint_url_s3"),
-        environ.get("AWS_ENDPOINT_URL_S3"),
-        environ.get("AWS_ENDPOINT_URL"),
-        environ.get("AWS_ENDPOINT"),
-        profile.get("endpoint_url"),
+    endpoint = check_endpoint(
+        *_named(
+            ("the option endpoint", opt.get("endpoint")),
+            ("the option aws_endpoint_url_s3", opt.get("aws_endpoint_url_s3")),
+            ("AWS_ENDPOINT_URL_S3", environ.get("AWS_ENDPOINT_URL_S3")),
+            ("AWS_ENDPOINT_URL", environ.get("AWS_ENDPOINT_URL")),
+            ("AWS_ENDPOINT", environ.get("AWS_ENDPOINT")),
+            (f"the endpoint_url of AWS profile {name!r}", _endpoint_of(profile)),
+        )
     )
-    env_keys = (environ.get("AWS_ACCESS_KEY_ID"), environ.get("AWS_SECRET_ACCESS_KEY"))
+    virtual = truthy(
+        opt.get("virtual_hosted_style_request")
+        or environ.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST")
+    )
     if opt.get("access_key_id") and opt.get("secret_access_key"):
-        key, secret = opt["access_key_id"], opt["secret_access_key"]
-        token, source = opt.get("session_token") or opt.get("token"), "options"
-    elif all(env_keys) and not explicit:
-        key, secret = env_keys
-        token = _first(
-            environ.get("AWS_SESSION_TOKEN"), environ.get("AWS_SECURITY_TOKEN")
+        token = opt.get("session_token") or opt.get("token")
+        return AwsSettings(
+            region,
+            endpoint,
+            opt["access_key_id"],
+            opt["secret_access_key"],
+            token,
+            "options",
+            virtual,
+            session=session,
         )
-        source = "environment"
-    elif profile.get("aws_access_key_id") and profile.get("aws_secret_access_key"):
-        key, secret = profile["aws_access_key_id"], profile["aws_secret_access_key"]
-        token, source = profile.get("aws_session_token"), f"profile {name}"
-    else:
-        indirect = [k for k in _INDIRECT_KEYS if k in profile]
-        if indirect and (explicit or "AWS_PROFILE" in environ):
-            raise ConfigError(
-                f"AWS profile {name!r} gets its keys through {indirect[0]}, which "
-                "is not read here: export AWS_ACCESS_KEY_ID and "
-                "AWS_SECRET_ACCESS_KEY (for example from `aws configure "
-                "export-credentials`)"
-            )
-        key = secret = token = None
-        source = ""
-    virtual = opt.get("virtual_hosted_style_request") or environ.get(
-        "AWS_VIRTUAL_HOSTED_STYLE_REQUEST"
+    anonymous = truthy(opt.get("skip_signature") or environ.get("AWS_SKIP_SIGNATURE"))
+    found = None if anonymous else _credentials(session, name)
+    if found is None:
+        return AwsSettings(region, endpoint, None, None, None, "", virtual)
+    credentials, source = found
+    if _refreshed(credentials):
+        from obstore.auth.boto3 import Boto3CredentialProvider
+
+        provider = Boto3CredentialProvider(session)
+        return AwsSettings(
+            region,
+            endpoint,
+            None,
+            None,
+            None,
+            source,
+            virtual,
+            provider=provider,
+            session=session,
+        )
+    frozen = credentials.get_frozen_credentials()
+    return AwsSettings(
+        region,
+        endpoint,
+        frozen.access_key,
+        frozen.secret_key,
+        frozen.token,
+        source,
+        virtual,
+        session=session,
     )
-    return AwsSettings(region, endpoint, key, secret, token, source, _truthy(virtual))
 
 
-def read_profile(
-    name: str, environ: Mapping[str, str], *, required: bool
-) -> dict[str, str]:
-    """The keys of profile ``name`` from the credentials and config files.
+def _endpoint_of(profile: Mapping[str, object]) -> str | None:
+    value = profile.get("endpoint_url")
+    if value is None and isinstance(profile.get("s3"), Mapping):
+        value = profile["s3"].get("endpoint_url")
+    return str(value) if value else None
 
-    The credentials file's section wins over the config file's for a key in
-    both. A profile that is in neither is an empty dict, or a
-    :class:`ConfigError` when ``required`` (it was named explicitly).
+
+def _refreshed(credentials) -> bool:
+    """Whether botocore renews these credentials (a role, SSO, a process)."""
+    from botocore.credentials import RefreshableCredentials
+
+    return isinstance(credentials, RefreshableCredentials) or (
+        type(credentials).__name__ == "DeferredRefreshableCredentials"
+    )
+
+
+def _credentials(session, name: str):
+    """botocore's credentials and where they came from, or ``None`` if none.
+
+    Their first use is made here (a role assumed, a process run, an SSO
+    token read), so what fails is one line now, not a panic later.
     """
-    home = Path(environ.get("HOME") or os.path.expanduser("~"))
-    files = (
-        (Path(environ.get("AWS_CONFIG_FILE") or home / ".aws" / "config"), "config"),
-        (
-            Path(
-                environ.get("AWS_SHARED_CREDENTIALS_FILE")
-                or home / ".aws" / "credentials"
-            ),
-            "credentials",
-        ),
-    )
-    found: dict[str, str] = {}
-    seen = False
-    for path, kind in files:
-        parser = _read_ini(path)
-        if parser is None:
-            continue
-        section = (
-            name if kind == "credentials" or name == "default" else f"profile {name}"
-        )
-        if parser.has_section(section):
-            seen = True
-            found.update({k: v.strip() for k, v in parser.items(section, raw=True)})
-    if required and not seen:
-        raise ConfigError(
-            f"AWS profile {name!r} is in neither {files[1][0]} nor {files[0][0]}"
-        )
-    return found
-
-
-def _read_ini(path: Path) -> configparser.ConfigParser | None:
-    parser = configparser.ConfigParser(interpolation=None, default_section="\0")
+    botocore = _botocore()
     try:
-        with open(path, encoding="utf-8") as handle:
-            parser.read_file(handle)
-    except FileNotFoundError:
+        credentials = session.get_credentials()
+        if credentials is None:
+            return None
+        frozen = credentials.get_frozen_credentials()
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
+        raise CredentialsError(
+            f"AWS profile {name!r}: its credentials could not be had ({_line(e)})"
+        ) from None
+    if not (frozen.access_key and frozen.secret_key):
         return None
-    except (OSError, UnicodeDecodeError, configparser.Error) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"could not read the AWS file {path}: {first}") from None
-    return parser
-
-
-# -- AWS Signature Version 4 ------------------------------------------------------
-
-
-def _hmac(key: bytes, text: str) -> bytes:
-    return hmac.new(key, text.encode("utf-8"), hashlib.sha256).digest()
-
-
-def _encode(text: str, safe: str = "") -> str:
-    """URI-encode as SigV4 does: everything but ``A-Za-z0-9-._~`` (and ``safe``)."""
-    return quote(text, safe="~" + safe)
-
-
-def canonical_query(params: Mapping[str, str]) -> str:
-    """A query string in SigV4's canonical form (also what is sent)."""
-    pairs = sorted((_encode(k), _encode(v)) for k, v in params.items())
-    return "&".join(f"{k}={v}" for k, v in pairs)
-
-
-def sign_v4(
-    method: str,
-    url: str,
-    settings: AwsSettings,
-    *,
-    now: dt.datetime | None = None,
-    payload_sha256: str = EMPTY_SHA256,
-    service: str = "s3",
-) -> dict[str, str]:
-    """The headers that sign a request to ``url`` with AWS Signature Version 4.
-
-    ``url`` carries its path already encoded (as sent) and its query in
-    :func:`canonical_query` form. Returns ``Host``, ``x-amz-date``,
-    ``x-amz-content-sha256``, ``x-amz-security-token`` when there is a
-    session token, and ``Authorization``.
-    """
-    if not settings.static:
-        raise ValueError("signing needs static credentials")
-    now = (now or dt.datetime.now(dt.timezone.utc)).astimezone(dt.timezone.utc)
-    stamp = now.strftime("%Y%m%dT%H%M%SZ")
-    day = stamp[:8]
-    parts = urlsplit(url)
-    headers = {
-        "host": parts.netloc,
-        "x-amz-content-sha256": payload_sha256,
-        "x-amz-date": stamp,
-    }
-    if settings.session_token:
-        headers["x-amz-security-token"] = settings.session_token
-    names = sorted(headers)
-    canonical = "\n".join(
-        [
-            method,
-            parts.path or "/",
-            parts.query,
-            "".join(f"{n}:{headers[n].strip()}\n" for n in names),
-            ";".join(names),
-            payload_sha256,
-        ]
-    )
-    scope = f"{day}/{settings.region}/{service}/aws4_request"
-    to_sign = "\n".join(
-        [
-            "AWS4-HMAC-SHA256",
-            stamp,
-            scope,
-            hashlib.sha256(canonical.encode("utf-8")).hexdigest(),
-        ]
-    )
-    key = _hmac(("AWS4" + (settings.secret_access_key or "")).encode("utf-8"), day)
-    for part in (settings.region, service, "aws4_request"):
-        key = _hmac(key, part)
-    signature = hmac.new(key, to_sign.encode("utf-8"), hashlib.sha256).hexdigest()
-    headers["Authorization"] = (
-        f"AWS4-HMAC-SHA256 Credential={settings.access_key_id}/{scope}, "
-        f"SignedHeaders={';'.join(names)}, Signature={signature}"
-    )
-    return headers
+    method = getattr(credentials, "method", "") or ""
+    source = _METHODS.get(method, method or "the credential chain")
+    if source.startswith("profile"):
+        source = f"profile {name}{source.removeprefix('profile')}"
+    return credentials, source
 
 
 # -- the multipart calls ----------------------------------------------------------
 
 
 class S3RequestError(Exception):
-    """A signed request failed; ``status`` is the HTTP status or ``None``."""
+    """A multipart call failed; ``status`` is the HTTP status or ``None``."""
 
     def __init__(self, cause: str, status: int | None = None) -> None:
         super().__init__(cause)
@@ -336,83 +383,75 @@ class Upload:
     initiated: float
 
 
-def _local(tag: str) -> str:
-    return tag.rpartition("}")[2]
-
-
-def _child(node: ET.Element, name: str) -> str:
-    for sub in node:
-        if _local(sub.tag) == name:
-            return sub.text or ""
-    return ""
-
-
-def _timestamp(text: str) -> float:
-    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
 class MultipartUploads:
-    """``ListMultipartUploads`` and ``AbortMultipartUpload`` on one bucket.
+    """``ListMultipartUploads`` and ``AbortMultipartUpload`` on one bucket,
+    with botocore's S3 client.
 
     Parameters
     ----------
     settings : AwsSettings
-        Resolved settings with static credentials.
+        Resolved settings with credentials (static or renewed).
     bucket : str
     """
 
     def __init__(self, settings: AwsSettings, bucket: str) -> None:
-        if not settings.static:
-            raise ValueError("listing uploads needs static credentials")
-        self.settings = settings
-        self.bucket = bucket
-        self.base = settings.bucket_url(bucket)
+        if not settings.signed:
+            raise ValueError("listing uploads needs credentials")
+        botocore = _botocore()
+        from botocore.config import Config
 
-    def request(
-        self, method: str, key: str, params: Mapping[str, str]
-    ) -> tuple[int, dict[str, str], bytes]:
-        """Send one signed request (retried on a transient error); return the answer."""
-        base = urlsplit(self.base)
-        path = f"{base.path}/{_encode(key, safe='/')}" if key else base.path or "/"
-        target = f"{path}?{canonical_query(params)}" if params else path
-        url = f"{base.scheme}://{base.netloc}{target}"
-        kind = (
-            http.client.HTTPSConnection
-            if base.scheme == "https"
-            else http.client.HTTPConnection
+        self.bucket = bucket
+        self._errors = (
+            botocore.exceptions.BotoCoreError,
+            botocore.exceptions.ClientError,
         )
-        pause = FIRST_BACKOFF
-        for attempt in range(REQUEST_ATTEMPTS):
-            headers = sign_v4(method, url, self.settings)
-            conn = kind(base.netloc, timeout=REQUEST_TIMEOUT)
-            try:
-                conn.request(method, target, headers=headers)
-                answer = conn.getresponse()
-                body = answer.read()
-                status = answer.status
-                found = {k.lower(): v for k, v in answer.getheaders()}
-            except (OSError, http.client.HTTPException) as exc:
-                cause = (
-                    f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                )
-                status, found, body = None, {}, cause.encode()
-            finally:
-                conn.close()
-            if status is not None and status < 500:
-                return status, found, body
-            if attempt + 1 == REQUEST_ATTEMPTS:
-                if status is None:
-                    raise S3RequestError(
-                        f"no answer from {base.netloc} ({body.decode()}, "
-                        f"after {REQUEST_ATTEMPTS} attempts)"
-                    )
-                raise S3RequestError(
-                    f"{status} {_error_code(body)} after {REQUEST_ATTEMPTS} attempts",
-                    status,
-                )
-            time.sleep(pause)
-            pause *= 2
-        raise AssertionError("unreachable")
+        self._unanswered = (
+            botocore.exceptions.EndpointConnectionError,
+            botocore.exceptions.ConnectionClosedError,
+            botocore.exceptions.ReadTimeoutError,
+            botocore.exceptions.ConnectTimeoutError,
+        )
+        session = settings.session or botocore.session.Session()
+        config = Config(
+            connect_timeout=REQUEST_TIMEOUT,
+            read_timeout=REQUEST_TIMEOUT,
+            retries={"max_attempts": REQUEST_ATTEMPTS, "mode": "standard"},
+            s3={"addressing_style": "virtual" if settings.virtual_hosted else "path"},
+        )
+        keys = (
+            {
+                "aws_access_key_id": settings.access_key_id,
+                "aws_secret_access_key": settings.secret_access_key,
+                "aws_session_token": settings.session_token,
+            }
+            if settings.static
+            else {}
+        )
+        try:
+            self._client = session.create_client(
+                "s3",
+                region_name=settings.region,
+                endpoint_url=settings.endpoint,
+                config=config,
+                **keys,
+            )
+        except self._errors as exc:
+            raise S3RequestError(_line(exc)) from None
+
+    def _fail(self, what: str, exc: BaseException) -> S3RequestError:
+        answer = getattr(exc, "response", None) or {}
+        status = answer.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        code = answer.get("Error", {}).get("Code", "")
+        if status is not None:
+            return S3RequestError(f"{what} answered {status} {code}".rstrip(), status)
+        if isinstance(exc, self._unanswered):
+            where = urlsplit(self._client.meta.endpoint_url)
+            return S3RequestError(
+                f"no answer from {where.scheme}://{where.hostname}"
+                + (f":{where.port}" if where.port else "")
+                + f" ({what}, after {REQUEST_ATTEMPTS} attempts)"
+            )
+        return S3RequestError(f"{what} failed: {_line(exc)}")
 
     def list(self, prefix: str, page: int = 1000) -> tuple[list[Upload], float]:
         """The incomplete uploads under ``prefix`` and the server's time now.
@@ -420,50 +459,37 @@ class MultipartUploads:
         ``page`` uploads are asked for at a time (S3 gives at most 1000).
         """
         found: list[Upload] = []
-        first = {"uploads": "", "prefix": prefix, "max-uploads": str(page)}
-        params = first
         server_now = time.time()
-        while True:
-            status, headers, body = self.request("GET", "", params)
-            if status != 200:
-                raise S3RequestError(
-                    f"listing uploads answered {status} {_error_code(body)}", status
-                )
-            if "date" in headers:
-                server_now = parsedate_to_datetime(headers["date"]).timestamp()
-            try:
-                root = ET.fromstring(body)
-            except ET.ParseError as exc:
-                raise S3RequestError(f"the upload listing is not XML: {exc}") from None
-            for node in root:
-                if _local(node.tag) == "Upload":
-                    found.append(
-                        Upload(
-                            _child(node, "Key"),
-                            _child(node, "UploadId"),
-                            _timestamp(_child(node, "Initiated")),
-                        )
-                    )
-            if _child(root, "IsTruncated").lower() != "true":
-                return found, server_now
-            params = {
-                **first,
-                "key-marker": _child(root, "NextKeyMarker"),
-                "upload-id-marker": _child(root, "NextUploadIdMarker"),
-            }
+        pages = self._client.get_paginator("list_multipart_uploads").paginate(
+            Bucket=self.bucket, Prefix=prefix, PaginationConfig={"PageSize": page}
+        )
+        try:
+            for answer in pages:
+                date = answer["ResponseMetadata"].get("HTTPHeaders", {}).get("date")
+                if date:
+                    from email.utils import parsedate_to_datetime
+
+                    server_now = parsedate_to_datetime(date).timestamp()
+                found += [
+                    Upload(u["Key"], u["UploadId"], _seconds(u["Initiated"]))
+                    for u in answer.get("Uploads", [])
+                ]
+        except self._errors as exc:
+            raise self._fail("listing uploads", exc) from None
+        return found, server_now
 
     def abort(self, upload: Upload) -> bool:
         """Abort one upload; ``False`` if it was already gone."""
-        status, _, body = self.request(
-            "DELETE", upload.key, {"uploadId": upload.upload_id}
-        )
-        if status in (200, 204):
-            return True
-        if status == 404:
-            return False
-        raise S3RequestError(
-            f"aborting an upload answered {status} {_error_code(body)}", status
-        )
+        try:
+            self._client.abort_multipart_upload(
+                Bucket=self.bucket, Key=upload.key, UploadId=upload.upload_id
+            )
+        except self._errors as exc:
+            failed = self._fail("aborting an upload", exc)
+            if failed.status == 404:
+                return False
+            raise failed from None
+        return True
 
     def uploads_older_than(
         self, prefix: str, seconds: float, page: int = 1000
@@ -473,10 +499,7 @@ class MultipartUploads:
         return (u for u in found if now - u.initiated >= seconds)
 
 
-def _error_code(body: bytes) -> str:
-    """The ``<Code>`` of an S3 error document, or ``""``."""
-    try:
-        root = ET.fromstring(body)
-    except ET.ParseError:
-        return ""
-    return _child(root, "Code") if _local(root.tag) == "Error" else ""
+def _seconds(when: object) -> float:
+    if isinstance(when, dt.datetime):
+        return when.timestamp()
+    return dt.datetime.fromisoformat(str(when).replace("Z", "+00:00")).timestamp()

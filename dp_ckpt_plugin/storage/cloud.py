@@ -22,8 +22,9 @@
 :attr:`ObjectInfo.version <dp_ckpt_plugin.storage.objects.ObjectInfo.version>`
 is the ETag on S3 and Azure, the generation on GCS: what the store compares.
 
-Settings come the way users already give them (:mod:`.aws` for S3; obstore
-reads ``GOOGLE_*`` and ``AZURE_*`` itself). Transient errors (5xx, timeouts,
+Settings come the way users already give them (:mod:`.aws` for S3, through
+botocore's credential chain; obstore reads ``GOOGLE_*`` and ``AZURE_*``
+itself). Transient errors (5xx, timeouts,
 refused or reset connections) are retried by obstore with
 :data:`RETRIES` retries and exponential backoff, within
 :data:`RETRY_TIMEOUT`, so a dead endpoint fails in seconds; then one
@@ -49,6 +50,7 @@ from typing import BinaryIO, TypeVar
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
+from ..text import scrub_url, shown
 from . import aws
 from .objects import (
     SMALL_OBJECT_LIMIT,
@@ -134,10 +136,15 @@ def parse_url(url: str) -> tuple[str, str, str, str]:
     Raises
     ------
     ConfigError
-        In one line naming the URL: an unknown scheme, no bucket, a bucket
-        name the store refuses, credentials in the URL, a query, or a prefix
-        with empty, ``.`` or ``..`` parts.
+        In one line naming the URL: a control character, an unknown scheme,
+        no bucket, a bucket name the store refuses, credentials in the URL, a
+        query, or a prefix with empty, ``.`` or ``..`` parts.
     """
+    if any(not c.isprintable() for c in url):
+        raise ConfigError(
+            f"{shown(url)}: an object-store URL holds no control character "
+            "(a newline, a tab, an escape)"
+        )
     scheme, _, rest = url.partition("://")
     scheme = scheme.lower()
     if scheme not in SCHEMES:
@@ -249,6 +256,7 @@ class CloudStorage:
         environ = dict(os.environ)
         self._secrets = _secret_values(options, environ)
         self.settings: aws.AwsSettings | None = None
+        self._uploads: aws.MultipartUploads | None = None
         if self.kind == "s3":
             self.settings = aws.resolve(options, environ)
             self._secrets += self.settings.secrets()
@@ -260,20 +268,19 @@ class CloudStorage:
 
     # -- making the store -------------------------------------------------------
     def _check_credentials(self, environ: Mapping[str, str]) -> None:
+        """No credentials anywhere in the chain: one line now, before any request."""
         settings = self.settings
-        if settings is None or settings.static:
+        if settings is None or settings.signed:
             return
-        elsewhere = any(
-            environ.get(name)
-            for name in (
-                "AWS_WEB_IDENTITY_TOKEN_FILE",
-                "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-                "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-                "AWS_SKIP_SIGNATURE",
+        if aws.truthy(environ.get("AWS_SKIP_SIGNATURE")):
+            return  # anonymous requests, asked for
+        said = _NO_CREDENTIALS
+        if not aws.truthy(environ.get("AWS_EC2_METADATA_DISABLED")):
+            said += (
+                " (none in the environment or the profile files, and the instance "
+                "metadata service did not answer)"
             )
-        )
-        if not elsewhere and aws._truthy(environ.get("AWS_EC2_METADATA_DISABLED")):
-            raise StorageUnavailableError(self.url, "reach", _NO_CREDENTIALS)
+        raise StorageUnavailableError(self.url, "reach", said)
 
     def _open(self, options: dict, environ: Mapping[str, str], account: str):
         store_module = self._obstore.store
@@ -350,16 +357,20 @@ class CloudStorage:
             config["endpoint"] = settings.endpoint
             if settings.endpoint.startswith("http://"):
                 client.setdefault("allow_http", True)
+        provider = None
         if settings.static:
             config["access_key_id"] = settings.access_key_id
             config["secret_access_key"] = settings.secret_access_key
             if settings.session_token:
                 config["session_token"] = settings.session_token
+        elif settings.provider is not None:
+            provider = settings.provider  # botocore's chain, renewed by obstore
         return store_module.S3Store(
             self.bucket,
             prefix=prefix,
             client_options=client,
             retry_config=retry,
+            credential_provider=provider,
             **config,
         )
 
@@ -374,6 +385,7 @@ class CloudStorage:
             self.counts["requests"] += requests
 
     def _scrub(self, text: str) -> str:
+        text = scrub_url(text)
         for secret in sorted(self._secrets, key=len, reverse=True):
             if len(secret) >= 4:
                 text = text.replace(secret, "***")
@@ -648,8 +660,8 @@ class CloudStorage:
 
     @property
     def aborts_uploads(self) -> bool:
-        """Whether :meth:`abort_incomplete_uploads` can run here (S3, static keys)."""
-        return self.kind == "s3" and self.settings is not None and self.settings.static
+        """Whether :meth:`abort_incomplete_uploads` can run here (S3, signed requests)."""
+        return self.kind == "s3" and self.settings is not None and self.settings.signed
 
     def abort_incomplete_uploads(
         self, prefix: str, older_than_seconds: float, *, page: int = 1000
@@ -678,13 +690,15 @@ class CloudStorage:
             raise StorageUnavailableError(
                 self.url,
                 what,
-                "only S3 storage with keys from the options, the environment or a "
-                "profile can list them; set a lifecycle rule on the bucket instead",
+                "only S3 storage with credentials can list them; set a lifecycle "
+                "rule on the bucket instead",
             )
         self._count("abort_incomplete_uploads", 0)
         base = f"{self.prefix}/" if self.prefix else ""
-        uploads = aws.MultipartUploads(self.settings, self.bucket)
         try:
+            if self._uploads is None:  # botocore's client, made once
+                self._uploads = aws.MultipartUploads(self.settings, self.bucket)
+            uploads = self._uploads
             aborted = 0
             found = uploads.uploads_older_than(base + prefix, older_than_seconds, page)
             for upload in found:
@@ -702,7 +716,8 @@ class CloudStorage:
 
 _NO_CREDENTIALS = (
     "no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
-    "AWS_PROFILE with a profile in ~/.aws/credentials"
+    "AWS_PROFILE with a profile in ~/.aws/credentials or ~/.aws/config (keys, "
+    "a role, SSO or a credential_process)"
 )
 
 
@@ -727,7 +742,7 @@ def _prepare(data: Source) -> tuple[int, object]:
     return end - position, data
 
 
-_PERFORMING = re.compile(r"Error performing (\w+) (\S+)")
+_PERFORMING = re.compile(r"Error performing (\w+) ([a-z][a-z0-9+.-]*://\S+)")
 _STATUS = re.compile(r"status code: (\d{3})( [A-Za-z][A-Za-z ]*[a-z])?")
 _CODE = re.compile(r"<Code>([^<]+)</Code>(?:\s*<Message>([^<]*)</Message>)?")
 _RETRIES = re.compile(r"after (\d+) retries")

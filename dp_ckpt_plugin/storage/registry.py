@@ -35,6 +35,7 @@ from importlib import metadata
 from urllib.parse import unquote, urlsplit
 
 from ..errors import ConfigError
+from ..text import shown
 from .objects import ObjectStorage
 
 #: Entry-point group third-party storages register under (name = scheme).
@@ -43,6 +44,8 @@ ENTRY_POINT_GROUP = "dp_ckpt.storage"
 Factory = Callable[..., ObjectStorage]
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+#: A scheme and a colon followed by one slash or none (``s3:/bucket``).
+_NEAR_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):/?(?!/)(.*)", re.DOTALL)
 _VALID_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")
 
 
@@ -103,6 +106,31 @@ def scheme_of(text: str | os.PathLike) -> str:
         return ""
     found = _SCHEME.match(text)
     return found.group(1).lower() if found else ""
+
+
+def check_not_mistyped(text: str | os.PathLike) -> None:
+    """Refuse a path that is a mistyped URL of an object store (``s3:/bucket/run``).
+
+    A scheme some storage serves (not ``file``), a colon and one slash or
+    none would otherwise be a local folder named ``s3:``.
+
+    Raises
+    ------
+    ConfigError
+        In one line: ``did you mean s3://bucket/run``.
+    """
+    if isinstance(text, os.PathLike) or not isinstance(text, str):
+        return
+    found = _NEAR_URL.fullmatch(text.strip())
+    if found is None or scheme_of(text.strip()):
+        return
+    scheme = found.group(1).lower()
+    if scheme == "file" or scheme not in known_schemes():
+        return
+    meant = f"{scheme}://{found.group(2).lstrip('/') or 'BUCKET/PREFIX'}"
+    raise ConfigError(
+        f"{text}: not a local path nor an object-store URL; did you mean {meant}"
+    )
 
 
 def register(scheme: str, factory: Factory, *, replace: bool = False) -> None:
@@ -205,7 +233,13 @@ def storage_for(url_or_path: str | os.PathLike, **options) -> ObjectStorage:
         return _local(os.fspath(url_or_path), **options)
     scheme = scheme_of(url_or_path)
     if not scheme:
+        check_not_mistyped(url_or_path)
         return _local(url_or_path, **options)
+    if any(not c.isprintable() for c in url_or_path):
+        raise ConfigError(
+            f"{shown(url_or_path)}: a URL holds no control character (a "
+            "newline, a tab, an escape)"
+        )
     factory = _factory(scheme)
     if factory is None:
         known = ", ".join(f"{s}://" for s in known_schemes())
@@ -230,6 +264,11 @@ def remote_url(text: str) -> str:
     scheme = scheme_of(text)
     if not scheme or scheme == "file":
         raise ValueError("it is not the URL of an object store")
+    if any(not c.isprintable() for c in text):
+        raise ValueError(
+            "an object-store URL holds no control character (a newline, a tab, "
+            "an escape)"
+        )
     if _factory(scheme) is None:
         known = ", ".join(f"{s}://" for s in known_schemes() if s != "file")
         raise ValueError(
