@@ -253,7 +253,8 @@ def _(tmp_path, monkeypatch):
 
 @check("stop-signals")
 def _(tmp_path, monkeypatch):
-    """Set from the main thread only; the previous handlers come back, after an abort too."""
+    """Set from the main thread only; the previous handlers come back, or, once a
+    signal came (the process is ending), every stop signal is ignored."""
     from dp_ckpt_plugin.deepmd.preempt import StopSignals
 
     def mine(signum, frame):
@@ -271,6 +272,10 @@ def _(tmp_path, monkeypatch):
         worker.start()
         worker.join()
         assert all(signal.getsignal(getattr(signal, s)) is mine for s in names)
+        quiet = StopSignals(names).install()  # a run that no signal stopped
+        assert signal.getsignal(signal.SIGTERM) == quiet._handle
+        quiet.restore()
+        assert all(signal.getsignal(getattr(signal, s)) is mine for s in names)
         stops = StopSignals(names).install()
         assert signal.getsignal(signal.SIGTERM) == stops._handle
         stops.in_loop = True
@@ -278,8 +283,10 @@ def _(tmp_path, monkeypatch):
         with pytest.raises(KeyboardInterrupt):
             stops._handle(signal.SIGINT, None)  # the second: abort
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        stops.restore()
-        assert all(signal.getsignal(getattr(signal, s)) is mine for s in names)
+        stops.restore()  # the process is ending: nothing may cut it short
+        assert all(
+            signal.getsignal(getattr(signal, s)) == signal.SIG_IGN for s in names
+        )
     finally:
         for name, handler in previous.items():
             signal.signal(getattr(signal, name), handler)

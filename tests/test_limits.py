@@ -180,10 +180,10 @@ def _store_fits(n: int) -> bool:
     try:
         check_fits(
             f"model.ckpt-{limits.MAX_STEP}.h5",
-            step=limits.MAX_STEP,
-            family="model.ckpt",
-            format="hdf5",
-            metrics=_metrics(n, 200),
+            limits.MAX_STEP,
+            "model.ckpt",
+            "hdf5",
+            _metrics(n, 200),
         )
     except ValueError:
         return False

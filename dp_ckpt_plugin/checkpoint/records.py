@@ -338,7 +338,6 @@ _WIDEST_TIME = 253402300798.99997
 
 def check_fits(
     name: str,
-    *,
     step: int,
     family: str,
     format: str,
@@ -367,6 +366,24 @@ def check_fits(
         replaces=(MAX_INT, widest),
         metrics=metrics,
     ).to_json()
+
+
+def check_saves(
+    step: int,
+    paths: Mapping[str, Path],
+    format: str,
+    metrics: Mapping[str, Mapping[str, float] | None] | None,
+) -> dict[str, dict[str, float | None] | None]:
+    """Check the metrics and the records of one step's saves before any is written.
+
+    ``paths`` maps each family to its checkpoint, ``metrics`` each family to
+    what it reports; returns the metrics as records hold them
+    (:func:`check_metrics`), after :func:`check_fits` of every record.
+    """
+    reported = {f: check_metrics(m) for f, m in (metrics or {}).items()}
+    for family, path in paths.items():
+        check_fits(path.name, step, family, format, reported.get(family))
+    return reported
 
 
 def write_record(
