@@ -98,7 +98,7 @@ class Manifest:
         ------
         ValueError
             When a field, or the whole manifest, is beyond what readers
-            accept (:mod:`.limits`).
+            accept (``checkpoint/limits.py``).
         """
         check_text(self.format, "a manifest's format", MAX_FORMAT_NAME)
         if not 0 < len(self.families) <= MAX_FAMILIES:

@@ -101,7 +101,7 @@ class CommitRecord:
         ------
         ValueError
             When a field, or the whole record, is beyond what readers accept
-            (:mod:`.limits`).
+            (``checkpoint/limits.py``).
         """
         self.check()
         data = asdict(self)
@@ -118,7 +118,7 @@ class CommitRecord:
         return text
 
     def check(self) -> None:
-        """Refuse (``ValueError``) a field beyond what readers accept (:mod:`.limits`)."""
+        """Refuse (``ValueError``) a field beyond what readers accept (``checkpoint/limits.py``)."""
         for key in ("name", "family", "format"):
             check_text(getattr(self, key), f"a commit record's {key}")
         check_int(self.step, "a step")
@@ -224,7 +224,7 @@ class CommitRecord:
 
 
 def _legacy_step(data: dict, key: str, value: int) -> bool:
-    """Whether ``value`` is a step above :data:`MAX_INT` a version 1 record holds.
+    """Whether ``value`` is a step above ``MAX_INT`` a version 1 record holds.
 
     dp-ckpt-plugin 0.1 and 0.2 bounded no step; what they wrote is still read.
     """
@@ -352,7 +352,7 @@ def check_fits(
     Raises
     ------
     ValueError
-        Naming the field, or the record's size, beyond :mod:`.limits`.
+        Naming the field, or the record's size, beyond ``checkpoint/limits.py``.
     """
     widest = f"{DEFAULT_ALGORITHM}:{'f' * ALGORITHMS[DEFAULT_ALGORITHM]}"
     CommitRecord(
@@ -547,8 +547,8 @@ def check_metrics(
     TypeError
         Naming the offending name or value.
     ValueError
-        More than :data:`~.limits.MAX_METRICS` metrics, or a name longer
-        than :data:`~.limits.MAX_TEXT` characters.
+        More than ``MAX_METRICS`` metrics, or a name longer
+        than ``MAX_TEXT`` characters.
     """
     if metrics is None:
         return None

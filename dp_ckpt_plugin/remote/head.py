@@ -250,7 +250,7 @@ class Head:
         ------
         ValueError
             When a field, or the whole of HEAD, is beyond what readers accept
-            (:mod:`~dp_ckpt_plugin.checkpoint.limits`; about 60,000 kept
+            (``checkpoint/limits.py``; about 60,000 kept
             checkpoints fit).
         """
         self.check()

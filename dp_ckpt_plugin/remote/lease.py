@@ -113,7 +113,7 @@ class LeaseState:
         ------
         ValueError
             When a field is beyond what readers accept
-            (:mod:`~dp_ckpt_plugin.checkpoint.limits`).
+            (``checkpoint/limits.py``).
         """
         check_int(self.epoch, "a lease's epoch", MAX_EPOCH, low=1)
         check_int(self.holder.pid, "a lease holder's pid")

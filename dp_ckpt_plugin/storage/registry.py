@@ -35,6 +35,7 @@ from importlib import metadata
 from urllib.parse import unquote, urlsplit
 
 from ..errors import ConfigError
+from .forks import in_child
 from .objects import ObjectStorage
 
 #: Entry-point group third-party storages register under (name = scheme).
@@ -95,6 +96,12 @@ BUILTIN: dict[str, Factory] = {
 _factories: dict[str, Factory] = dict(BUILTIN)
 _entry_points: dict[str, metadata.EntryPoint] | None = None
 _lock = threading.Lock()
+
+
+@in_child
+def _forked() -> None:
+    global _lock
+    _lock = threading.Lock()  # another thread may have held it at the fork
 
 
 def scheme_of(text: str | os.PathLike) -> str:

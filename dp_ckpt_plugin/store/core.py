@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -44,6 +43,7 @@ from ..plugin.hooks import Hooks
 from ..ranks import Ranks, SingleProcess
 from ..resolution import ResolveContext, Resolved, payload_of, resolve_restart
 from ..storage import Storage, local_storage
+from ..storage.forks import OwnedLock
 from .archive import archive_earlier_run, prune_archives
 from .commit import Committer, serializer
 from .family import FamilyConfig
@@ -158,7 +158,7 @@ class CheckpointStore:
         self.describer = Describer(self.directory, self.storage)
         # saves, resolutions and closing serialize: several threads (and the
         # background writer) may share one store
-        self._mutex = threading.RLock()
+        self._mutex = OwnedLock(f"the checkpoint store of {self.directory}")
         self._background = BackgroundWriter.for_store(self, writer)
 
     # -- lifecycle ---------------------------------------------------------
