@@ -3,8 +3,9 @@
 Generated: for each start method (fork, forkserver), after each kind of
 prior activity in this process (nothing, a synchronous save, a background
 save held in flight, a verified restore, a store on S3 open), every public
-operation runs in a child under a timeout: a save and a background save of
-a payload large enough to be hashed on BLAKE3's threads, a restore verified
+operation runs in a child under a timeout: a save, a background save and one
+by a writer process, of a payload large enough to be hashed on BLAKE3's
+threads, a restore verified
 by digest, a store on S3 saved to and restored from, and (fork only: the
 child has the parent's objects) every method of the parent's own manager,
 which is refused in one line. A child that does not answer in time hung.
@@ -56,6 +57,19 @@ def op_background_save(where: dict) -> None:
         m.save(4, payload(4))
         m.wait()
         assert _same(m.restore("latest").state, 4)
+
+
+def op_writer_process(where: dict) -> None:
+    with CheckpointManager(
+        where["new"],
+        async_save=True,
+        writer="process",
+        verify="digest",
+        pm=plugin_manager(),
+    ) as m:
+        m.save(6, payload(6))
+        m.wait()
+        assert _same(m.restore("latest").state, 6)
 
 
 def op_verified_restore(where: dict) -> None:
@@ -113,6 +127,7 @@ def op_inherited(where: dict) -> None:
 OPS = {
     "save": op_save,
     "background save": op_background_save,
+    "background save by a writer process": op_writer_process,
     "verified restore": op_verified_restore,
     "remote save and restore": op_remote,
     "the parent's manager": op_inherited,
