@@ -575,3 +575,27 @@ def test_a_step_of_0_2_above_the_bound_is_still_read(tmp_path):
             source="r",
             name=name,
         )
+
+
+def test_a_file_above_the_bound_without_a_record_is_refused_by_adoption(tmp_path):
+    """Adoption writes no record a reader would refuse: the file is refused,
+    in one line naming the step's bound."""
+    from dp_ckpt_plugin.plugin import get_plugin_manager
+    from dp_ckpt_plugin.store.adoption import adopt_directory
+
+    pm = get_plugin_manager()
+    store = CheckpointStore(tmp_path / "d", format="hdf5", pm=pm)
+    try:
+        path = store.save(1, {"w": 1})
+    finally:
+        store.close()
+    (path.parent / f".{path.name}.commit.json").unlink()
+    far = path.with_name(f"model.ckpt-{limits.MAX_STEP + 1}.h5")
+    path.rename(far)
+    (adoption,) = adopt_directory(
+        tmp_path / "d", [(Family("model.ckpt", ".h5"), "hdf5")], pm
+    )
+    assert adoption.adopted == []
+    ((refused, why),) = adoption.refused
+    assert refused == far and "a step must be an int from 0 to" in why
+    assert not (far.parent / f".{far.name}.commit.json").exists()
