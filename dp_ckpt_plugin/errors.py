@@ -73,6 +73,13 @@ class InvalidRecordError(CheckpointError):
     """
 
 
+class ForkedError(CheckpointError):
+    """A store used in a forked child of the process that built it.
+
+    The child has the store's memory without its threads: it builds its own.
+    """
+
+
 def describe_os_error(exc: BaseException) -> str:
     """Return a short cause for an OS error, such as ``No space left on device``.
 

@@ -246,6 +246,47 @@ def test_a_second_ctrl_c_aborts_at_once(base, data):
     assert any(outcomes), "the second Ctrl-C never came before the stop was done"
 
 
+@pytest.mark.parametrize("backend", ["pt", "pt-expt"])
+def test_stop_signals_are_ignored_to_the_very_end(base, data, backend):
+    """One SIGTERM, then SIGTERM and SIGUSR1 every 3 ms until the process has
+    ended: the stop commits, and ``dp`` exits 143 by itself, never by a
+    later signal, however far into the interpreter's shutdown one comes."""
+    workdir = make_workdir(base, f"storm_{backend}", data, example_config(**LONG))
+    log = workdir / "train.log"
+    began = time.monotonic()
+    proc = start(dp("train", "input.json", backend=backend), workdir, log)
+    sent = 0
+    try:
+        wait_for(log, r"Batch\s+3:", proc)
+        while proc.poll() is None:
+            try:
+                os.kill(proc.pid, (signal.SIGTERM, signal.SIGUSR1)[sent % 2])
+            except ProcessLookupError:
+                break
+            sent += 1
+            time.sleep(0.003)
+        status = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    TIMINGS.append(
+        (f"dp --{backend} train (a storm of signals)", time.monotonic() - began)
+    )
+    out = log.read_text("utf-8", "replace")
+    assert status == 128 + signal.SIGTERM, out[-3000:]  # not -15 nor -10: by itself
+    assert sent > 20, "the signals did not span the stop"
+    assert "Traceback" not in out
+    found = re.search(
+        r"SIGTERM: stopped after step (\d+); (\S+) is committed;.*\(exit status 143\)",
+        out,
+    )
+    assert found, out[-3000:]
+    assert_committed(
+        workdir / found.group(2), step=int(found.group(1)), family="model.ckpt"
+    )
+    assert lock_files(workdir) == []
+
+
 # -- freeze and change-bias never fall back silently ---------------------------------------
 
 

@@ -58,6 +58,7 @@ KINDS = {
     "setattr": r"\bsetattr\(",
     "Backend.register": r"Backend\.register\(",
     "os.dup2": r"\bos\.dup2\(",
+    "register_at_fork": r"\bregister_at_fork\(",
 }
 
 
@@ -253,7 +254,8 @@ def _(tmp_path, monkeypatch):
 
 @check("stop-signals")
 def _(tmp_path, monkeypatch):
-    """Set from the main thread only; the previous handlers come back, after an abort too."""
+    """Set from the main thread only; the previous handlers come back, or, once a
+    signal came (the process is ending), every stop signal is ignored."""
     from dp_ckpt_plugin.deepmd.preempt import StopSignals
 
     def mine(signum, frame):
@@ -271,6 +273,10 @@ def _(tmp_path, monkeypatch):
         worker.start()
         worker.join()
         assert all(signal.getsignal(getattr(signal, s)) is mine for s in names)
+        quiet = StopSignals(names).install()  # a run that no signal stopped
+        assert signal.getsignal(signal.SIGTERM) == quiet._handle
+        quiet.restore()
+        assert all(signal.getsignal(getattr(signal, s)) is mine for s in names)
         stops = StopSignals(names).install()
         assert signal.getsignal(signal.SIGTERM) == stops._handle
         stops.in_loop = True
@@ -278,8 +284,10 @@ def _(tmp_path, monkeypatch):
         with pytest.raises(KeyboardInterrupt):
             stops._handle(signal.SIGINT, None)  # the second: abort
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        stops.restore()
-        assert all(signal.getsignal(getattr(signal, s)) is mine for s in names)
+        stops.restore()  # the process is ending: nothing may cut it short
+        assert all(
+            signal.getsignal(getattr(signal, s)) == signal.SIG_IGN for s in names
+        )
     finally:
         for name, handler in previous.items():
             signal.signal(getattr(signal, name), handler)
@@ -323,6 +331,35 @@ def _(tmp_path, monkeypatch):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == -signal.SIGTERM and "still here" not in done.stdout
+
+
+@check("fork-hooks")
+def _(tmp_path, monkeypatch):
+    """A child forked while another thread held a lock of the plugin gets it
+    anew; a lock of the user's stays as it was."""
+    code = """
+import os, threading
+from dp_ckpt_plugin.storage import registry
+mine = threading.Lock()
+mine.acquire()
+held = threading.Event()
+def hold():
+    registry._lock.acquire()
+    held.set()
+    threading.Event().wait()
+threading.Thread(target=hold, daemon=True).start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    ours = registry._lock.acquire(timeout=5)
+    users = mine.acquire(timeout=0.2)
+    os._exit(0 if ours and not users else 1)
+print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.split() == ["0"], out.stderr
 
 
 def _logger_states(names):

@@ -6,6 +6,7 @@ rules, with real signals sent to this process.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -16,11 +17,24 @@ from dp_ckpt_plugin.deepmd.checkpointing import HostRun
 from dp_ckpt_plugin.deepmd.preempt import Stopped, StopSignals
 
 
+@contextlib.contextmanager
+def kept(*signums):
+    """Put this process's handlers of ``signums`` back afterwards (a stopped
+    run leaves them ignored: its process is ending)."""
+    saved = {s: signal.getsignal(s) for s in signums}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
 @pytest.fixture
 def stop():
-    handlers = StopSignals(["SIGUSR1", "SIGUSR2"]).install()
-    yield handlers
-    handlers.restore()
+    with kept(signal.SIGUSR1, signal.SIGUSR2):
+        handlers = StopSignals(["SIGUSR1", "SIGUSR2"]).install()
+        yield handlers
+        handlers.restore()
 
 
 def test_a_signal_before_the_loop_stops_at_once(stop):
@@ -126,9 +140,31 @@ def test_non_chief_ranks_do_not_claim_the_commit():
 
 @pytest.fixture
 def ctrl_c():
-    handlers = StopSignals(["SIGINT", "SIGTERM"]).install()
-    yield handlers
-    handlers.restore()
+    with kept(signal.SIGINT, signal.SIGTERM):
+        handlers = StopSignals(["SIGINT", "SIGTERM"]).install()
+        yield handlers
+        handlers.restore()
+
+
+@pytest.mark.parametrize("first", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
+def test_once_a_signal_came_every_stop_signal_is_ignored_to_the_end(first):
+    """After the stop is committed (``settle``) and after the handlers are
+    given up (``restore``), no stop signal, Ctrl-C included, does anything."""
+    names = ["SIGTERM", "SIGUSR1", "SIGINT"]
+    with kept(*(getattr(signal, n) for n in names)):
+        handlers = StopSignals(names).install()
+        handlers.in_loop = True
+        os.kill(os.getpid(), first)
+        handlers.settle()
+        for name in names * 3:
+            os.kill(os.getpid(), getattr(signal, name))  # nothing happens
+        handlers.restore()
+        assert all(
+            signal.getsignal(getattr(signal, n)) == signal.SIG_IGN for n in names
+        )
+        for name in names * 3:
+            os.kill(os.getpid(), getattr(signal, name))
+        assert handlers.received == first
 
 
 def test_a_second_ctrl_c_aborts_at_once(ctrl_c):

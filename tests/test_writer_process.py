@@ -8,6 +8,7 @@ run leave no process behind; a Ctrl-C does not stop it mid-write.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -190,6 +191,46 @@ def test_the_writer_ends_with_the_process_that_started_it(tmp_path):
     while _running(writer) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _running(writer)
+
+
+def test_the_writer_ends_with_its_process_also_when_that_process_forked(tmp_path):
+    """A child forked from the run lets go of the writer process: the run
+    killed, the writer ends while the child still lives."""
+    program = textwrap.dedent(
+        f"""
+        import os, sys, time
+        import numpy as np
+        from dp_ckpt_plugin import CheckpointManager
+        m = CheckpointManager({str(tmp_path / "m")!r}, async_save=True, writer="process")
+        m.save(1, {{"w": np.ones(1000)}})
+        m.wait()
+        child = os.fork()
+        if child == 0:
+            time.sleep(60)
+            os._exit(0)
+        print(m.store._background.process._proc.pid, child, flush=True)
+        sys.stdin.read()
+        """
+    )
+    run = subprocess.Popen(
+        [sys.executable, "-c", program],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    writer, child = map(int, run.stdout.readline().split())
+    try:
+        assert _running(writer)
+        run.kill()
+        run.wait()
+        deadline = time.monotonic() + 10
+        while _running(writer) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(writer)
+        assert _running(child)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
 
 
 def test_the_thread_is_the_default_and_the_process_is_refused_where_it_cannot_write(

@@ -29,15 +29,29 @@ import socket
 import subprocess
 import sys
 import threading
+import weakref
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import sendfds
 from pathlib import Path
 
 from ..errors import CheckpointWriteError, ConfigError
+from ..storage.forks import in_child
 from ..storage.temp import temp_pid, temp_target
 
 #: Seconds :meth:`WriterProcess.close` waits for the process before killing it.
 CLOSE_TIMEOUT = 30.0
+
+
+#: The writer processes of this process's stores.
+_STARTED: weakref.WeakSet = weakref.WeakSet()
+
+
+@in_child
+def _forked() -> None:
+    """A forked child lets go of its parent's writer processes (their sockets
+    close here), so each still ends with the process that started it."""
+    for writer in list(_STARTED):
+        writer._let_go()
 
 
 class WriterProcess:
@@ -61,6 +75,16 @@ class WriterProcess:
         self._conn: Connection | None = None
         self._fds: socket.socket | None = None
         self._sent: set[int] = set()
+        self._lock = threading.Lock()
+        _STARTED.add(self)
+
+    def _let_go(self) -> None:
+        """In a forked child: close this process's copies of the sockets."""
+        for end in (self._conn, self._fds):
+            if end is not None:
+                with contextlib.suppress(OSError):
+                    end.close()
+        self._conn = self._fds = None
         self._lock = threading.Lock()
 
     @property

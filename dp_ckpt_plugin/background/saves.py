@@ -21,12 +21,12 @@ thread. Policy:
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ..storage.forks import OwnedLock
 from .snapshot import Snapshotter
 
 
@@ -56,7 +56,7 @@ class BackgroundWriter:
             self.process = WriterProcess(process_root, storage, format)
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future | None = None
-        self._lock = threading.Lock()
+        self._lock = OwnedLock("a store's background writer", reentrant=False)
 
     @classmethod
     def for_store(cls, store, writer: str) -> BackgroundWriter:

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from ..storage.forks import in_child
+
 if TYPE_CHECKING:
     from ..storage import Storage
 
@@ -31,6 +33,16 @@ ALGORITHMS = {"blake3": 64, "sha256": 64}
 _CHUNK = 1 << 20
 #: Buffers from this size on are hashed on several threads (BLAKE3).
 _PARALLEL_ABOVE = 4 << 20
+#: Whether BLAKE3's thread pool was started in this process, and whether it
+#: may be used: not in a child forked after that (its threads are not there,
+#: and a hash waiting for them would never return).
+_POOL = {"started": False, "usable": True}
+
+
+@in_child
+def _forked() -> None:
+    if _POOL["started"]:
+        _POOL["usable"] = False
 
 
 def hasher(algorithm: str) -> Any:
@@ -64,11 +76,13 @@ def digest_of_view(view: memoryview, algorithm: str = DEFAULT_ALGORITHM) -> str:
     """Return ``"<algorithm>:<hex>"`` of bytes in memory (a map of a file, say).
 
     BLAKE3 hashes a large buffer on every core (``max_threads``), releasing
-    the GIL; small ones on one.
+    the GIL; small ones on one, and every one in a child forked after the
+    pool started (see ``storage/forks.py``).
     """
-    if algorithm == "blake3" and view.nbytes >= _PARALLEL_ABOVE:
+    if algorithm == "blake3" and view.nbytes >= _PARALLEL_ABOVE and _POOL["usable"]:
         from blake3 import blake3
 
+        _POOL["started"] = True
         h = blake3(max_threads=blake3.AUTO)
     else:
         h = hasher(algorithm)

@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from .limits import MAX_STEP
+
 #: Default name of a family's latest pointer file.
 POINTER_NAME = "checkpoint"
 #: Folder inside a store where corrupt checkpoints are moved aside.
@@ -132,10 +134,6 @@ def record_target(name: str) -> str | None:
     return None
 
 
-#: The largest step a checkpoint may have.
-MAX_STEP = 1 << 62
-
-
 def check_step(step: object) -> int:
     """Return ``step`` as an int; refuse a bool, a float or a negative number."""
     if isinstance(step, bool):
@@ -149,5 +147,5 @@ def check_step(step: object) -> int:
     if value < 0:
         raise ValueError(f"a step must not be negative, got {value}")
     if value > MAX_STEP:
-        raise ValueError(f"a step must not be above 2**62, got {value}")
+        raise ValueError(f"a step must not be above 2**63 - 1, got {value}")
     return value

@@ -29,6 +29,16 @@ from ..retention import (
 )
 from ..storage import Storage, default_storage
 from .layout import MANIFEST_NAME, Family
+from .limits import (
+    MAX_FAMILIES,
+    MAX_FILE_NAME,
+    MAX_FORMAT_NAME,
+    MAX_MANIFEST_BYTES,
+    MAX_REASON,
+    check_size,
+    check_text,
+    is_text,
+)
 from .records import load_json, shorten
 
 log = logging.getLogger("dp_ckpt_plugin")
@@ -82,7 +92,23 @@ class Manifest:
     families: tuple[FamilyInfo, ...]
 
     def to_json(self) -> str:
-        """The text stored on disk."""
+        """The text stored on disk.
+
+        Raises
+        ------
+        ValueError
+            When a field, or the whole manifest, is beyond what readers
+            accept (``checkpoint/limits.py``).
+        """
+        check_text(self.format, "a manifest's format", MAX_FORMAT_NAME)
+        if not 0 < len(self.families) <= MAX_FAMILIES:
+            raise ValueError(
+                f"a manifest describes 1 to {MAX_FAMILIES} families, "
+                f"got {len(self.families)}"
+            )
+        for f in self.families:
+            for key in ("prefix", "suffix", "pointer"):
+                check_text(getattr(f.family, key), f"a family's {key}", MAX_FILE_NAME)
         data = {
             "format_version": MANIFEST_VERSION,
             "format": self.format,
@@ -97,7 +123,9 @@ class Manifest:
                 for f in self.families
             ],
         }
-        return json.dumps(data, indent=1) + "\n"
+        text = json.dumps(data, indent=1) + "\n"
+        check_size(text.encode("utf-8"), "the store's manifest", MAX_MANIFEST_BYTES)
+        return text
 
 
 def describe(format: str, families: list[tuple[Family, RetentionPolicy]]) -> Manifest:
@@ -105,7 +133,7 @@ def describe(format: str, families: list[tuple[Family, RetentionPolicy]]) -> Man
     return Manifest(
         format,
         tuple(
-            FamilyInfo(family, policy_to_dict(policy), reason_of(policy))
+            FamilyInfo(family, policy_to_dict(policy), reason_of(policy)[:MAX_REASON])
             for family, policy in families
         ),
     )
@@ -132,14 +160,10 @@ class Describer:
             write_manifest(
                 self.directory, manifest, durable=False, storage=self.storage
             )
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             log.warning("could not describe the store in %s: %s", self.directory, exc)
             return
         self._last = manifest
-
-
-#: Most bytes a manifest may hold.
-MAX_MANIFEST_BYTES = 256 * 1024
 
 
 def write_manifest(
@@ -184,14 +208,14 @@ def read_manifest(
                 f"plugin reads ({MANIFEST_VERSION}); upgrade dp-ckpt-plugin"
             )
         entries = data["families"]
-        if type(entries) is not list or not 0 < len(entries) <= 64:
+        if type(entries) is not list or not 0 < len(entries) <= MAX_FAMILIES:
             raise TypeError("families")
         families = []
         for entry in entries:
             if type(entry) is not dict:
                 raise TypeError("a family is not an object")
             fields = [entry["prefix"], entry["suffix"], entry["pointer"]]
-            if not all(type(f) is str and 0 < len(f) <= 255 for f in fields):
+            if not all(is_text(f, MAX_FILE_NAME) for f in fields):
                 raise TypeError("prefix, suffix and pointer must be file names")
             if any("/" in f or "\0" in f for f in fields) or fields[2] in (".", ".."):
                 raise ValueError("prefix, suffix and pointer must be bare names")
@@ -203,10 +227,10 @@ def read_manifest(
                 FamilyInfo(
                     Family(*fields),
                     policy,
-                    reason[:200] if type(reason) is str else "",
+                    reason[:MAX_REASON] if type(reason) is str else "",
                 )
             )
-        if type(data["format"]) is not str or not 0 < len(data["format"]) <= 64:
+        if not is_text(data["format"], MAX_FORMAT_NAME):
             raise TypeError("format")
         return Manifest(data["format"], tuple(families))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -23,9 +23,7 @@ from pathlib import Path
 from ..errors import UnreadableFileError, UnsafePointerError
 from ..storage import Storage, default_storage
 from .layout import Family
-
-#: Most bytes a pointer may hold.
-MAX_POINTER_BYTES = 4096
+from .limits import MAX_POINTER_BYTES
 
 
 def read_pointer(pointer: Path, *, storage: Storage | None = None) -> Path | None:

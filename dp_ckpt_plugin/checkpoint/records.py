@@ -28,20 +28,26 @@ from ..errors import CorruptCheckpointError, InvalidRecordError, UnreadableFileE
 from ..storage import PayloadBytes, Storage, default_storage
 from .digests import ALGORITHMS, DEFAULT_ALGORITHM, digest_of, digest_of_view
 from .layout import record_name
+from .limits import (
+    MAX_DIGEST_TEXT,
+    MAX_HEAD_BYTES,
+    MAX_INT,
+    MAX_METRICS,
+    MAX_RECORD_BYTES,
+    MAX_TEXT,
+    check_int,
+    check_size,
+    check_text,
+    check_time,
+    is_int,
+    is_text,
+    is_time,
+    shorten,
+)
 
 #: Version of the record format this package writes; it reads 1 and 2.
 FORMAT_VERSION = 2
 _DIGEST = re.compile(r"([a-z0-9]+):([0-9a-f]+)")
-#: Largest size, step or count a record may hold (a signed 64-bit file offset).
-MAX_INT = (1 << 63) - 1
-#: Largest commit time a record may hold (the year 9999, as Unix time).
-MAX_TIME = 253402300799.0
-#: Most bytes a record may hold; a record is a few hundred.
-MAX_RECORD_BYTES = 64 * 1024
-#: Longest name, family, format or metric name a record may hold.
-MAX_TEXT = 4096
-#: Most metrics a record may hold.
-MAX_METRICS = 256
 
 
 @dataclass(frozen=True)
@@ -89,7 +95,15 @@ class CommitRecord:
     metrics: dict[str, float | None] | None = field(default=None, hash=False)
 
     def to_json(self) -> str:
-        """Serialize to the text stored on disk."""
+        """Serialize to the text stored on disk.
+
+        Raises
+        ------
+        ValueError
+            When a field, or the whole record, is beyond what readers accept
+            (``checkpoint/limits.py``).
+        """
+        self.check()
         data = asdict(self)
         if self.replaces is None:
             del data["replaces"]
@@ -97,7 +111,25 @@ class CommitRecord:
             data["replaces"] = {"size": self.replaces[0], "digest": self.replaces[1]}
         if self.metrics is None:
             del data["metrics"]
-        return json.dumps(data, indent=1, sort_keys=True) + "\n"
+        text = json.dumps(data, indent=1, sort_keys=True) + "\n"
+        check_size(
+            text.encode("utf-8"), f"the commit record of {self.name}", MAX_RECORD_BYTES
+        )
+        return text
+
+    def check(self) -> None:
+        """Refuse (``ValueError``) a field beyond what readers accept (``checkpoint/limits.py``)."""
+        for key in ("name", "family", "format"):
+            check_text(getattr(self, key), f"a commit record's {key}")
+        check_int(self.step, "a step")
+        check_int(self.size, "a checkpoint's size")
+        check_int(self.format_version, "a record's format version", low=1)
+        check_time(self.created, "a commit time")
+        _check_digest(self.digest, "a new commit record", ValueError)
+        if self.replaces is not None:
+            check_int(self.replaces[0], "the size a re-save replaces")
+            _check_digest(self.replaces[1], "a new commit record", ValueError)
+        check_metrics(self.metrics)
 
     @property
     def algorithm(self) -> str:
@@ -138,20 +170,18 @@ class CommitRecord:
                     f"commit record {source}: key {key!r} must be {kind.__name__}, "
                     f"got {shorten(value)}"
                 )
-            if kind is int and not 0 <= value <= MAX_INT:
+            if kind is int and not is_int(value) and not _legacy_step(data, key, value):
                 raise InvalidRecordError(
                     f"commit record {source}: key {key!r} must be between 0 and "
                     f"{MAX_INT}, got {shorten(value)}"
                 )
-            if kind is str and not 0 < len(value) <= MAX_TEXT:
+            if kind is str and not is_text(value):
                 raise InvalidRecordError(
                     f"commit record {source}: key {key!r} must be a non-empty "
                     f"string of at most {MAX_TEXT} characters"
                 )
         created = data.get("created", 0.0)
-        if type(created) not in (int, float) or not (
-            0 <= created <= MAX_TIME and math.isfinite(created)
-        ):
+        if not is_time(created):
             raise InvalidRecordError(
                 f"commit record {source}: key 'created' must be a Unix time, "
                 f"got {shorten(created)}"
@@ -166,8 +196,7 @@ class CommitRecord:
             if (
                 type(replaces) is not dict
                 or set(replaces) != {"size", "digest"}
-                or type(replaces["size"]) is not int
-                or not 0 <= replaces["size"] <= MAX_INT
+                or not is_int(replaces["size"])
                 or type(replaces["digest"]) is not str
             ):
                 raise InvalidRecordError(
@@ -194,6 +223,14 @@ class CommitRecord:
         return name == self.name and name.startswith(head) and "/" not in name
 
 
+def _legacy_step(data: dict, key: str, value: int) -> bool:
+    """Whether ``value`` is a step above ``MAX_INT`` a version 1 record holds.
+
+    dp-ckpt-plugin 0.1 and 0.2 bounded no step; what they wrote is still read.
+    """
+    return key == "step" and data.get("format_version") == 1 and value > MAX_INT
+
+
 _FIELDS = {
     "name": str,
     "step": int,
@@ -213,22 +250,15 @@ def _v1_digest(value: object, source: Path) -> str:
     return f"sha256:{value}"
 
 
-def _check_digest(value: str, source: Path) -> None:
-    found = _DIGEST.fullmatch(value) if len(value) <= 200 else None
+def _check_digest(
+    value: object, source: object, error: type[Exception] = InvalidRecordError
+) -> None:
+    found = _DIGEST.fullmatch(value) if is_text(value, MAX_DIGEST_TEXT) else None
     if not found or ALGORITHMS.get(found.group(1)) != len(found.group(2)):
-        raise InvalidRecordError(
+        raise error(
             f"commit record {source}: digest must be '<algorithm>:<hex>' with an "
             f"algorithm of {sorted(ALGORITHMS)}, got {shorten(value)}"
         )
-
-
-def shorten(value: object, limit: int = 60) -> str:
-    """``repr(value)`` cut to ``limit`` characters, for messages about bad input."""
-    try:
-        text = repr(value)
-    except ValueError:  # an int of more digits than Python prints
-        text = f"<{type(value).__name__} too large to print>"
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _refuse_constant(name: str) -> float:
@@ -243,7 +273,7 @@ def load_json(text: str, source: object, what: str) -> object:
     InvalidRecordError
         Naming ``what`` and ``source``.
     """
-    if len(text) > MAX_RECORD_BYTES * 16:
+    if len(text) > MAX_HEAD_BYTES:
         raise InvalidRecordError(f"{what} {source} is too large to be one")
     try:
         return json.loads(text, parse_constant=_refuse_constant)
@@ -300,6 +330,60 @@ def make_record(
         created=time.time(),
         metrics=check_metrics(metrics),
     )
+
+
+#: The longest commit time's text (a time of 17 digits), for :func:`check_fits`.
+_WIDEST_TIME = 253402300798.99997
+
+
+def check_fits(
+    name: str,
+    step: int,
+    family: str,
+    format: str,
+    metrics: dict[str, float | None] | None,
+) -> None:
+    """Refuse a checkpoint whose commit record readers would refuse.
+
+    Called before anything of the checkpoint is written: the record is built
+    with the widest size, digest, commit time and replaced payload, so the
+    one written later is no larger.
+
+    Raises
+    ------
+    ValueError
+        Naming the field, or the record's size, beyond ``checkpoint/limits.py``.
+    """
+    widest = f"{DEFAULT_ALGORITHM}:{'f' * ALGORITHMS[DEFAULT_ALGORITHM]}"
+    CommitRecord(
+        name=name,
+        step=step,
+        family=family,
+        format=format,
+        size=MAX_INT,
+        digest=widest,
+        created=_WIDEST_TIME,
+        replaces=(MAX_INT, widest),
+        metrics=metrics,
+    ).to_json()
+
+
+def check_saves(
+    step: int,
+    paths: Mapping[str, Path],
+    format: str,
+    metrics: Mapping[str, Mapping[str, float] | None] | None,
+) -> dict[str, dict[str, float | None] | None]:
+    """Check the metrics and the records of one step's saves before any is written.
+
+    ``paths`` maps each family to its checkpoint, ``metrics`` each family to
+    what it reports; returns the metrics as records hold them
+    (:func:`check_metrics`), after :func:`check_fits` of every record.
+    """
+    reported = {f: check_metrics(m) for f, m in (metrics or {}).items()}
+    for family, path in paths.items():
+        check_fits(path.name, step, family, format, reported.get(family))
+    return reported
 
 
 def write_record(
@@ -462,6 +546,9 @@ def check_metrics(
     ------
     TypeError
         Naming the offending name or value.
+    ValueError
+        More than ``MAX_METRICS`` metrics, or a name longer
+        than ``MAX_TEXT`` characters.
     """
     if metrics is None:
         return None
@@ -469,10 +556,15 @@ def check_metrics(
         raise TypeError(
             f"metrics must map names to numbers, got {type(metrics).__name__}"
         )
+    if len(metrics) > MAX_METRICS:
+        raise ValueError(
+            f"a checkpoint carries at most {MAX_METRICS} metrics, got {len(metrics)}"
+        )
     checked: dict[str, float | None] = {}
     for key, value in metrics.items():
         if not isinstance(key, str) or not key:
-            raise TypeError(f"a metric name is a non-empty string, got {key!r}")
+            raise TypeError(f"a metric name is a non-empty string, got {shorten(key)}")
+        check_text(key, "a metric name")
         if value is None:
             checked[key] = None
             continue
@@ -497,12 +589,11 @@ def _metrics_from_json(value: object, source: Path) -> dict[str, float | None] |
         type(value) is not dict
         or len(value) > MAX_METRICS
         or not all(
-            isinstance(k, str)
-            and 0 < len(k) <= MAX_TEXT
+            is_text(k)
             and (
                 v is None
                 or (type(v) is float and math.isfinite(v))
-                or (type(v) is int and abs(v) <= MAX_INT)
+                or is_int(v, low=-MAX_INT)
             )
             for k, v in value.items()
         )

@@ -217,6 +217,7 @@ class HostRun:
         if self.store is not None and chief:
             self.store.wait()
             path = self.store.path_for(step)
+        self.stop.settle()
         raise Stopped(signum, step, path)
 
     def finish(self, *, chief: bool) -> None:

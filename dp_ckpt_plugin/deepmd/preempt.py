@@ -16,7 +16,12 @@ after its ``KillWait``), or ``SIGUSR1`` ahead of the wall time when asked with
 A signal that comes before the training loop starts (while data and model
 are built) has nothing to save: :class:`Stopped` is raised at once, so the
 run ends and its lock is released. A second ``SIGTERM`` or ``SIGUSR1`` while
-stopping is ignored: it cannot cut the save short. Ctrl-C (``SIGINT``, a stop
+stopping is ignored: it cannot cut the save short. Once the checkpoint of
+the stop is committed (:meth:`StopSignals.settle`), and from the moment the
+handlers are given up after a signal came (:meth:`StopSignals.restore`),
+every stop signal is ignored until the process ends: the interpreter's
+shutdown cannot be cut short either, and the exit status stays 128 + the
+first signal's number. Ctrl-C (``SIGINT``, a stop
 signal by default) is a person at a terminal: a second one, or any second
 signal after it (``torchrun`` turns a second Ctrl-C into ``SIGTERM`` for its
 ranks), aborts at once with ``KeyboardInterrupt``; nothing half-written
@@ -108,16 +113,32 @@ class StopSignals:
         return self
 
     def restore(self) -> None:
-        """Put the previous handlers back.
+        """Put the previous handlers back; after a signal came, ignore them all.
+
+        A process that received a stop signal is ending (``dp`` exits with
+        128 + its number, or dies by ``SIGINT``): the stop signals stay
+        ignored until then, so none cuts the shutdown short.
 
         A reduction still in flight is dropped, not waited for: on a normal
         end it was finished already, and after an error another rank may be
         gone, where waiting would hang until the process group's timeout.
         """
+        ending = self.received is not None
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, signal.SIG_IGN if ending else handler)
         self._previous.clear()
         self._pending = None
+
+    def settle(self) -> None:
+        """The stop's checkpoint is committed: ignore every stop signal from now on.
+
+        Nothing is left to abort; the process ends with 128 + the first
+        signal's number (main thread only; elsewhere nothing is changed).
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in self._previous:
+            signal.signal(sig, signal.SIG_IGN)
 
     def _handle(self, signum, frame) -> None:
         if self.received is not None:

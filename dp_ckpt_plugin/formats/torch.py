@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..markers import hookimpl
+from ..storage.forks import in_child
 from . import FormatInfo, reading
 
 NAME = "torch"
@@ -171,6 +172,17 @@ def _names(value, name: str) -> bool:
 #: Loads in flight that widened torch's allowlist, and what they added.
 _ALLOWED: dict = {"loads": 0, "added": []}
 _ALLOWED_LOCK = threading.Lock()
+
+
+@in_child
+def _forked() -> None:
+    """The loads in flight at a fork are threads the child lacks: end them."""
+    global _ALLOWED_LOCK
+    _ALLOWED_LOCK = threading.Lock()
+    if _ALLOWED["loads"]:
+        _ALLOWED["loads"] = 0
+        _remove(_ALLOWED["added"])
+        _ALLOWED["added"] = []
 
 
 @contextlib.contextmanager

@@ -26,15 +26,22 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from ..checkpoint.records import (
+from ..checkpoint.limits import (
+    MAX_HEAD_BYTES,
     MAX_INT,
     MAX_TEXT,
+    check_int,
+    check_size,
+    check_text,
+    check_time,
+    is_time,
+)
+from ..checkpoint.records import (
     _check_digest,
     check_metrics,
     load_json,
@@ -50,8 +57,6 @@ from .keys import HEAD_KEY, record_key
 
 #: Version of the HEAD format this package writes and reads.
 HEAD_FORMAT_VERSION = 1
-#: Most bytes HEAD may hold (about 60,000 kept checkpoints).
-MAX_HEAD_BYTES = 16 << 20
 #: Times a swap is tried again after HEAD changed under it.
 SWAP_ATTEMPTS = 8
 
@@ -252,7 +257,16 @@ class Head:
 
     # -- serialization -------------------------------------------------------------
     def to_bytes(self) -> bytes:
-        """The JSON text HEAD is stored as."""
+        """The JSON text HEAD is stored as.
+
+        Raises
+        ------
+        ValueError
+            When a field, or the whole of HEAD, is beyond what readers accept
+            (``checkpoint/limits.py``; about 60,000 kept
+            checkpoints fit).
+        """
+        self.check()
         data = {
             "what": "dp_ckpt_plugin remote store",
             "format_version": HEAD_FORMAT_VERSION,
@@ -270,7 +284,29 @@ class Head:
             },
             "archives": list(self.archives),
         }
-        return (json.dumps(data, indent=1, sort_keys=True) + "\n").encode("utf-8")
+        text = (json.dumps(data, indent=1, sort_keys=True) + "\n").encode("utf-8")
+        return check_size(text, "HEAD", MAX_HEAD_BYTES)
+
+    def check(self) -> None:
+        """Refuse (``ValueError``) a field beyond what readers accept."""
+        check_int(self.seq, "HEAD's sequence number")
+        check_int(self.epoch, "HEAD's epoch")
+        check_time(self.updated, "HEAD's time")
+        if self.format is not None:
+            check_text(self.format, "HEAD's format")
+        for prefix, state in self.families.items():
+            if "/" in check_text(prefix, "a family of HEAD"):
+                raise ValueError(f"a family of HEAD is a name, got {prefix!r}")
+            for entry in state.kept:
+                check_key(check_text(entry.key, "a key in HEAD"))
+                if entry.key.rpartition("/")[2] != check_text(entry.name, "a name"):
+                    raise ValueError(f"{entry.key!r} is not a key of {entry.name!r}")
+                check_int(entry.step, "a step")
+                check_int(entry.size, "a checkpoint's size")
+                _check_digest(entry.digest, "HEAD", ValueError)
+                check_metrics(entry.metrics)
+        for archive in self.archives:
+            check_key(check_text(archive, "an archive of HEAD"))
 
     @classmethod
     def parse(cls, data: bytes, source: str) -> Head:
@@ -302,9 +338,7 @@ class Head:
         if fmt is not None and not _text(fmt):
             raise InvalidRecordError(f"HEAD {source}: 'format' must be a short string")
         updated = raw.get("updated", 0.0)
-        if type(updated) not in (int, float) or not (
-            math.isfinite(updated) and 0 <= updated <= 253402300799.0
-        ):
+        if not is_time(updated):
             raise InvalidRecordError(f"HEAD {source}: 'updated' must be a Unix time")
         families_raw = raw.get("families")
         if type(families_raw) is not dict:
@@ -369,7 +403,7 @@ def _family(raw: Mapping, prefix: str, source: str) -> FamilyState:
             )
         try:
             metrics = check_metrics(item.get("metrics"))
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:
             raise InvalidRecordError(f"HEAD {source}: {exc}") from None
         entry = Entry(
             item.get("key"),
@@ -468,10 +502,14 @@ def update(
             raise FencedError(storage.url, took_over(epoch, current.epoch))
         new = change(current).advanced(epoch, format)
         try:
+            data = new.to_bytes()
+        except ValueError as exc:
+            raise CheckpointWriteError(f"could not move {url}: {exc}") from None
+        try:
             if version is None:
-                info = storage.put_if_absent(HEAD_KEY, new.to_bytes())
+                info = storage.put_if_absent(HEAD_KEY, data)
             else:
-                info = storage.put_if_match(HEAD_KEY, new.to_bytes(), version)
+                info = storage.put_if_match(HEAD_KEY, data, version)
         except (VersionMismatchError, KeyExistsError):
             head, version = read(storage)
             continue

@@ -39,8 +39,22 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from ..checkpoint.limits import (
+    MAX_EPOCH,
+    MAX_HOLDER_COMMAND,
+    MAX_HOLDER_HOST,
+    MAX_HOLDER_SINCE,
+    MAX_INT,
+    MAX_LEASE_BYTES,
+    MAX_LEASE_SECONDS,
+    check_int,
+    check_size,
+    check_time,
+    is_int,
+    is_time,
+)
 from ..checkpoint.records import load_json
-from ..errors import InvalidRecordError, StoreLockedError
+from ..errors import CheckpointWriteError, InvalidRecordError, StoreLockedError
 from ..storage.objects import (
     KeyExistsError,
     ObjectStorage,
@@ -57,8 +71,6 @@ log = logging.getLogger("dp_ckpt_plugin")
 DEFAULT_TTL = 60.0
 #: A live holder renews this often, as a fraction of its time to live.
 RENEW_FRACTION = 1 / 3
-#: Most bytes a lease may hold.
-MAX_LEASE_BYTES = 64 * 1024
 #: Seconds a holder's clock may run ahead of this host's and its lease still
 #: count as renewed a moment ago.
 CLOCK_SLACK = 5.0
@@ -78,10 +90,10 @@ class Holder:
         """This process: its host, pid and program name (never its arguments,
         which may hold a secret, and the lease is stored in the bucket)."""
         return cls(
-            socket.gethostname(),
+            socket.gethostname()[:MAX_HOLDER_HOST],
             os.getpid(),
-            program_name(),
-            time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            program_name()[:MAX_HOLDER_COMMAND],
+            time.strftime("%Y-%m-%dT%H:%M:%S%z")[:MAX_HOLDER_SINCE],
         )
 
     def describe(self) -> str:
@@ -90,6 +102,13 @@ class Holder:
             f"pid {self.pid} on {shown(self.host, 80)}, since {shown(self.since, 40)}: "
             f"{shown(self.command, 120)}"
         )
+
+
+_HOLDER_TEXT = {
+    "host": MAX_HOLDER_HOST,
+    "command": MAX_HOLDER_COMMAND,
+    "since": MAX_HOLDER_SINCE,
+}
 
 
 @dataclass(frozen=True)
@@ -103,8 +122,32 @@ class LeaseState:
     released: bool = False
 
     def to_bytes(self) -> bytes:
+        """The JSON text LEASE is stored as.
+
+        Raises
+        ------
+        ValueError
+            When a field is beyond what readers accept
+            (``checkpoint/limits.py``).
+        """
+        check_int(self.epoch, "a lease's epoch", MAX_EPOCH, low=1)
+        check_int(self.holder.pid, "a lease holder's pid")
+        for key, longest in _HOLDER_TEXT.items():
+            value = getattr(self.holder, key)
+            if type(value) is not str or len(value) > longest:
+                raise ValueError(
+                    f"a lease holder's {key} must be a string of at most "
+                    f"{longest} characters"
+                )
+        check_time(self.renewed, "a lease's renewal time")
+        if not 0 < self.ttl < MAX_LEASE_SECONDS:
+            raise ValueError(
+                f"a lease holds above 0 and below {MAX_LEASE_SECONDS:.0f} s, "
+                f"got {self.ttl!r}"
+            )
         data = {"what": "dp_ckpt_plugin writer lease", **asdict(self)}
-        return (json.dumps(data, indent=1, sort_keys=True) + "\n").encode("utf-8")
+        text = (json.dumps(data, indent=1, sort_keys=True) + "\n").encode("utf-8")
+        return check_size(text, "LEASE", MAX_LEASE_BYTES)
 
     @classmethod
     def parse(cls, data: bytes, source: str) -> LeaseState:
@@ -117,10 +160,10 @@ class LeaseState:
             fields = (
                 raw["epoch"],
                 Holder(
-                    str(holder["host"])[:256],
+                    str(holder["host"])[:MAX_HOLDER_HOST],
                     holder["pid"],
-                    str(holder["command"])[:500],
-                    str(holder["since"])[:64],
+                    str(holder["command"])[:MAX_HOLDER_COMMAND],
+                    str(holder["since"])[:MAX_HOLDER_SINCE],
                 ),
                 raw["renewed"],
                 raw["ttl"],
@@ -133,13 +176,11 @@ class LeaseState:
             ) from None
         epoch, holder_, renewed, ttl, released = fields
         if not (
-            type(epoch) is int
-            and 0 < epoch < 1 << 62
-            and type(holder_.pid) is int
-            and type(renewed) in (int, float)
+            is_int(epoch, MAX_EPOCH, low=1)
+            and is_int(holder_.pid, MAX_INT)
+            and is_time(renewed)
             and type(ttl) in (int, float)
-            and 0 < ttl < 1e6
-            and 0 <= renewed < 1e11
+            and 0 < ttl < MAX_LEASE_SECONDS
             and type(released) is bool
         ):
             raise InvalidRecordError(
@@ -308,12 +349,16 @@ class Lease:
         previous: LeaseState | None = None,
     ) -> bool:
         state = LeaseState(epoch, self.holder, self._wall(), self.ttl)
+        try:
+            data = state.to_bytes()
+        except ValueError as exc:
+            raise CheckpointWriteError(f"{self.url}: {exc}") from None
         started = self._clock()
         try:
             if version is None:
-                info = self.storage.put_if_absent(LEASE_KEY, state.to_bytes())
+                info = self.storage.put_if_absent(LEASE_KEY, data)
             else:
-                info = self.storage.put_if_match(LEASE_KEY, state.to_bytes(), version)
+                info = self.storage.put_if_match(LEASE_KEY, data, version)
         except (KeyExistsError, VersionMismatchError):
             return False  # another run moved it first: look again
         self.epoch, self.version, self._renewed_at = epoch, info.version, started

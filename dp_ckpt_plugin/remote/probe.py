@@ -14,6 +14,7 @@ import os
 import secrets
 import threading
 
+from ..storage.forks import in_child
 from ..storage.objects import (
     KeyExistsError,
     ObjectStorage,
@@ -24,6 +25,12 @@ from .keys import PROBE_PREFIX
 
 _PROBED: dict[str, str | None] = {}
 _LOCK = threading.Lock()
+
+
+@in_child
+def _forked() -> None:
+    global _LOCK
+    _LOCK = threading.Lock()  # another thread's probe may have held it
 
 
 def probe(storage: ObjectStorage) -> str | None:

@@ -42,6 +42,7 @@ from ..checkpoint.records import CommitRecord
 from ..errors import CheckpointError, CheckpointWriteError, UnreadableFileError
 from ..retention import plan_prune
 from ..storage import Storage
+from ..storage.forks import OwnedLock
 from ..storage.objects import (
     KeyExistsError,
     ObjectStorage,
@@ -118,6 +119,7 @@ class RemoteStore:
         self.epoch: int | None = None
         self._head: tuple[Head | None, str | None] = (None, None)
         self._lock = threading.Condition()
+        self._owner = OwnedLock(f"the remote store {self.url}")  # its threads'
         self._queue: list[_Job] = []
         self._busy = False
         self._closing = False
@@ -288,6 +290,7 @@ class RemoteStore:
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued upload is done; ``False`` on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        self._owner.check()  # the upload thread is not in a forked child
         with self._lock:
             while (self._queue or self._busy) and self._fatal is None:
                 remaining = None if deadline is None else deadline - time.monotonic()

@@ -49,9 +49,10 @@ from pathlib import Path
 from typing import BinaryIO, TypeVar
 from urllib.parse import urlsplit
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ForkedError
 from ..text import scrub_url, shown
 from . import aws
+from .forks import in_child
 from .objects import (
     SMALL_OBJECT_LIMIT,
     Capabilities,
@@ -204,6 +205,29 @@ def _valid_bucket(kind: str, name: str) -> bool:
     return bool(_AZURE_CONTAINER.fullmatch(name))
 
 
+#: Whether obstore's I/O runtime may have started in this process, and whether
+#: this process is a child forked after that: the runtime's threads are not in
+#: the child, and its event queue is the parent's own, so a request from the
+#: child would hang, or break the parent's requests (``storage/forks.py``).
+_RUNTIME = {"used": False, "forked": False}
+
+
+@in_child
+def _forked() -> None:
+    if _RUNTIME["used"]:
+        _RUNTIME["forked"] = True
+
+
+def _check_runtime() -> None:
+    """Refuse object storage in a child forked after its parent used it."""
+    if _RUNTIME["forked"]:
+        raise ForkedError(
+            "object storage cannot be used in a process forked from one that "
+            "already used it (its I/O runtime does not survive a fork): start "
+            "this process with multiprocessing's 'forkserver' or 'spawn' method"
+        )
+
+
 def _import_obstore():
     try:
         import obstore
@@ -252,6 +276,8 @@ class CloudStorage:
         #: the HTTP requests they took (not counting obstore's retries).
         self.counts: Counter[str] = Counter()
         self._count_lock = threading.Lock()
+        _check_runtime()
+        _RUNTIME["used"] = True
         self._obstore = _import_obstore()
         environ = dict(os.environ)
         self._secrets = _secret_values(options, environ)
@@ -380,6 +406,7 @@ class CloudStorage:
         return f"{self.url}/{check_key(key)}"
 
     def _count(self, op: str, requests: int = 1) -> None:
+        _check_runtime()  # every call of obstore's is counted first
         with self._count_lock:
             self.counts[op] += 1
             self.counts["requests"] += requests

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from .forks import in_child
 from .objects import (
     SMALL_OBJECT_LIMIT,
     Capabilities,
@@ -50,6 +51,15 @@ class _Bucket:
 
 _BUCKETS: dict[str, _Bucket] = {}
 _BUCKETS_LOCK = threading.Lock()
+
+
+@in_child
+def _forked() -> None:
+    """Locks another thread may have held at the fork are made anew."""
+    global _BUCKETS_LOCK
+    _BUCKETS_LOCK = threading.Lock()
+    for bucket in _BUCKETS.values():
+        bucket.lock = threading.Lock()
 
 
 def _bucket(name: str) -> _Bucket:

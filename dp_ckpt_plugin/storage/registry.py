@@ -36,6 +36,7 @@ from urllib.parse import unquote, urlsplit
 
 from ..errors import ConfigError
 from ..text import shown
+from .forks import in_child
 from .objects import ObjectStorage
 
 #: Entry-point group third-party storages register under (name = scheme).
@@ -98,6 +99,12 @@ BUILTIN: dict[str, Factory] = {
 _factories: dict[str, Factory] = dict(BUILTIN)
 _entry_points: dict[str, metadata.EntryPoint] | None = None
 _lock = threading.Lock()
+
+
+@in_child
+def _forked() -> None:
+    global _lock
+    _lock = threading.Lock()  # another thread may have held it at the fork
 
 
 def scheme_of(text: str | os.PathLike) -> str:

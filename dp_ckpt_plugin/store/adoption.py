@@ -95,21 +95,22 @@ def adopt_family(
         if storage.entry(record_path(path)) is not None:
             found.malformed.append(path)  # evidence, never overwritten
             continue
+        step = family.step_of(path.name)
         try:
             payload = storage.read_payload(path)
             check(payload)
+            record = make_record(
+                path,
+                step=step,
+                family=family.prefix,
+                format=format,
+                storage=storage,
+                payload=payload,  # the bytes that loaded, not the file again
+            )
+            record.check()  # a step above the bound: not a record to write
         except Exception as exc:
             found.refused.append((path, why_not(exc)))
             continue
-        step = family.step_of(path.name)
-        record = make_record(
-            path,
-            step=step,
-            family=family.prefix,
-            format=format,
-            storage=storage,
-            payload=payload,  # the bytes that loaded, not the file again
-        )
         if not dry_run:
             write_record(path, record, durable=durable, storage=storage)
         found.adopted.append(Checkpoint(path, step, family.prefix, record))

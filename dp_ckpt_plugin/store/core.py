@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -38,12 +37,13 @@ from ..checkpoint import Checkpoint, Commit
 from ..checkpoint.catalogue import Catalogue, committed
 from ..checkpoint.layout import Family, check_step
 from ..checkpoint.manifest import Describer
-from ..checkpoint.records import check_metrics
+from ..checkpoint.records import check_saves
 from ..checkpoint.resume import ResumeState
 from ..plugin.hooks import Hooks
 from ..ranks import Ranks, SingleProcess
 from ..resolution import ResolveContext, Resolved, payload_of, resolve_restart
 from ..storage import Storage, local_storage
+from ..storage.forks import OwnedLock
 from .archive import archive_earlier_run, prune_archives
 from .commit import Committer, serializer
 from .family import FamilyConfig
@@ -158,7 +158,7 @@ class CheckpointStore:
         self.describer = Describer(self.directory, self.storage)
         # saves, resolutions and closing serialize: several threads (and the
         # background writer) may share one store
-        self._mutex = threading.RLock()
+        self._mutex = OwnedLock(f"the checkpoint store of {self.directory}")
         self._background = BackgroundWriter.for_store(self, writer)
 
     # -- lifecycle ---------------------------------------------------------
@@ -287,7 +287,7 @@ class CheckpointStore:
         if self.format.check is not None:
             for state in states.values():
                 self.format.check(state)
-        reported = {f: check_metrics(m) for f, m in (metrics or {}).items()}
+        reported = check_saves(step, paths, self.format.name, metrics)
         if not background:
             self.wait()
             self._save_states(step, states, paths, reported)  # overlapped
