@@ -19,6 +19,7 @@ import secrets
 import pytest
 from helpers import gone_holder, make_payload, remote_store
 
+from dp_ckpt_plugin.checkpoint.limits import MAX_HOLDER_HOST
 from dp_ckpt_plugin.commands import main
 from dp_ckpt_plugin.errors import StoreLockedError
 from dp_ckpt_plugin.remote.keys import HEAD_KEY, LEASE_KEY
@@ -207,7 +208,7 @@ def test_every_log_line_of_the_package_is_one_printable_line(name, caplog):
 def test_a_hostile_holder_is_shown_escaped_when_waited_for_and_refused(name, caplog):
     bucket = f"l{secrets.token_hex(4)}"
     storage = MemoryStorage(f"memory://{bucket}/run")
-    value = HOSTILE[name][:500]
+    value = HOSTILE[name][:MAX_HOLDER_HOST]  # the longest host a LEASE may hold
     try:
         holder = Holder(value, 4242, value, value[:64])
         storage.put(LEASE_KEY, LeaseState(3, holder, 0.0, 60.0).to_bytes())
