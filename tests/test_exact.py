@@ -90,18 +90,25 @@ def test_the_entry_passes_the_torch_format_check():
     assert reload(entry)["step"] == 5
 
 
-def test_a_seed_gives_the_same_draws_and_ranks_their_own_batches():
-    from dp_ckpt_plugin.deepmd.exact import seed_rngs
+def test_a_seed_seeds_dp_random_only_and_ranks_their_own_batches():
+    """dp_random (left to chance by dp --pt-expt) is seeded; nothing else moves."""
+    from dp_ckpt_plugin.deepmd.exact import capture_rngs, restore_rngs, seed_rngs
 
+    state = capture_rngs()
     seed_rngs(3)
     first = draws()
+    restore_rngs(state)
     seed_rngs(3)
     assert draws() == first
+    restore_rngs(state)
     seed_rngs(3, rank=1)
     other = draws()
-    # the model's generators agree across ranks, the data generator does not
+    # Python's, NumPy's and torch's generators are the process's own
     assert other[0:3] == first[0:3] and other[5] == first[5]
     assert other[3:5] != first[3:5]
+    restore_rngs(state)
+    untouched = draws()
+    assert untouched[0:3] == first[0:3] and untouched[5] == first[5]
 
 
 def test_no_seed_seeds_nothing():
@@ -229,7 +236,11 @@ def test_numpy_data_positions_round_trip(data_dir, consumed):
     from dp_ckpt_plugin.deepmd import positions
     from dp_ckpt_plugin.deepmd.exact import capture_rngs, restore_rngs, seed_rngs
 
+    import torch
+
     seed_rngs(11)
+    np.random.seed(11)
+    torch.manual_seed(11)
     system = numpy_system(data_dir)
     positions.track(system)
     numpy_batches(system, consumed)  # several passes: shuffles compose
@@ -262,16 +273,55 @@ def test_numpy_positions_refuse_other_data(data_dir):
     assert why == "the data have 1 system(s), the checkpoint's 2"
 
 
-def pt_loader(data_dir):
-    from deepmd.pt.utils.dataloader import DpLoaderSet, get_sampler_from_params
+def pt_data(data_dir):
+    """deepmd-kit's ``DpLoaderSet`` of two systems of different sizes (5 and 2 frames)."""
+    from deepmd.pt.utils.dataloader import DpLoaderSet
 
-    from dp_ckpt_plugin.deepmd.pt.batches import ResumableLoader
-
-    data = DpLoaderSet(
+    return DpLoaderSet(
         [str(data_dir / "train"), str(data_dir / "valid")], 2, TYPE_MAP, seed=None
     )
-    sampler = get_sampler_from_params(data, {})
-    return ResumableLoader(data, sampler, collate_fn=lambda batch: batch)
+
+
+def pt_sampler(data, workers):
+    """deepmd-kit's sampler of ``data`` for ``workers`` workers, with ``sys_probs``."""
+    from deepmd.pt.utils import env
+    from deepmd.pt.utils.dataloader import get_sampler_from_params
+
+    saved = env.NUM_WORKERS
+    env.NUM_WORKERS = workers
+    try:
+        return get_sampler_from_params(data, {"sys_probs": [0.7, 0.3]})
+    finally:
+        env.NUM_WORKERS = saved
+
+
+def pt_loader(data_dir, workers=0):
+    from dp_ckpt_plugin.deepmd.pt.batches import ResumableLoader
+
+    data = pt_data(data_dir)
+    return ResumableLoader(
+        data,
+        pt_sampler(data, workers),
+        num_workers=workers,
+        batch_size=None,
+        collate_fn=lambda batch: batch,
+    )
+
+
+def deepmd_loader(data_dir, workers):
+    """The loader deepmd-kit 3.2's ``dp --pt`` builds (torch's own, with workers)."""
+    from torch.utils.data import DataLoader
+
+    data = pt_data(data_dir)
+    return DataLoader(
+        data,
+        sampler=pt_sampler(data, workers),
+        batch_size=None,
+        num_workers=workers,
+        drop_last=False,
+        collate_fn=lambda batch: batch,
+        pin_memory=False,
+    )
 
 
 def pt_batches(iterator, count):
@@ -281,33 +331,63 @@ def pt_batches(iterator, count):
 
 
 def cycle(loader):
+    """deepmd-kit's ``cycle_iterator``."""
+    import torch
+
     while True:
-        yield from loader
+        with torch.device("cpu"):
+            it = iter(loader)
+        yield from it
 
 
-@pytest.mark.parametrize("consumed", [0, 3, 9])
-def test_pt_batch_positions_round_trip(data_dir, consumed):
-    """dp --pt's batches: restored from two integers per loader and per system."""
-    from dp_ckpt_plugin.deepmd.exact import capture_rngs, restore_rngs, seed_rngs
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_pt_batches_are_deepmds_bit_for_bit(data_dir, workers):
+    """The replica draws what torch's loader with ``workers`` worker processes draws.
+
+    Several passes of the outer loader (``sys_probs``, two systems of 5 and 2
+    frames in batches of 2: inner passes end and start again), and torch's
+    generator left in the same state.
+    """
+    import torch
+
+    count = 3 * len(pt_sampler(pt_data(data_dir), workers)) + 2
+    torch.manual_seed(3)
+    expected = pt_batches(cycle(deepmd_loader(data_dir, workers)), count)
+    after = torch.get_rng_state()
+    torch.manual_seed(3)
+    got = pt_batches(cycle(pt_loader(data_dir, workers)), count)
+    assert got == expected
+    assert torch.equal(torch.get_rng_state(), after)
+    assert {sid for sid, _ in got} == {0, 1}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("consumed", [0, 3, 9, 14])
+def test_pt_batch_positions_round_trip(data_dir, workers, consumed):
+    """dp --pt's batches: restored at a size that does not grow with the step."""
+    import torch
+
+    from dp_ckpt_plugin.deepmd.exact import capture_rngs, restore_rngs
     from dp_ckpt_plugin.deepmd.pt import batches
 
-    seed_rngs(5)
-    loader = pt_loader(data_dir)
+    torch.manual_seed(5)
+    loader = pt_loader(data_dir, workers)
     iterator = cycle(loader)  # as deepmd-kit's cycle_iterator
     pt_batches(iterator, consumed)
     state = reload({"rng": capture_rngs(), "data": batches.capture([loader, None])})
-    expected = pt_batches(iterator, 10)
+    expected = pt_batches(iterator, 20)
 
-    seed_rngs(6)
-    fresh = pt_loader(data_dir)
+    torch.manual_seed(6)
+    fresh = pt_loader(data_dir, workers)
     assert batches.restore([fresh, None], state["data"]) is None
     restore_rngs(state["rng"])
-    assert pt_batches(cycle(fresh), 10) == expected
-    # two integers per system (no seed before its first pass), whatever the step
-    for system in state["data"][0]["systems"]:
-        assert set(system) == {"seed", "position"}
-        assert isinstance(system["position"], int)
-        assert system["seed"] is None or isinstance(system["seed"], int)
+    assert pt_batches(cycle(fresh), 20) == expected
+    saved = state["data"][0]
+    assert len(saved["systems"]) == max(workers, 1)
+    assert len(saved["generators"]) == (workers if consumed else 0)
+    for lane in saved["systems"]:
+        for system in lane:
+            assert set(system) == {"started", "seed", "position"}
 
 
 def test_pt_batch_positions_refuse_other_loaders(data_dir):
@@ -319,5 +399,10 @@ def test_pt_batch_positions_refuse_other_loaders(data_dir):
         "the data loaders differ from the checkpoint's"
     )
     assert batches.restore([loader, loader], saved) == (
-        "the data systems differ from the checkpoint's"
+        "the data loaders differ from the checkpoint's"
     )
+    assert batches.restore([pt_loader(data_dir, 2), None], saved) == (
+        "the checkpoint's data were drawn with NUM_WORKERS=0, this run has 2"
+    )
+    old = [{"seed": None, "position": 0, "systems": []}, None]
+    assert "earlier version of the plugin" in batches.restore([loader, None], old)

@@ -91,27 +91,22 @@ def restore_rngs(state: dict[str, Any]) -> None:
 
 
 def seed_rngs(seed: int | None, rank: int = 0) -> None:
-    """Seed the generators deepmd-kit leaves unseeded, from ``training.seed``.
+    """Seed the one generator deepmd-kit's ``dp --pt-expt`` leaves to chance.
 
     deepmd-kit 3.2's ``dp --pt-expt`` hands ``training.seed`` to LMDB data
     only: ``dp_random``, which picks the system of each batch and shuffles the
-    frames of a system, starts from the operating system's entropy, so two
-    runs of the same input differ from the first step. Python's ``random``,
-    NumPy's and torch's global generators are seeded with ``seed`` on every
-    rank (the model starts the same everywhere); ``dp_random`` with ``seed``
-    on rank 0 and ``[seed, rank]`` elsewhere, so that ranks draw different
-    batches, as they do without a seed. ``None`` seeds nothing.
+    frames of a system, is made from the operating system's entropy, so two
+    runs of the same input differ from the first step. It is seeded with
+    ``seed`` on rank 0 and ``[seed, rank]`` elsewhere (ranks draw different
+    batches, as they do without a seed). No other generator is touched: where
+    plain deepmd-kit repeats itself, the plugin's run is its run. ``None``
+    seeds nothing.
     """
     if seed is None:
         return
-    import numpy as np
-    import torch
     from deepmd.utils import random as dp_random
 
     seed = int(seed)
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
     dp_random.seed(seed if rank == 0 else [seed % 2**32, rank])
 
 

@@ -170,7 +170,7 @@ class StopSignals:
             work, buffer = self._pending
             work.wait()
             agreed = int(buffer.item())
-        buffer = torch.tensor([local], dtype=torch.int64)
+        buffer = torch.tensor([local], dtype=torch.int64, device="cpu")
         work = dist.all_reduce(buffer, op=dist.ReduceOp.MAX, async_op=True)
         self._pending = (work, buffer)
         return agreed

@@ -1,28 +1,31 @@
-"""``dp --pt``'s batches, drawn so that where they are can be saved and restored.
+"""``dp --pt``'s batches, drawn exactly as deepmd-kit 3.2 draws them, with a position.
 
-deepmd-kit 3.2's ``dp --pt`` draws a training batch in two stages:
+deepmd-kit 3.2's ``dp --pt`` draws a training batch in two stages, read from
+its ``pt/utils/dataloader.py`` and ``pt/train/training.py`` and from torch's
+``utils/data`` as installed:
 
-1. an outer ``torch.utils.data.DataLoader`` over a ``DpLoaderSet`` samples a
-   system index with a ``WeightedRandomSampler`` (a fresh draw from torch's
-   global generator at the start of each pass), in ``NUM_WORKERS`` worker
-   processes;
+1. an outer ``DataLoader`` over a ``DpLoaderSet``, cycled for ever: each
+   pass (``iter()``) draws a base seed from torch's global generator, then
+   its ``WeightedRandomSampler`` draws the pass's system indices with one
+   ``multinomial`` call on the same generator;
 2. ``DpLoaderSet[i]`` takes the next batch of system ``i`` from an inner
-   ``DataLoader`` (a ``RandomSampler``, seeded from torch's global generator
-   at the start of each of its passes, or a ``DistributedSampler`` under
-   several ranks).
+   ``DataLoader`` iterator: its ``RandomSampler`` draws a seed at the first
+   batch of each pass (a ``DistributedSampler`` under several ranks draws
+   none), and a pass that ends is replaced by a new iterator, whose
+   construction draws a base seed first.
 
-The iterators of both live in generators, and with workers in other
-processes: nothing of them can be saved. With exact resume, the outer loader
-is replaced by :class:`ResumableLoader` and each inner iterator by
-:class:`SystemBatches`. They draw the same way (a seed from torch's global
-generator at the start of each pass, the same samplers), in the training
-process, and keep their place as two integers: the seed of the current pass
-and how far into it they are. Restoring regenerates the pass from its seed
-(one ``multinomial`` or ``randperm`` call) and moves to the position, at the
-same cost at any step.
+With ``NUM_WORKERS`` = 0 every draw is on the training process's generator.
+With W > 0 workers, each pass forks W processes; worker ``w`` seeds its
+generator with the pass's base seed + ``w``, starts from the inner
+iterators as the training process built them (not yet started), and makes
+every ``k``-th batch of the pass with ``k % W == w``, in that order.
 
-The batches differ from those of deepmd-kit with worker processes (each
-worker there holds its own copy of the per-system iterators), not in kind.
+:class:`ResumableLoader` makes the same draws in the training process (a
+private ``torch.Generator`` stands for each worker's), so the batches are
+deepmd-kit's bit for bit, and keeps their place at a constant size: the
+generator's state before the pass's ``multinomial`` (the pass is drawn again
+from it), the position in the pass, each worker's generator, and per system
+(per worker) whether its pass started, its seed and its position.
 """
 
 from __future__ import annotations
@@ -30,73 +33,33 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+#: Tensors the plugin makes are on the CPU, whatever the process's default device.
+CPU = "cpu"
+#: The kind of drawing a saved position belongs to (other kinds are refused).
+KIND = "deepmd-3.2"
 
-def draw_seed() -> int:
-    """A seed from torch's global generator, as ``RandomSampler`` draws one."""
+
+def draw_int64(generator=None) -> int:
+    """One 64-bit draw, as torch's samplers and loader iterators make it."""
     import torch
 
-    return int(torch.empty((), dtype=torch.int64).random_().item())
+    value = torch.empty((), dtype=torch.int64, device=CPU)
+    return int(value.random_(generator=generator).item())
 
 
-def _generator(seed: int):
+def _generator(seed: int | None = None, state=None):
     import torch
 
-    generator = torch.Generator()
-    generator.manual_seed(seed)
+    generator = torch.Generator(device=CPU)
+    if state is not None:
+        generator.set_state(state)
+    elif seed is not None:
+        generator.manual_seed(seed)
     return generator
 
 
-class _Pass:
-    """A position in passes over an order drawn from a seed.
-
-    Subclasses say how a seed becomes an order (:meth:`order_for`).
-    """
-
-    def __init__(self) -> None:
-        self.seed: int | None = None
-        self.position = 0
-        self.order: list | None = None
-        self._pending: tuple[int | None, int] | None = None
-
-    def order_for(self, seed: int | None) -> list:
-        raise NotImplementedError
-
-    def draws_seed(self) -> bool:
-        return True
-
-    def new_pass(self) -> None:
-        if self._pending is not None and (
-            self._pending[0] is not None or not self.draws_seed()
-        ):
-            seed, position = self._pending
-            self._pending = None
-        else:  # a fresh pass (also in place of one that had not started)
-            self._pending = None
-            seed, position = (draw_seed() if self.draws_seed() else None), 0
-        self.seed, self.position = seed, position
-        self.order = self.order_for(seed)
-
-    def take(self):
-        """The next entry of this pass, or ``None`` at its end."""
-        if self._pending is not None:
-            self.new_pass()
-        if self.order is None or self.position >= len(self.order):
-            return None
-        item = self.order[self.position]
-        self.position += 1
-        return item
-
-    def state(self) -> dict[str, Any]:
-        return {"seed": self.seed, "position": int(self.position)}
-
-    def restore(self, state: dict[str, Any]) -> None:
-        seed = state["seed"]
-        self._pending = (None if seed is None else int(seed), int(state["position"]))
-        self.order = None
-
-
-class SystemBatches(_Pass):
-    """The batches of one system, cycling over passes (replaces an inner iterator).
+class SystemBatches:
+    """One system's batches, as deepmd-kit's inner iterator (and its successors) yields them.
 
     Parameters
     ----------
@@ -106,46 +69,72 @@ class SystemBatches(_Pass):
     """
 
     def __init__(self, loader) -> None:
-        super().__init__()
         self.loader = loader
+        self.started = False
+        self.seed: int | None = None
+        self.position = 0
+        self._order: list[list[int]] | None = None
 
-    def draws_seed(self) -> bool:
+    def _draws_seed(self) -> bool:
         from torch.utils.data import RandomSampler
 
-        return isinstance(self.loader.sampler, RandomSampler)
-
-    def order_for(self, seed: int | None) -> list:
-        import torch
-
         sampler = self.loader.sampler
-        if seed is not None:
-            frames = torch.randperm(len(sampler), generator=_generator(seed)).tolist()
-        else:  # a DistributedSampler (its own fixed seed) or sequential
-            frames = list(iter(sampler))
-        size = int(self.loader.batch_size)
-        batches = [frames[i : i + size] for i in range(0, len(frames), size)]
-        if self.loader.drop_last and batches and len(batches[-1]) < size:
-            batches.pop()
-        return batches
+        return isinstance(sampler, RandomSampler) and sampler.generator is None
 
-    def __iter__(self):
-        return self
+    def _batches(self) -> list[list[int]]:
+        if self._order is None:
+            import torch
 
-    def __next__(self):
-        indices = self.take()
-        if indices is None:
-            self.new_pass()
-            indices = self.take()
+            sampler = self.loader.sampler
+            if self.seed is not None:
+                frames = torch.randperm(
+                    len(sampler), generator=_generator(self.seed), device=CPU
+                ).tolist()
+            else:  # a DistributedSampler (its own fixed seed) or sequential
+                frames = list(iter(sampler))
+            size = int(self.loader.batch_size)
+            batches = [frames[i : i + size] for i in range(0, len(frames), size)]
+            if self.loader.drop_last and batches and len(batches[-1]) < size:
+                batches.pop()
+            self._order = batches
+        return self._order
+
+    def _begin(self, generator) -> None:
+        self.started, self.position, self._order = True, 0, None
+        self.seed = draw_int64(generator) if self._draws_seed() else None
+
+    def next_batch(self, generator=None):
+        """The next batch; seeds are drawn from ``generator`` (``None``: torch's global)."""
+        if not self.started:
+            self._begin(generator)
+        elif self.position >= len(self._batches()):
+            draw_int64(generator)  # the new iterator's base seed
+            self._begin(generator)
+        indices = self._batches()[self.position]
+        self.position += 1
         dataset = self.loader.dataset
         return self.loader.collate_fn([dataset[i] for i in indices])
 
+    def state(self) -> dict[str, Any]:
+        return {
+            "started": self.started,
+            "seed": self.seed,
+            "position": int(self.position),
+        }
 
-class ResumableLoader(_Pass):
-    """deepmd-kit's outer loader over a ``DpLoaderSet``, in the training process.
+    def restore(self, state: dict[str, Any]) -> None:
+        seed = state["seed"]
+        self.started = bool(state["started"])
+        self.seed = None if seed is None else int(seed)
+        self.position = int(state["position"])
+        self._order = None
 
-    Takes the arguments deepmd-kit gives ``DataLoader``; the sampler is a
-    ``WeightedRandomSampler``. Worker, pinning and batching arguments are
-    ignored: each item is already a batch of one system.
+
+class ResumableLoader:
+    """deepmd-kit's outer loader over a ``DpLoaderSet``, drawn in the training process.
+
+    Takes the arguments deepmd-kit gives ``DataLoader`` (the sampler is a
+    ``WeightedRandomSampler``, ``batch_size=None``).
     """
 
     def __init__(
@@ -153,17 +142,33 @@ class ResumableLoader(_Pass):
         dataset,
         sampler=None,
         *,
+        num_workers: int = 0,
         collate_fn: Callable | None = None,
+        pin_memory: bool = False,
         **ignored: Any,
     ) -> None:
-        super().__init__()
         self.dataset = dataset
         self.sampler = sampler
+        self.num_workers = int(num_workers)
         self.collate_fn = collate_fn or (lambda batch: batch)
-        self.systems = [SystemBatches(loader) for loader in dataset.dataloaders]
-        dataset.iters = self.systems
+        self.pin_memory = bool(pin_memory)
+        # one set of system iterators in the process, or one per worker
+        self.systems = [self._fresh_systems() for _ in range(self.lanes)]
+        self.generators: list[Any] = []
+        self.pass_state = None  # torch's generator before the pass's multinomial
+        self.position = 0
+        self._order: list[int] | None = None
+        self._resume = False
 
-    def order_for(self, seed: int | None) -> list:
+    @property
+    def lanes(self) -> int:
+        """How many sets of system iterators draw: the workers, or the process."""
+        return max(self.num_workers, 1)
+
+    def _fresh_systems(self) -> list[SystemBatches]:
+        return [SystemBatches(loader) for loader in self.dataset.dataloaders]
+
+    def _draw_order(self, state) -> list[int]:
         import torch
 
         sampler = self.sampler
@@ -171,36 +176,117 @@ class ResumableLoader(_Pass):
             sampler.weights,
             sampler.num_samples,
             sampler.replacement,
-            generator=_generator(seed),
+            generator=_generator(state=state),
         ).tolist()
+
+    def _new_pass(self) -> None:
+        import torch
+
+        base_seed = draw_int64()  # the iterator's base seed
+        self.pass_state = torch.get_rng_state()
+        sampler = self.sampler  # drawn as torch draws it, on its generator
+        self._order = torch.multinomial(
+            sampler.weights, sampler.num_samples, sampler.replacement
+        ).tolist()
+        self.position = 0
+        if self.num_workers:
+            self.generators = [
+                _generator(base_seed + worker) for worker in range(self.num_workers)
+            ]
+            self.systems = [self._fresh_systems() for _ in range(self.num_workers)]
 
     def __len__(self) -> int:
         return len(self.sampler)
 
     def __iter__(self):
-        self.new_pass()
-        while True:
-            index = self.take()
-            if index is None:
-                return
-            yield self.collate_fn(self.dataset[index])
+        import torch
+
+        if self._resume:
+            self._resume = False
+        else:
+            self._new_pass()
+        order = self._order or []
+        while self.position < len(order):
+            k = self.position
+            self.position += 1
+            lane = k % self.num_workers if self.num_workers else 0
+            generator = self.generators[lane] if self.num_workers else None
+            index = order[k]
+            with torch.device(CPU):  # as DpLoaderSet.__getitem__
+                batch = self.systems[lane][index].next_batch(generator)
+            batch["sid"] = index
+            yield self._pinned(self.collate_fn(batch))
+
+    def _pinned(self, batch):
+        if not self.pin_memory:
+            return batch
+        import torch
+
+        if not torch.accelerator.is_available():
+            return batch
+        from torch.utils.data._utils.pin_memory import pin_memory
+
+        return pin_memory(batch, torch.accelerator.current_accelerator().type)
 
     def state(self) -> dict[str, Any]:
-        return {**super().state(), "systems": [s.state() for s in self.systems]}
+        return {
+            "kind": KIND,
+            "workers": self.num_workers,
+            "pass": self.pass_state,
+            "position": int(self.position),
+            "generators": [g.get_state() for g in self.generators],
+            "systems": [[s.state() for s in lane] for lane in self.systems],
+        }
+
+    def check(self, state: Any) -> str | None:
+        """Why ``state`` cannot be restored here, or ``None``."""
+        if not isinstance(state, dict) or state.get("kind") != KIND:
+            return (
+                "the checkpoint's data position was saved by an earlier version "
+                "of the plugin, which drew other batches"
+            )
+        if int(state["workers"]) != self.num_workers:
+            return (
+                f"the checkpoint's data were drawn with NUM_WORKERS="
+                f"{int(state['workers'])}, this run has {self.num_workers}"
+            )
+        lanes = state["systems"]
+        if len(lanes) != self.lanes or any(
+            len(lane) != len(self.dataset.dataloaders) for lane in lanes
+        ):
+            return "the data systems differ from the checkpoint's"
+        return None
 
     def restore(self, state: dict[str, Any]) -> None:
-        super().restore(state)
-        for system, saved in zip(self.systems, state["systems"], strict=True):
-            system.restore(saved)
+        self.pass_state = state["pass"]
+        self.position = int(state["position"])
+        self.generators = [_generator(state=s) for s in state["generators"]]
+        self.systems = [self._fresh_systems() for _ in range(self.lanes)]
+        for lane, saved in zip(self.systems, state["systems"], strict=True):
+            for system, one in zip(lane, saved, strict=True):
+                system.restore(one)
+        if self.pass_state is not None:
+            self._order = self._draw_order(self.pass_state)
+            self._resume = True
 
 
-def resumable(dataset, sampler) -> bool:
-    """Whether deepmd-kit's loader of ``dataset`` can be a :class:`ResumableLoader`."""
+def resumable(dataset, sampler, kwargs: dict[str, Any]) -> bool:
+    """Whether deepmd-kit's loader of ``dataset`` is drawn by :class:`ResumableLoader`.
+
+    deepmd-kit 3.2 builds exactly this one: a ``DpLoaderSet``, a
+    ``WeightedRandomSampler``, ``batch_size=None``, the default worker
+    seeding and order. Anything else stays deepmd-kit's own loader.
+    """
     from deepmd.pt.utils.dataloader import DpLoaderSet
     from torch.utils.data import WeightedRandomSampler
 
-    return isinstance(dataset, DpLoaderSet) and isinstance(
-        sampler, WeightedRandomSampler
+    known = {"num_workers", "batch_size", "drop_last", "collate_fn", "pin_memory"}
+    return (
+        isinstance(dataset, DpLoaderSet)
+        and isinstance(sampler, WeightedRandomSampler)
+        and sampler.generator is None
+        and kwargs.get("batch_size", 1) is None
+        and set(kwargs) <= known
     )
 
 
@@ -228,13 +314,14 @@ def capture(loaders: list[Any]) -> list[dict[str, Any] | None]:
 
 def restore(loaders: list[Any], states: list[Any]) -> str | None:
     """Put each loader where :func:`capture` found it; return why not, or ``None``."""
-    if len(states) != len(loaders):
+    if not isinstance(states, list) or len(states) != len(loaders):
         return "the data loaders differ from the checkpoint's"
     for loader, state in zip(loaders, states, strict=True):
-        if (loader is None) != (state is None) or (
-            loader is not None and len(loader.systems) != len(state["systems"])
-        ):
-            return "the data systems differ from the checkpoint's"
+        if (loader is None) != (state is None):
+            return "the data loaders differ from the checkpoint's"
+        why = None if loader is None else loader.check(state)
+        if why is not None:
+            return why
     for loader, state in zip(loaders, states, strict=True):
         if loader is not None:
             loader.restore(state)

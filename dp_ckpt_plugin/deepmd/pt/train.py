@@ -14,13 +14,15 @@ overridable steps as pt_expt's is; it is called as it is, with:
   and deepmd-kit's own ``init_process_group`` keeping it
   (:class:`~..runtime.GroupAlreadyUp`);
 - ``training.DataLoader`` replaced (:func:`data_loader`): with
-  ``exact_resume``, by :class:`~.batches.ResumableLoader`, whose position
-  goes into each checkpoint; otherwise by one whose workers ignore the stop
-  signals (:func:`~..preempt.ignore_in_worker`): a signal to the process
-  group (a terminal's Ctrl-C, ``kill -TERM -<pgid>``, Slurm, ``torchrun``)
-  would otherwise kill them and, with them, the trainer in mid-save;
-- Python's and NumPy's generators seeded from ``training.seed``
-  (:func:`~..exact.seed_rngs`; deepmd-kit seeds torch's and its own).
+  ``exact_resume``, by :class:`~.batches.ResumableLoader`, which draws
+  deepmd-kit's batches bit for bit and whose position goes into each
+  checkpoint; otherwise by one whose workers ignore the stop signals
+  (:func:`~..preempt.ignore_in_worker`): a signal to the process group (a
+  terminal's Ctrl-C, ``kill -TERM -<pgid>``, Slurm, ``torchrun``) would
+  otherwise kill them and, with them, the trainer in mid-save.
+
+No generator is seeded beyond what deepmd-kit seeds: a run gives the rows and
+tensors of plain deepmd-kit's.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ from deepmd.pt.train import training
 from ...ranks import current_ranks
 from ..checkpointing import HostRun
 from ..cli import prepare_training
-from ..exact import seed_rngs
 from ..preempt import ignore_in_worker
 from ..prepare import PreparedRun
 from ..runtime import GroupAlreadyUp, start_process_group, swapped
@@ -69,7 +70,6 @@ def train(flags, prepared: PreparedRun | None) -> None:
                 data_loader(training.DataLoader, prepared.settings.options),
             ),
         ):
-            seed_rngs(prepared.settings.training.get("seed"), current_ranks().rank)
             pt_main.train(
                 input_file=flags.INPUT,
                 init_model=prepared.init_model,
@@ -102,7 +102,7 @@ def data_loader(loader: type, options) -> type:
 
     class ResumableDataLoader(quiet):
         def __new__(cls, dataset=None, *args, sampler=None, **kwargs):
-            if not args and resumable(dataset, sampler):
+            if not args and resumable(dataset, sampler, kwargs):
                 return ResumableLoader(dataset, sampler, **kwargs)
             return super().__new__(cls)
 

@@ -105,6 +105,11 @@ def make_trainer_class(host_run: HostRun) -> type:
                 host_run.training = config["training"]  # normalized: deepmd's defaults
             host_run.started(self.num_steps)
             self._dp_loaders = batches.loaders_of(self)
+            self._dp_gathered: tuple[int, list[dict[str, Any]]] | None = None
+            if self.world_size > 1 and hasattr(self, "nonfinite_grad_guard"):
+                self.nonfinite_grad_guard = GatherBeforeSave(
+                    self, self.nonfinite_grad_guard
+                )
             self._dp_exact = ExactResume(
                 enabled=host_run.exact_resume,
                 rank=self.rank,
@@ -158,6 +163,19 @@ def make_trainer_class(host_run: HostRun) -> type:
         def _dp_local_state(self) -> dict[str, Any]:
             return {"rng": capture_rngs(), "data": batches.capture(self._dp_loaders)}
 
+        def _dp_gather(self, step: int) -> None:
+            """Every rank's state at ``step`` steps done, for the chief's save.
+
+            Called collectively by every rank right before a save (the ranks
+            draw their own batches: each is seeded with its rank).
+            """
+            if self.world_size > 1 and self._dp_exact.active:
+                import torch.distributed as dist
+
+                states: list[Any] = [None] * self.world_size
+                dist.all_gather_object(states, self._dp_local_state())
+                self._dp_gathered = (step, states)
+
         def save_model(self, save_path, lr=0.0, step=0, **kwargs) -> None:
             # train_infos.step: the steps done (deepmd-kit passes the last
             # step's index), so that a restart starts at the next step
@@ -170,11 +188,17 @@ def make_trainer_class(host_run: HostRun) -> type:
 
         def _dp_add_entry(self, data: dict[str, Any]) -> None:
             """The plugin's entry, in the payload that carries the optimizer."""
-            if "optimizer" in data:
-                # the ranks of dp --pt draw alike (one seed): the chief's stands for all
-                data[KEY] = self._dp_exact.payload_entry(
-                    self._dp_step, self._dp_local_state
-                )
+            if "optimizer" not in data:
+                return
+            step, local, gather = self._dp_step, self._dp_local_state, None
+            if self.world_size > 1:
+                gathered = self._dp_gathered
+                if gathered is not None and gathered[0] == step:
+                    states = gathered[1]
+                    gather = lambda mine: states  # noqa: E731 (gathered before)
+                else:  # a save the chief makes alone: the step only
+                    local = None
+            data[KEY] = self._dp_exact.payload_entry(step, local, gather)
 
         # -- writing --------------------------------------------------------
         def _write_checkpoint(
@@ -261,7 +285,8 @@ def make_trainer_class(host_run: HostRun) -> type:
             )
 
         def _dp_save(self, display_step: int) -> None:
-            """Save the steps done as deepmd-kit's loop saves them."""
+            """Save the steps done as deepmd-kit's loop saves them (every rank calls it)."""
+            self._dp_gather(display_step)
             if not (self.sharding.enabled or self.rank == 0):
                 return
             schedule = getattr(self.lr_schedule, "schedule", self.lr_schedule)
@@ -284,12 +309,29 @@ def _unsupported(trainer, training) -> str | None:
     """Why exact resume cannot work for this ``dp --pt`` run, or ``None``."""
     if trainer._dp_loaders is None:
         return "the run reads LMDB data, whose position is not captured"
-    if trainer.world_size > 1 and training.get("seed") is None:
-        return (
-            "dp --pt on several ranks needs training.seed (only the chief saves, "
-            "and without a seed the ranks draw differently)"
-        )
     return None
+
+
+class GatherBeforeSave:
+    """deepmd-kit's non-finite gradient guard, gathering every rank's state first.
+
+    deepmd-kit's ``dp --pt`` loop calls ``raise_if_nonfinite`` on every rank
+    right before each periodic save (the chief alone writes): the one place
+    where all ranks meet with the step's batches drawn.
+    """
+
+    def __init__(self, trainer, guard) -> None:
+        self.trainer = trainer
+        self.guard = guard
+
+    def raise_if_nonfinite(self, *args: Any, **kwargs: Any) -> Any:
+        done = self.guard.raise_if_nonfinite(*args, **kwargs)
+        trainer = self.trainer
+        trainer._dp_gather(trainer.lr_schedule.next_step)
+        return done
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.guard, name)
 
 
 class StepGate:

@@ -18,7 +18,7 @@ overridden; the rest is inherited:
 ``setup_run`` / ``teardown_run``
     Keep the process group made above; close the store at the end.
 ``run_training``
-    Seeds the random generators deepmd-kit leaves unseeded from
+    Seeds ``dp_random``, the one generator deepmd-kit leaves to chance, from
     ``training.seed`` (:func:`~..exact.seed_rngs`), then builds the trainer
     from :func:`.trainer.make_trainer_class`.
 """
