@@ -36,6 +36,7 @@ pruning) and only the write itself is made atomic.
 from __future__ import annotations
 
 import contextlib
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,8 @@ from ..metrics import ReportsMetrics
 from ..naming import ema_prefix
 from ..optimizer_state import load_optimizer_state
 from . import batches
+
+log = logging.getLogger("dp_ckpt_plugin")
 
 
 class StoreFamily:
@@ -116,6 +119,12 @@ def make_trainer_class(host_run: HostRun) -> type:
                 world_size=self.world_size,
                 unsupported=_unsupported(self, host_run.training),
             )
+            if self._dp_exact.enabled and not self._dp_exact.active and self.rank == 0:
+                log.info(
+                    "exact resume is not available in this run: %s; a restart "
+                    "from its checkpoints draws fresh batches",
+                    self._dp_exact.unsupported,
+                )
             # a restart from a checkpoint this plugin wrote starts at the step
             # after its steps done; one plain deepmd-kit wrote runs its last
             # step again (its train_infos.step is that step's index)
