@@ -459,6 +459,26 @@ def _(tmp_path, monkeypatch):
     assert np.random.random() == drawn[0] and torch.equal(torch.rand(1), drawn[1])
 
 
+@check("one-line-guard")
+def _(tmp_path, monkeypatch):
+    """The guard is one filter of the plugin's logger, last, whatever is added after."""
+    from dp_ckpt_plugin.text import guard_logger
+
+    logger = logging.getLogger("dp_ckpt_plugin")
+    other = logging.getLogger("deepmd")
+    before = list(other.filters)
+    extra = logging.Filter("x")
+    logger.addFilter(extra)
+    try:
+        guard_logger()
+        guard_logger()
+        guards = [f for f in logger.filters if type(f).__name__ == "_OneLine"]
+        assert len(guards) == 1 and logger.filters[-1] is guards[0]
+    finally:
+        logger.removeFilter(extra)
+    assert list(other.filters) == before
+
+
 @check("backend-registry")
 def _(tmp_path, monkeypatch):
     """``DP_CKPT_DISABLE=1`` leaves deepmd-kit's backend registry as deepmd-kit made it."""
