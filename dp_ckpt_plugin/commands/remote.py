@@ -20,6 +20,7 @@ from ..checkpoint.digests import hasher
 from ..errors import CheckpointError, RestartNotFoundError
 from ..remote import head as heads
 from ..remote.fetch import RemoteSource, candidates, fetch_first
+from ..remote.keys import owned
 from ..remote.lease import Lease
 from ..retention import KeepLast, plan_prune
 from ..storage.registry import storage_for
@@ -364,7 +365,8 @@ def prune(args: argparse.Namespace) -> int:
 
         swap = heads.update(storage, epoch, change)
         for key in sorted(swap.unnamed(k for _, e in gone for k in e.keys)):
-            storage.delete(key)
+            if owned(key):  # HEAD's entries are of the grammar; checked again
+                storage.delete(key)
     finally:
         lease.release()
     _report(storage, gone, args, removed=True)

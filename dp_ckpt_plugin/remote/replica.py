@@ -50,7 +50,7 @@ from ..storage.objects import (
 )
 from . import head as heads
 from .head import Entry, FencedError, Head, say_once
-from .keys import archive_key, payload_key, record_key
+from .keys import archive_key, owned, payload_key, record_key
 from .lease import DEFAULT_TTL, Holder, Lease
 from .probe import probe
 from .recovery import recover
@@ -383,7 +383,9 @@ class RemoteStore:
     # -- the uploader thread ----------------------------------------------------
     def _run(self) -> None:
         try:  # first, what dead writers left (the only listing of a run)
-            recover(self.storage, self.head, self.epoch)
+            recover(
+                self.storage, self.head, self.epoch, held_for=self.lease.held_for
+            )
         except CheckpointError as exc:
             log.warning("%s: recovery skipped: %s", self.url, exc)
         pause = self.first_pause
@@ -532,7 +534,7 @@ class RemoteStore:
             self.storage, self.epoch, change, known=self._head, format=self.format
         )
         self._head = (swap.head, swap.version)
-        for key in sorted(swap.unnamed([*doomed, *replaced])):
+        for key in sorted(k for k in swap.unnamed([*doomed, *replaced]) if owned(k)):
             try:
                 self.storage.delete(key)
             except StorageUnavailableError as exc:

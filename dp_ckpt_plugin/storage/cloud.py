@@ -59,6 +59,7 @@ from .objects import (
     KeyExistsError,
     KeyMissingError,
     ObjectInfo,
+    PendingUpload,
     Source,
     StorageUnavailableError,
     VersionMismatchError,
@@ -689,6 +690,67 @@ class CloudStorage:
     def aborts_uploads(self) -> bool:
         """Whether :meth:`abort_incomplete_uploads` can run here (S3, signed requests)."""
         return self.kind == "s3" and self.settings is not None and self.settings.signed
+
+    def folders(self, prefix: str) -> list[str]:
+        """The folder names directly under ``prefix`` (``""`` or ending in ``/``)."""
+        check_prefix(prefix)
+        self._count("list")
+        listing = self._obstore.list_with_delimiter
+
+        def call():
+            found = listing(self._store, prefix.rstrip("/") or None)
+            return sorted(
+                {p.rstrip("/").rpartition("/")[2] for p in found["common_prefixes"]}
+            )
+
+        return self._run("list", f"{prefix}*" if prefix else None, call)
+
+    def _multipart(self):
+        if self._uploads is None:  # botocore's client, made once
+            self._uploads = aws.MultipartUploads(self.settings, self.bucket)
+        return self._uploads
+
+    def incomplete_uploads(
+        self, prefix: str, *, page: int = 1000
+    ) -> tuple[list[PendingUpload], float]:
+        """The incomplete uploads whose keys start with ``prefix``, and the server's time.
+
+        Keys are relative to the storage's root; uploads of other prefixes of
+        the bucket are never answered.
+        """
+        what = "list the incomplete uploads under"
+        if not self.aborts_uploads:
+            raise StorageUnavailableError(
+                self.url, what, "only S3 storage with credentials can list them"
+            )
+        self._count("list_uploads")
+        base = f"{self.prefix}/" if self.prefix else ""
+        try:
+            found, now = self._multipart().list(base + prefix, page)
+        except (aws.S3RequestError, OSError, ValueError) as exc:
+            raise StorageUnavailableError(
+                self.url, what, self._scrub(str(exc).splitlines()[0])
+            ) from None
+        return [
+            PendingUpload(u.key[len(base) :], u.upload_id, u.initiated)
+            for u in found
+            if u.key.startswith(base + prefix)
+        ], now
+
+    def abort_upload(self, upload: PendingUpload) -> bool:
+        """Abort one incomplete upload; ``False`` if it was gone already."""
+        base = f"{self.prefix}/" if self.prefix else ""
+        self._count("abort_upload")
+        try:
+            return self._multipart().abort(
+                aws.Upload(base + upload.key, upload.upload_id, upload.initiated)
+            )
+        except (aws.S3RequestError, OSError, ValueError) as exc:
+            raise StorageUnavailableError(
+                self.url_of(upload.key),
+                "abort the upload",
+                self._scrub(str(exc).splitlines()[0]),
+            ) from None
 
     def abort_incomplete_uploads(
         self, prefix: str, older_than_seconds: float, *, page: int = 1000
