@@ -10,7 +10,7 @@ relative to ``U``:
                                             checkpoint name, ``model.ckpt-30.pt``)
 ``e<epoch>/v<n>/<name>``                    a re-save of it in the same run
 ``e<epoch>[/v<n>]/.<name>.commit.json``     its commit record
-``archive/<YYYYmmddTHHMMSSZ>.json``         an archived HEAD
+``archive/<YYYYmmddTHHMMSSZ>[-<n>].json``  an archived HEAD
 ``.probe/<pid>-<hex>``                      the probe of conditional writes
 ==========================================  ======================================
 
@@ -42,7 +42,7 @@ PROBE_PREFIX = ".probe/"
 
 _EPOCH_DIR = re.compile(r"e(?P<epoch>[0-9]{6,})")
 _UPLOAD_DIR = re.compile(r"v(?P<upload>[1-9][0-9]*)")
-_ARCHIVE = re.compile(r"archive/[0-9]{8}T[0-9]{6}Z\.json")
+_ARCHIVE = re.compile(r"archive/[0-9]{8}T[0-9]{6}Z(-[1-9][0-9]{0,3})?\.json")
 _PROBE = re.compile(r"\.probe/[0-9]+-[0-9a-f]{8}")
 
 #: The kinds of key a store writes.
@@ -192,7 +192,7 @@ def name_of(key: str) -> str:
     return key.rpartition("/")[2]
 
 
-def archive_key(when: float | None = None) -> str:
-    """A fresh key for an archived HEAD, named by the UTC time."""
+def archive_key(when: float | None = None, again: int = 0) -> str:
+    """A fresh key for an archived HEAD, named by the UTC time (``-<again>`` if taken)."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(when))
-    return f"{ARCHIVE_PREFIX}{stamp}.json"
+    return f"{ARCHIVE_PREFIX}{stamp}{f'-{again}' if again else ''}.json"
