@@ -425,9 +425,7 @@ def _family(raw: Mapping, prefix: str, source: str) -> FamilyState:
                 "(e<epoch>/<checkpoint name>); nothing is read or removed by it"
             )
         if not (
-            all(
-                type(v) is int and 0 <= v <= MAX_INT for v in (entry.step, entry.size)
-            )
+            all(type(v) is int and 0 <= v <= MAX_INT for v in (entry.step, entry.size))
             and _text(entry.digest)
         ):
             raise InvalidRecordError(

@@ -399,9 +399,7 @@ class RemoteStore:
     # -- the uploader thread ----------------------------------------------------
     def _run(self) -> None:
         try:  # first, what dead writers left (the only listing of a run)
-            recover(
-                self.storage, self.head, self.epoch, held_for=self.lease.held_for
-            )
+            recover(self.storage, self.head, self.epoch, held_for=self.lease.held_for)
         except CheckpointError as exc:
             log.warning("%s: recovery skipped: %s", self.url, exc)
         pause = self.first_pause

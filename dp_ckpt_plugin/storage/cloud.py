@@ -59,6 +59,7 @@ from .objects import (
     KeyExistsError,
     KeyMissingError,
     ObjectInfo,
+    ObjectTooLargeError,
     PendingUpload,
     Source,
     StorageUnavailableError,
@@ -551,9 +552,7 @@ class CloudStorage:
 
         found = self._run("read", key, call)
         if isinstance(found, ObjectInfo):
-            raise StorageUnavailableError(
-                self.url_of(key), "read", f"{found.size} bytes, more than {limit}"
-            )
+            raise ObjectTooLargeError(self.url_of(key), found.size, limit)
         return found
 
     def get_range(self, key: str, start: int, end: int) -> bytes:

@@ -33,6 +33,7 @@ from .objects import (
     KeyExistsError,
     KeyMissingError,
     ObjectInfo,
+    ObjectTooLargeError,
     Source,
     StorageUnavailableError,
     VersionMismatchError,
@@ -233,9 +234,7 @@ class MemoryStorage:
             return None
         data, info = found
         if info.size > limit:
-            raise StorageUnavailableError(
-                self.url_of(key), "read", f"{info.size} bytes, more than {limit}"
-            )
+            raise ObjectTooLargeError(self.url_of(key), info.size, limit)
         return data, info
 
     def get_range(self, key: str, start: int, end: int) -> bytes:

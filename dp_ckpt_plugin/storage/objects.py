@@ -101,6 +101,15 @@ class StorageUnavailableError(CheckpointWriteError):
         self.cause = cause
 
 
+class ObjectTooLargeError(StorageUnavailableError):
+    """``get``: the object holds more bytes than the caller's limit (not read)."""
+
+    def __init__(self, url: str, size: int, limit: int) -> None:
+        super().__init__(url, "read", f"{size} bytes, more than {limit}")
+        self.size = size
+        self.limit = limit
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What a storage really does.
