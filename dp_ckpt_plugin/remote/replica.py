@@ -509,7 +509,7 @@ class RemoteStore:
             self._fatal = exc
             self._lock.notify_all()
 
-    def _upload(self, batch: dict[str, list[_Job]]) -> None:
+    def _upload(self, batch: dict[str, list[_Job]], *, delete: bool = True) -> None:
         entries = {}
         for prefix, jobs in batch.items():
             for job in jobs:
@@ -548,7 +548,8 @@ class RemoteStore:
             self.storage, self.epoch, change, known=self._head, format=self.format
         )
         self._head = (swap.head, swap.version)
-        for key in sorted(k for k in swap.unnamed([*doomed, *replaced]) if owned(k)):
+        unnamed = swap.unnamed([*doomed, *replaced]) if delete else set()
+        for key in sorted(k for k in unnamed if owned(k)):
             try:
                 self.storage.delete(key)
             except StorageUnavailableError as exc:
@@ -579,8 +580,8 @@ class RemoteStore:
             if size != record.size or found != record.digest:
                 raise _Skip(
                     f"staged checkpoint {checkpoint.path} no longer matches its "
-                    f"commit record (saved again meanwhile?); it is not uploaded to "
-                    f"{self.url}"
+                    "commit record (corrupt, or saved again meanwhile); it is not "
+                    f"uploaded to {self.url}"
                 )
             handle.seek(0)
             self.storage.put(key, handle)
