@@ -1,4 +1,4 @@
-"""A remote store owns only the keys of its grammar (rule 43), generated.
+"""A remote store owns only the keys of its grammar (rule 45), generated.
 
 Every key shape that is not the store's own (a nested store under an epoch
 folder or beside it, a user's object, a name that is almost a checkpoint

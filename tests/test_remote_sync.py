@@ -1,4 +1,4 @@
-"""``dp-ckpt sync DIR URL`` into a URL that already holds a store (rule 45).
+"""``dp-ckpt sync DIR URL`` into a URL that already holds a store (rule 46).
 
 Another run's store there is archived first, as a fresh run archives
 (``U/archive/<UTC>.json``), so no family mixes two runs and nothing of it is

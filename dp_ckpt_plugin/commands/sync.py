@@ -4,9 +4,11 @@
   every committed checkpoint the remote store does not hold yet is uploaded
   as a training run uploads it (the writer lease taken, each file checked
   against its commit record from the handle it is sent from, payload, record,
-  then HEAD), each family published as its pointer says; nothing of the
-  remote store is removed. The staging directory a run left checkpoints in
-  that it could not upload is a local store too.
+  then HEAD), each family published as its pointer says (never back to an
+  older step); nothing of the remote store is removed. The staging directory
+  a run left checkpoints in that it could not upload is a local store too.
+  Another run's store at the URL is archived first; a step held there with
+  other bytes is refused (:func:`_another_run`, rule 46).
 - A remote store to a directory (``dp-ckpt sync s3://bucket/run models``):
   every checkpoint HEAD keeps is downloaded, hashed on the way and committed
   with its record; the pointer and alias of each family then name what HEAD
@@ -148,7 +150,7 @@ def upload(directory: Path, url: str) -> tuple[list[dict], list[str]]:
 
 
 def _another_run(remote, inventory, directory: Path) -> None:
-    """Archive the destination's store first when it is another run's (rule 45).
+    """Archive the destination's store first when it is another run's (rule 46).
 
     The destination holds another run when it shares no checkpoint with the
     source (by family, step and digest) and the source's steps do not all
