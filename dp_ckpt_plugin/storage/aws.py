@@ -39,7 +39,7 @@ import datetime as dt
 import ipaddress
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -490,13 +490,6 @@ class MultipartUploads:
                 return False
             raise failed from None
         return True
-
-    def uploads_older_than(
-        self, prefix: str, seconds: float, page: int = 1000
-    ) -> Iterator[Upload]:
-        """The uploads under ``prefix`` begun ``seconds`` ago or more (server time)."""
-        found, now = self.list(prefix, page)
-        return (u for u in found if now - u.initiated >= seconds)
 
 
 def _seconds(when: object) -> float:

@@ -719,9 +719,7 @@ class CloudStorage:
         """
         what = "list the incomplete uploads under"
         if not self.aborts_uploads:
-            raise StorageUnavailableError(
-                self.url, what, "only S3 storage with credentials can list them"
-            )
+            raise StorageUnavailableError(self.url, what, _NO_UPLOADS)
         self._count("list_uploads")
         base = f"{self.prefix}/" if self.prefix else ""
         try:
@@ -773,35 +771,23 @@ class CloudStorage:
             When the storage cannot do it (not S3, or credentials left to
             obstore's chain), or the requests fail.
         """
-        what = "abort the incomplete uploads under"
         if not self.aborts_uploads:
             raise StorageUnavailableError(
-                self.url,
-                what,
-                "only S3 storage with credentials can list them; set a lifecycle "
-                "rule on the bucket instead",
+                self.url, "abort the incomplete uploads under", _NO_UPLOADS
             )
         self._count("abort_incomplete_uploads", 0)
-        base = f"{self.prefix}/" if self.prefix else ""
-        try:
-            if self._uploads is None:  # botocore's client, made once
-                self._uploads = aws.MultipartUploads(self.settings, self.bucket)
-            uploads = self._uploads
-            aborted = 0
-            found = uploads.uploads_older_than(base + prefix, older_than_seconds, page)
-            for upload in found:
-                with self._count_lock:
-                    self.counts["requests"] += 1
-                aborted += uploads.abort(upload)
-        except (aws.S3RequestError, OSError, ValueError) as exc:
-            raise StorageUnavailableError(
-                self.url, what, self._scrub(str(exc).splitlines()[0])
-            ) from None
-        with self._count_lock:
-            self.counts["requests"] += 1
-        return aborted
+        found, now = self.incomplete_uploads(prefix, page=page)
+        return sum(
+            self.abort_upload(u)
+            for u in found
+            if now - u.initiated >= older_than_seconds
+        )
 
 
+_NO_UPLOADS = (
+    "only S3 storage with credentials can list them; set a lifecycle rule on the "
+    "bucket instead"
+)
 _NO_CREDENTIALS = (
     "no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
     "AWS_PROFILE with a profile in ~/.aws/credentials or ~/.aws/config (keys, "
