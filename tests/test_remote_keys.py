@@ -428,3 +428,37 @@ def test_recovery_spares_uploads_begun_after_the_takeover(s3_bucket, tmp_path):
     assert recover(storage, head, 1, held_for=lambda: 0.0).uploads == 0  # epoch 1's own
     assert recover(storage, head, 2, held_for=lambda: 0.0).uploads == 1
     assert _uploads(s3_bucket) == []
+
+
+#: Objects only S3 can hold (empty, dot and trailing segments), relative to ``U``.
+S3_ONLY_OBJECTS = [
+    "e000001//model.ckpt-1.h5",
+    "e000001/model.ckpt-1.h5/",
+    "e000001/./model.ckpt-1.h5",
+    "e000001/../HEAD",
+    "e000001/sub/HEAD",
+    "e000001/notes.txt",
+]
+
+
+def test_recovery_on_s3_leaves_objects_only_s3_can_hold(s3_bucket, tmp_path):
+    from dp_ckpt_plugin.storage.registry import storage_for
+
+    storage = storage_for(s3_bucket.url)
+    pm = plugin_manager()
+    with remote_store(pm, tmp_path / "a", storage, keep=0) as store:
+        store.save(1, make_payload(1))
+        store.remote.flush(60)
+    client = s3_bucket.server.client()
+    placed = {}
+    for index, key in enumerate(S3_ONLY_OBJECTS):
+        full = f"{s3_bucket.prefix}/{key}"
+        placed[full] = f"not yours {index}".encode()
+        client.put_object(Bucket=s3_bucket.name, Key=full, Body=placed[full])
+    storage.put("e000001/model.ckpt-7.h5", b"torn")  # ours, unnamed: removed
+    with remote_store(pm, tmp_path / "b", storage, keep=0) as store:
+        store.open()
+    for full, data in placed.items():
+        found = client.get_object(Bucket=s3_bucket.name, Key=full)["Body"].read()
+        assert found == data, full
+    assert storage.head("e000001/model.ckpt-7.h5") is None

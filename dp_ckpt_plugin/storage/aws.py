@@ -27,7 +27,9 @@ with its checks, and the one-line wording of what fails.
 
 :class:`MultipartUploads` lists and aborts the incomplete multipart uploads a
 killed writer leaves (``ListMultipartUploads``, ``AbortMultipartUpload``)
-with botocore's S3 client, on the same session, endpoint and credentials.
+with botocore's S3 client, on the same session, endpoint and credentials,
+and lists the keys obstore refuses to parse (``a//b``, ``a/../b``, a
+trailing ``/``), which anyone may put under a store's prefix.
 
 Nothing here logs or words a secret: :meth:`AwsSettings.secrets` lists what a
 message must never hold, and the settings' ``repr`` shows none of it.
@@ -477,6 +479,30 @@ class MultipartUploads:
         except self._errors as exc:
             raise self._fail("listing uploads", exc) from None
         return found, server_now
+
+    def objects(
+        self, prefix: str, delimiter: str | None = None, page: int = 1000
+    ) -> tuple[list[tuple[str, int, str, float]], list[str]]:
+        """(key, size, ETag, time) of the objects under ``prefix``, and the
+        common prefixes when ``delimiter`` is given (``ListObjectsV2``)."""
+        found, folders = [], []
+        options = {"Delimiter": delimiter} if delimiter else {}
+        pages = self._client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket,
+            Prefix=prefix,
+            PaginationConfig={"PageSize": page},
+            **options,
+        )
+        try:
+            for answer in pages:
+                found += [
+                    (o["Key"], int(o["Size"]), o["ETag"], _seconds(o["LastModified"]))
+                    for o in answer.get("Contents", [])
+                ]
+                folders += [c["Prefix"] for c in answer.get("CommonPrefixes", [])]
+        except self._errors as exc:
+            raise self._fail("listing objects", exc) from None
+        return found, folders
 
     def abort(self, upload: Upload) -> bool:
         """Abort one upload; ``False`` if it was already gone."""

@@ -648,7 +648,44 @@ class CloudStorage:
                 ]
             return sorted(found, key=lambda info: info.key)
 
-        return iter(self._run("list", f"{prefix}*" if prefix else None, call))
+        try:
+            return iter(self._run("list", f"{prefix}*" if prefix else None, call))
+        except StorageUnavailableError as exc:
+            if not self._unparsed(exc):
+                raise
+        found, _ = self._listed(prefix, None)
+        return iter(
+            sorted(
+                (ObjectInfo(k, size, tag, when) for k, size, tag, when in found),
+                key=lambda info: info.key,
+            )
+        )
+
+    def _unparsed(self, exc: StorageUnavailableError) -> bool:
+        """Whether obstore refused a listing for a key it cannot parse (and
+        botocore can list instead)."""
+        return self.aborts_uploads and "invalid path" in exc.cause.lower()
+
+    def _listed(self, prefix: str, delimiter: str | None):
+        """A listing through botocore: keys relative to the root (see :mod:`.aws`)."""
+        base = f"{self.prefix}/" if self.prefix else ""
+        self._count("list")
+        try:
+            found, folders = self._multipart().objects(base + prefix, delimiter)
+        except (aws.S3RequestError, OSError, ValueError) as exc:
+            raise StorageUnavailableError(
+                self._prefix_url(prefix),
+                "list",
+                self._scrub(str(exc).splitlines()[0]),
+            ) from None
+        return (
+            [(k[len(base) :], size, tag, when) for k, size, tag, when in found],
+            [f[len(base) :] for f in folders],
+        )
+
+    def _prefix_url(self, prefix: str) -> str:
+        """The URL of a listed prefix, for messages."""
+        return f"{self.url}/{prefix}*" if prefix else self.url
 
     def delete(self, key: str) -> bool:
         """Remove an object; ``False`` if it was not there."""
@@ -698,11 +735,15 @@ class CloudStorage:
 
         def call():
             found = listing(self._store, prefix.rstrip("/") or None)
-            return sorted(
-                {p.rstrip("/").rpartition("/")[2] for p in found["common_prefixes"]}
-            )
+            return found["common_prefixes"]
 
-        return self._run("list", f"{prefix}*" if prefix else None, call)
+        try:
+            folders = self._run("list", f"{prefix}*" if prefix else None, call)
+        except StorageUnavailableError as exc:
+            if not self._unparsed(exc):
+                raise
+            _, folders = self._listed(prefix, "/")
+        return sorted({p.rstrip("/").rpartition("/")[2] for p in folders})
 
     def _multipart(self):
         if self._uploads is None:  # botocore's client, made once
