@@ -462,3 +462,25 @@ def test_recovery_on_s3_leaves_objects_only_s3_can_hold(s3_bucket, tmp_path):
         found = client.get_object(Bucket=s3_bucket.name, Key=full)["Body"].read()
         assert found == data, full
     assert storage.head("e000001/model.ckpt-7.h5") is None
+
+
+def test_a_store_at_the_bucket_root_aborts_no_other_prefixs_upload(s3_bucket, tmp_path):
+    from dp_ckpt_plugin.storage.registry import storage_for
+
+    storage = storage_for(f"s3://{s3_bucket.name}")
+    pm = plugin_manager()
+    with remote_store(pm, tmp_path / "a", storage, keep=0) as store:
+        store.save(1, make_payload(1))
+        store.remote.flush(60)
+    foreign = [
+        "run/e000001/model.ckpt-9.h5",  # a store under run/: its live upload
+        "run/HEAD",
+        "other/e000001/model.ckpt-9.h5",
+        "e000001/sub/e000001/model.ckpt-1.h5",
+        "e000001/model.ckpt-1.h5.tmp",
+    ]
+    spared = sorted((k, _start_upload(s3_bucket, k)) for k in foreign)
+    _start_upload(s3_bucket, "e000001/model.ckpt-9.h5")  # the root store's own
+    with remote_store(pm, tmp_path / "b", storage, keep=0) as store:
+        store.open()
+    assert _uploads(s3_bucket) == spared
