@@ -484,3 +484,36 @@ def test_a_store_at_the_bucket_root_aborts_no_other_prefixs_upload(s3_bucket, tm
     with remote_store(pm, tmp_path / "b", storage, keep=0) as store:
         store.open()
     assert _uploads(s3_bucket) == spared
+
+
+@pytest.mark.parametrize("key", [k for k in NOT_PAYLOADS if k])
+def test_a_record_naming_a_foreign_key_is_skipped_and_nothing_is_touched(
+    written, key, tmp_path
+):
+    """The record of the newest names a foreign key as its checkpoint: the
+    newest is not used (the reader falls back to step 1), nothing foreign is
+    fetched, and nothing is deleted."""
+    bucket = f"k{secrets.token_hex(4)}"
+    storage = MemoryStorage(f"memory://{bucket}/run")
+    try:
+        for k, data in written.items():
+            storage.put(k, data)
+        head = heads.Head.parse(written[HEAD_KEY], "HEAD")
+        newest = head.family(PREFIX).published
+        record_at = newest.keys[1]
+        record = json.loads(written[record_at])
+        record["name"] = key
+        storage.put(record_at, json.dumps(record).encode())
+        before = _snapshot(storage)
+        with remote_store(plugin_manager(), tmp_path / "r", storage) as store:
+            found = store.resolve("latest")
+        assert found.step == 1 and found.fell_back
+        older = head.family(PREFIX).kept[0]
+        assert found.path.read_bytes() == written[older.key]  # step 1 itself
+        after = _snapshot(storage)
+        fenced = (HEAD_KEY, LEASE_KEY)
+        assert {k: v for k, v in after.items() if k not in fenced} == {
+            k: v for k, v in before.items() if k not in fenced
+        }
+    finally:
+        forget(bucket)
