@@ -275,7 +275,8 @@ MANIFEST_CASES = {
 
 # -- HEAD: through update(), the one writer --------------------------------------------
 def _entry(step: int = 5, size: int = 10, metrics=None, name_len: int = 0):
-    name = f"m-{step}.pt" if not name_len else "n" * name_len
+    tail = f"-{step}.pt"  # a numbered checkpoint name, as the key grammar needs
+    name = f"m{tail}" if not name_len else "n" * (name_len - len(tail)) + tail
     return heads.Entry(f"e000001/{name}", name, step, size, DIGEST, metrics)
 
 

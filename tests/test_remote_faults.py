@@ -78,7 +78,7 @@ def calls(pm, tmp_path) -> list[tuple[str, str]]:
 
 
 def _at(storage, key):
-    return storage.url_of(key) if key else storage.url
+    return f"{storage.url}/{key}" if key else storage.url  # a key or a listed prefix
 
 
 def _kinds(op):

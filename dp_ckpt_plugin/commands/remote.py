@@ -19,7 +19,8 @@ from typing import Any
 from ..checkpoint.digests import hasher
 from ..errors import CheckpointError, RestartNotFoundError
 from ..remote import head as heads
-from ..remote.fetch import RemoteSource, candidates, fetch_first
+from ..remote.fetch import LATEST, RemoteSource, candidates, fell_back, fetch_first
+from ..remote.keys import owned
 from ..remote.lease import Lease
 from ..retention import KeepLast, plan_prune
 from ..storage.registry import storage_for
@@ -268,7 +269,7 @@ def _split(spec: str, directory: object) -> tuple[object, str]:
 def resolve(args: argparse.Namespace) -> int:
     """What ``--restart SPEC`` would use in the remote store, without downloading it."""
     storage, spec = _split(args.spec, args.directory)
-    found = next(iter(candidates(storage, spec, primary(_head(storage)))))
+    found = _present(storage, spec)
     url = storage.url_of(found.entry.key)
     for warning in found.warnings:
         sys.stderr.write(f"dp-ckpt: warning: {shown(warning, MAX_LOG_LINE)}\n")
@@ -294,6 +295,24 @@ def resolve(args: argparse.Namespace) -> int:
             "agrees with HEAD (the payload is hashed when a run fetches it)\n"
         )
     return 0
+
+
+def _present(storage, spec: str):
+    """The first candidate whose payload is there at its size (one ``head`` each)."""
+    defects: list[str] = []
+    for found in candidates(storage, spec, primary(_head(storage))):
+        info = storage.head(found.entry.key)
+        if info is not None and info.size == found.entry.size:
+            return fell_back(found, defects)
+        what = "is missing" if info is None else f"holds {info.size} bytes"
+        defects.append(
+            f"{found.key_url} {what} (its commit record says {found.entry.size})"
+        )
+        if spec not in LATEST and spec != "best":
+            raise RestartNotFoundError(defects[-1])
+    raise RestartNotFoundError(
+        f"no checkpoint of {storage.url} is there whole: {'; '.join(defects)}"
+    )
 
 
 # -- inspect ---------------------------------------------------------------------------
@@ -364,7 +383,8 @@ def prune(args: argparse.Namespace) -> int:
 
         swap = heads.update(storage, epoch, change)
         for key in sorted(swap.unnamed(k for _, e in gone for k in e.keys)):
-            storage.delete(key)
+            if owned(key):  # HEAD's entries are of the grammar; checked again
+                storage.delete(key)
     finally:
         lease.release()
     _report(storage, gone, args, removed=True)

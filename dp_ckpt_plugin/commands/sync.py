@@ -4,9 +4,11 @@
   every committed checkpoint the remote store does not hold yet is uploaded
   as a training run uploads it (the writer lease taken, each file checked
   against its commit record from the handle it is sent from, payload, record,
-  then HEAD), each family published as its pointer says; nothing of the
-  remote store is removed. The staging directory a run left checkpoints in
-  that it could not upload is a local store too.
+  then HEAD), each family published as its pointer says (never back to an
+  older step); nothing of the remote store is removed. The staging directory
+  a run left checkpoints in that it could not upload is a local store too.
+  Another run's store at the URL is archived first; a step held there with
+  other bytes is refused (:func:`_another_run`, rule 46).
 - A remote store to a directory (``dp-ckpt sync s3://bucket/run models``):
   every checkpoint HEAD keeps is downloaded, hashed on the way and committed
   with its record; the pointer and alias of each family then name what HEAD
@@ -25,7 +27,7 @@ import time
 from pathlib import Path
 
 from ..checkpoint.layout import POINTER_NAME, Family
-from ..errors import CheckpointError
+from ..errors import CheckpointError, CheckpointWriteError
 from ..retention import KeepAll
 from ..storage.local import LocalStorage
 from ..storage.registry import storage_for
@@ -89,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
 
 def upload(directory: Path, url: str) -> tuple[list[dict], list[str]]:
     """Send the committed checkpoints of a local store to the store at ``url``."""
-    from ..remote.replica import RemoteStore, _Job
+    from ..remote.replica import RemoteStore, _Job, _Skip
     from .inventory import read_inventory
 
     inventory = read_inventory(directory)
@@ -101,6 +103,7 @@ def upload(directory: Path, url: str) -> tuple[list[dict], list[str]]:
     remote.start()
     copied, problems = [], []
     try:
+        _another_run(remote, inventory, directory)
         held = {
             (p, e.name, e.digest)
             for p, s in remote.head.families.items()
@@ -112,9 +115,12 @@ def upload(directory: Path, url: str) -> tuple[list[dict], list[str]]:
                 key = (view.family.prefix, checkpoint.name, checkpoint.record.digest)
                 if key in held:
                     continue
-                remote._upload(
-                    {view.family.prefix: [_Job(config, checkpoint, time.monotonic())]}
-                )
+                job = _Job(config, checkpoint, time.monotonic())
+                try:
+                    remote._upload({view.family.prefix: [job]}, delete=False)
+                except _Skip as exc:  # a corrupt or changed source checkpoint
+                    problems.append(str(exc))
+                    continue
                 entry = remote.uploaded[-1]
                 copied.append(
                     {
@@ -131,13 +137,59 @@ def upload(directory: Path, url: str) -> tuple[list[dict], list[str]]:
             if pointed is not None:
                 state = remote.head.family(view.family.prefix)
                 chosen = next((e for e in state.kept if e.name == pointed), None)
-                if chosen is not None and state.latest != chosen.key:
+                published = state.published
+                if chosen is not None and (
+                    published is None or chosen.step > published.step
+                ):  # never back to an older step
                     remote._head = _published(
                         storage, remote, view.family.prefix, chosen
                     )
     finally:
         remote.close(wait=0)
     return copied, problems
+
+
+def _another_run(remote, inventory, directory: Path) -> None:
+    """Archive the destination's store first when it is another run's (rule 46).
+
+    The destination holds another run when it shares no checkpoint with the
+    source (by family, step and digest) and the source's steps do not all
+    lie above its newest (a staging directory that could not upload does);
+    it is archived as a fresh run archives (``U/archive/<UTC>.json``,
+    nothing deleted). A step both hold with different bytes is another
+    branch: refused, nothing copied.
+    """
+    head = remote.head
+    held = {(p, e.step): e for p, s in head.families.items() for e in s.kept}
+    if not held:
+        return
+    ours = {
+        (view.family.prefix, c.step): c
+        for view in inventory.families
+        for c in view.checkpoints
+    }
+    for (prefix, step), checkpoint in sorted(ours.items()):
+        entry = held.get((prefix, step))
+        if entry is not None and entry.digest != checkpoint.record.digest:
+            raise CheckpointWriteError(
+                f"{remote.url} holds another {prefix} step {step} than "
+                f"{checkpoint.path} (another run or another branch of it); nothing "
+                "was copied: sync into another URL"
+            )
+    if any(key in held for key in ours):
+        return  # the same run: what is missing is sent
+    newest = {
+        p: max(e.step for e in s.kept) for p, s in head.families.items() if s.kept
+    }
+    if all(step > newest.get(prefix, -1) for prefix, step in ours):
+        return  # the same run, continued where the destination stops
+    key = remote.archive(lambda prefix, entry: False)
+    steps = sorted({step for _, step in held})
+    sys.stderr.write(
+        f"dp-ckpt: {remote.url} held another run (steps "
+        f"{', '.join(map(str, steps))}): archived in {remote.storage.url_of(key)} "
+        f"before {directory} was copied, as a fresh run does\n"
+    )
 
 
 def _published(storage, remote, prefix, chosen):

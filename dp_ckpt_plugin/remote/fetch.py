@@ -26,7 +26,7 @@ from ..checkpoint.records import (
 )
 from ..errors import CorruptCheckpointError, InvalidRecordError, RestartNotFoundError
 from ..storage import Storage
-from ..storage.objects import ObjectStorage
+from ..storage.objects import KeyMissingError, ObjectStorage, ObjectTooLargeError
 from ..store.archive import archive
 from . import head as heads
 from .head import Entry, Head
@@ -171,7 +171,7 @@ def candidates(
             try:
                 record = _record(storage, entry)
             except CorruptCheckpointError as exc:
-                warnings.append(f"{exc}; trying an older one")
+                warnings.append(f"{exc}{_OLDER}")
                 continue
             yielded = True
             yield Found(
@@ -204,12 +204,13 @@ def fetch_first(
 ) -> tuple[Found, Path, list[str]]:
     """Fetch the first of :func:`candidates` that downloads intact.
 
-    A payload that does not match its record is reported and the next
-    candidate tried (rule 20); nothing is moved (the remote store belongs
-    to its writer). Returns what was found, its local copy and the warnings.
+    Every defect of a newer checkpoint (its payload missing or not matching
+    its record, its record missing, oversized, garbage or disagreeing) makes
+    ``latest`` and ``best`` fall back to the next, with one warning naming
+    both checkpoints (rule 20); nothing is moved (the remote store belongs to
+    its writer). Returns what was found, its local copy and the warnings.
     """
-    warnings: list[str] = []
-    last: CorruptCheckpointError | None = None
+    defects: list[str] = []
     for found in candidates(storage, spec, family, best_family=source.best_family):
         try:
             path = fetch(
@@ -218,21 +219,42 @@ def fetch_first(
         except CorruptCheckpointError as exc:
             if spec not in LATEST and spec != "best":
                 raise
-            warnings.append(f"{exc}; trying an older one")
-            last = exc
+            defects.append(str(exc))
             continue
-        if warnings:
-            found = replace(found, fell_back=True)
-        return found, path, [*found.warnings, *warnings]
+        found = fell_back(found, defects)
+        return found, path, list(found.warnings)
     raise RestartNotFoundError(
-        f"no checkpoint of {storage.url} downloads intact: {last}"
+        f"no checkpoint of {storage.url} downloads intact: "
+        + ("; ".join(defects) or "none to try")
     )
+
+
+#: What :func:`candidates` adds to the warning of an entry it skips.
+_OLDER = "; trying an older one"
+
+
+def fell_back(found: Found, defects: list[str]) -> Found:
+    """``found`` with its one warning naming what was skipped and what it is."""
+    skipped = [*(w.removesuffix(_OLDER) for w in found.warnings), *defects]
+    if not skipped:
+        return replace(found, warnings=())
+    warning = (
+        f"{'; '.join(skipped)}; fell back to {found.key_url} "
+        f"(step {found.entry.step}), the newest usable checkpoint"
+    )
+    return replace(found, fell_back=True, warnings=(warning,))
 
 
 def _record(storage: ObjectStorage, entry: Entry) -> CommitRecord:
     """The commit record of ``entry``, which must agree with it."""
     url = storage.url_of(record_key(entry.key))
-    got = storage.get(record_key(entry.key), MAX_RECORD_BYTES)
+    try:
+        got = storage.get(record_key(entry.key), MAX_RECORD_BYTES)
+    except ObjectTooLargeError as exc:
+        raise CorruptCheckpointError(
+            f"commit record {url} is unusable: {exc.size} bytes, more than a record "
+            f"holds ({exc.limit})"
+        ) from None
     if got is None:
         raise CorruptCheckpointError(
             f"{storage.url_of(entry.key)} has no commit record"
@@ -292,12 +314,23 @@ def fetch(
             durable=durable,
         )
     local.make_dirs(directory, durable=durable)
-    tmp, digest = write_hashed(
-        path,
-        lambda handle: storage.download(entry.key, handle),
-        durable=durable,
-        storage=local,
-    )
+    missing: list[KeyMissingError] = []
+
+    def pull(handle) -> None:
+        try:
+            storage.download(entry.key, handle)
+        except KeyMissingError as exc:
+            missing.append(exc)
+            raise
+
+    try:
+        tmp, digest = write_hashed(path, pull, durable=durable, storage=local)
+    except Exception:
+        if missing:  # the store's defect, not a local write's
+            raise CorruptCheckpointError(
+                f"{found.key_url} is missing (HEAD and its commit record name it)"
+            ) from None
+        raise
     size = local.entry(tmp).size
     if size != record.size or digest != record.digest:
         local.remove_quietly(tmp)

@@ -51,9 +51,9 @@ from ..storage.objects import (
     KeyExistsError,
     ObjectStorage,
     VersionMismatchError,
-    check_key,
 )
-from .keys import HEAD_KEY, record_key
+from ..text import shown
+from .keys import ARCHIVE, HEAD_KEY, PAYLOAD, parse_key, record_key
 
 #: Version of the HEAD format this package writes and reads.
 HEAD_FORMAT_VERSION = 1
@@ -298,15 +298,18 @@ class Head:
             if "/" in check_text(prefix, "a family of HEAD"):
                 raise ValueError(f"a family of HEAD is a name, got {prefix!r}")
             for entry in state.kept:
-                check_key(check_text(entry.key, "a key in HEAD"))
-                if entry.key.rpartition("/")[2] != check_text(entry.name, "a name"):
-                    raise ValueError(f"{entry.key!r} is not a key of {entry.name!r}")
+                check_text(entry.key, "a key in HEAD")
+                if not _entry_key(entry.key, check_text(entry.name, "a name")):
+                    raise ValueError(
+                        f"{shown(entry.key)} is not a payload key of {shown(entry.name)}"
+                    )
                 check_int(entry.step, "a step")
                 check_int(entry.size, "a checkpoint's size")
                 _check_digest(entry.digest, "HEAD", ValueError)
                 check_metrics(entry.metrics)
         for archive in self.archives:
-            check_key(check_text(archive, "an archive of HEAD"))
+            if not _archive_key(check_text(archive, "an archive of HEAD")):
+                raise ValueError(f"{shown(archive)} is not an archive key")
 
     @classmethod
     def parse(cls, data: bytes, source: str) -> Head:
@@ -351,9 +354,10 @@ class Head:
                 )
             families[prefix] = _family(state, prefix, source)
         archives = raw.get("archives", [])
-        if type(archives) is not list or not all(_key(a) for a in archives):
+        if type(archives) is not list or not all(_archive_key(a) for a in archives):
             raise InvalidRecordError(
-                f"HEAD {source}: 'archives' must be a list of keys"
+                f"HEAD {source}: 'archives' must be a list of archive keys "
+                "(archive/<UTC>.json)"
             )
         return cls(seq, epoch, fmt, families, tuple(archives), float(updated))
 
@@ -371,21 +375,22 @@ def _text(value: object) -> bool:
     return type(value) is str and 0 < len(value) <= MAX_TEXT
 
 
-def _key(value: object) -> bool:
-    if not _text(value):
-        return False
-    try:
-        check_key(value)
-    except ValueError:
-        return False
-    return True
+def _entry_key(key: object, name: object) -> bool:
+    """Whether ``key`` is a payload key of the store's grammar, of ``name``."""
+    parsed = parse_key(key)
+    return parsed is not None and parsed.kind == PAYLOAD and parsed.name == name
+
+
+def _archive_key(key: object) -> bool:
+    parsed = parse_key(key)
+    return parsed is not None and parsed.kind == ARCHIVE
 
 
 def _family(raw: Mapping, prefix: str, source: str) -> FamilyState:
     kept_raw = raw.get("kept")
     latest = raw.get("latest")
     pointer = raw.get("pointer")
-    if type(kept_raw) is not list or not (latest is None or _key(latest)):
+    if type(kept_raw) is not list or not (latest is None or _text(latest)):
         raise InvalidRecordError(
             f"HEAD {source}: family {prefix!r} must have a 'kept' list and a 'latest' key"
         )
@@ -413,14 +418,14 @@ def _family(raw: Mapping, prefix: str, source: str) -> FamilyState:
             item.get("digest"),
             metrics,
         )
-        if not (
-            _key(entry.key)
-            and _text(entry.name)
-            and "/" not in entry.name
-            and entry.key.rpartition("/")[2] == entry.name
-            and all(
-                type(v) is int and 0 <= v <= MAX_INT for v in (entry.step, entry.size)
+        if not _entry_key(entry.key, entry.name):
+            raise InvalidRecordError(
+                f"HEAD {source}: an entry of family {prefix!r} names "
+                f"{shown(entry.key)}, which is not a payload key this store writes "
+                "(e<epoch>/<checkpoint name>); nothing is read or removed by it"
             )
+        if not (
+            all(type(v) is int and 0 <= v <= MAX_INT for v in (entry.step, entry.size))
             and _text(entry.digest)
         ):
             raise InvalidRecordError(
@@ -431,7 +436,7 @@ def _family(raw: Mapping, prefix: str, source: str) -> FamilyState:
     kept.sort(key=lambda e: e.step)
     if latest is not None and all(e.key != latest for e in kept):
         raise InvalidRecordError(
-            f"HEAD {source}: family {prefix!r} publishes {latest}, which it does not keep"
+            f"HEAD {source}: family {prefix!r} publishes {shown(latest)}, which it does not keep"
         )
     return FamilyState(tuple(kept), latest, pointer)
 

@@ -1,11 +1,35 @@
-"""Object keys of a remote store (nothing here touches a storage)."""
+"""The keys of a remote store: one grammar, parsed once (nothing here touches a storage).
+
+Every object a store under ``U`` writes has a key of this grammar,
+relative to ``U``:
+
+==========================================  ======================================
+``HEAD``                                    the pointer object
+``LEASE``                                   the writer lease
+``e<epoch>/<name>``                         a payload (``<name>`` a numbered
+                                            checkpoint name, ``model.ckpt-30.pt``)
+``e<epoch>/v<n>/<name>``                    a re-save of it in the same run
+``e<epoch>[/v<n>]/.<name>.commit.json``     its commit record
+``archive/<YYYYmmddTHHMMSSZ>[-<n>].json``  an archived HEAD
+``.probe/<pid>-<hex>``                      the probe of conditional writes
+==========================================  ======================================
+
+``<epoch>`` is written ``%06d`` (``e000002``) and ``<n>`` in canonical decimal.
+:func:`parse_key` is the one door for a key read from HEAD, a record, an
+archive or a listing: it answers a :class:`StoreKey`, or ``None`` for
+anything else, which is *not ours* (a nested store, a user's object, a
+hostile name): never deleted, never downloaded as a checkpoint, never
+shown raw.
+"""
 
 from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
 
-from ..checkpoint.layout import record_name
+from ..checkpoint.layout import parse_numbered, record_name, record_target
+from ..checkpoint.limits import MAX_TEXT
 
 #: The pointer object: what the store holds and which checkpoint is latest.
 HEAD_KEY = "HEAD"
@@ -15,7 +39,75 @@ LEASE_KEY = "LEASE"
 ARCHIVE_PREFIX = "archive/"
 #: Key of the object the probe of conditional writes creates and removes.
 PROBE_PREFIX = ".probe/"
+
 _EPOCH_DIR = re.compile(r"e(?P<epoch>[0-9]{6,})")
+_UPLOAD_DIR = re.compile(r"v(?P<upload>[1-9][0-9]*)")
+_ARCHIVE = re.compile(r"archive/[0-9]{8}T[0-9]{6}Z(-[1-9][0-9]{0,3})?\.json")
+_PROBE = re.compile(r"\.probe/[0-9]+-[0-9a-f]{8}")
+
+#: The kinds of key a store writes.
+HEAD, LEASE, ARCHIVE, PAYLOAD, RECORD, PROBE = (
+    "head",
+    "lease",
+    "archive",
+    "payload",
+    "record",
+    "probe",
+)
+
+
+@dataclass(frozen=True)
+class StoreKey:
+    """A key of the store's own grammar (see the module docs).
+
+    Attributes
+    ----------
+    text : str
+        The key, relative to the store's URL.
+    kind : str
+        ``head``, ``lease``, ``archive``, ``payload``, ``record`` or ``probe``.
+    epoch : int or None
+        The epoch of a payload or record.
+    name : str or None
+        The checkpoint a payload is, or a record describes.
+    upload : int
+        0, or ``n`` of a re-save under ``v<n>/``.
+    """
+
+    text: str
+    kind: str
+    epoch: int | None = None
+    name: str | None = None
+    upload: int = 0
+
+    def __str__(self) -> str:
+        return self.text
+
+    @property
+    def payload(self) -> StoreKey | None:
+        """The payload a record describes (itself for a payload)."""
+        if self.kind == PAYLOAD:
+            return self
+        if self.kind == RECORD:
+            return StoreKey(
+                payload_key(self.epoch, self.name, self.upload),
+                PAYLOAD,
+                self.epoch,
+                self.name,
+                self.upload,
+            )
+        return None
+
+    @property
+    def record(self) -> StoreKey | None:
+        """The commit record of a payload (itself for a record)."""
+        if self.kind == RECORD:
+            return self
+        if self.kind == PAYLOAD:
+            return StoreKey(
+                record_key(self.text), RECORD, self.epoch, self.name, self.upload
+            )
+        return None
 
 
 def epoch_dir(epoch: int) -> str:
@@ -23,11 +115,64 @@ def epoch_dir(epoch: int) -> str:
     return f"e{epoch:06d}"
 
 
-def epoch_of(key: str) -> int | None:
-    """The epoch a payload or record key lies under, or ``None``."""
-    head, sep, _ = key.partition("/")
-    found = _EPOCH_DIR.fullmatch(head) if sep else None
-    return int(found.group("epoch")) if found else None
+def parse_epoch_dir(text: str) -> int | None:
+    """The epoch of a folder name written by :func:`epoch_dir`, or ``None``."""
+    found = _EPOCH_DIR.fullmatch(text)
+    if found is None:
+        return None
+    epoch = int(found.group("epoch"))
+    return epoch if epoch_dir(epoch) == text else None
+
+
+def checkpoint_name(name: str) -> bool:
+    """Whether ``name`` is a numbered checkpoint name a store may write."""
+    return (
+        0 < len(name) <= MAX_TEXT
+        and name.isprintable()
+        and not name.startswith(".")
+        and "/" not in name
+        and "\\" not in name
+        and parse_numbered(name) is not None
+    )
+
+
+def parse_key(text: object) -> StoreKey | None:
+    """The key ``text`` read from outside, typed; ``None`` when it is not ours."""
+    if type(text) is not str or not 0 < len(text) <= MAX_TEXT:
+        return None
+    if text == HEAD_KEY:
+        return StoreKey(text, HEAD)
+    if text == LEASE_KEY:
+        return StoreKey(text, LEASE)
+    if _ARCHIVE.fullmatch(text):
+        return StoreKey(text, ARCHIVE)
+    if _PROBE.fullmatch(text):
+        return StoreKey(text, PROBE)
+    parts = text.split("/")
+    if len(parts) not in (2, 3):
+        return None
+    epoch = parse_epoch_dir(parts[0])
+    if epoch is None:
+        return None
+    upload = 0
+    if len(parts) == 3:
+        found = _UPLOAD_DIR.fullmatch(parts[1])
+        if found is None:
+            return None
+        upload = int(found.group("upload"))
+    last = parts[-1]
+    if checkpoint_name(last):
+        return StoreKey(text, PAYLOAD, epoch, last, upload)
+    target = record_target(last)
+    if target is not None and checkpoint_name(target):
+        return StoreKey(text, RECORD, epoch, target, upload)
+    return None
+
+
+def owned(text: object) -> bool:
+    """Whether a store may ever delete ``text``: a payload or record of its grammar."""
+    key = parse_key(text)
+    return key is not None and key.kind in (PAYLOAD, RECORD)
 
 
 def payload_key(epoch: int, name: str, upload: int = 0) -> str:
@@ -47,7 +192,7 @@ def name_of(key: str) -> str:
     return key.rpartition("/")[2]
 
 
-def archive_key(when: float | None = None) -> str:
-    """A fresh key for an archived HEAD, named by the UTC time."""
+def archive_key(when: float | None = None, again: int = 0) -> str:
+    """A fresh key for an archived HEAD, named by the UTC time (``-<again>`` if taken)."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(when))
-    return f"{ARCHIVE_PREFIX}{stamp}.json"
+    return f"{ARCHIVE_PREFIX}{stamp}{f'-{again}' if again else ''}.json"

@@ -244,6 +244,7 @@ class Lease:
         self.epoch: int | None = None
         self.version: str | None = None
         self._renewed_at = 0.0  # monotonic start of the last successful renewal
+        self._taken_at = 0.0  # monotonic start of the request that took it
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -362,6 +363,7 @@ class Lease:
         except (KeyExistsError, VersionMismatchError):
             return False  # another run moved it first: look again
         self.epoch, self.version, self._renewed_at = epoch, info.version, started
+        self._taken_at = started
         if previous is not None and why != "released":
             self.notes.append(
                 f"took over {self.storage.url} from {previous.holder.describe()} "
@@ -422,6 +424,10 @@ class Lease:
     def held(self) -> threading.RLock:
         """The lock under which :attr:`lost` changes (for a caller that sets it)."""
         return self._lock
+
+    def held_for(self) -> float:
+        """Seconds since the request that took the lease began (this host's clock)."""
+        return self._clock() - self._taken_at
 
     def check(self) -> None:
         """Raise :class:`~dp_ckpt_plugin.remote.head.FencedError` if this lease was lost."""

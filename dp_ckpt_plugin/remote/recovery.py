@@ -6,22 +6,33 @@ that failed) and, on S3, incomplete multipart uploads, which are invisible
 and billed. Once a new writer holds the lease and has fenced HEAD, nothing
 of an older epoch can become named again (every writer names only what it
 wrote under its own epoch, and an older writer can no longer swap HEAD), so
-:func:`recover` removes, under the folders of older epochs, exactly the
-objects that neither HEAD nor an archive it lists names, and aborts the
-incomplete uploads there. It runs on the uploader thread, so the run's start
-does not wait for it.
+:func:`recover` lists the folders of ``U``'s own older epochs
+(``U/e<epoch>/``, epoch below the writer's) and nothing else, and removes
+there exactly the payloads and records of the store's key grammar
+(:func:`~dp_ckpt_plugin.remote.keys.parse_key`) that neither HEAD nor an
+archive it lists names. Anything else there (a nested store, a user's
+object) is not ours and stays. Of the incomplete uploads, only those whose
+key is a payload or record of an older epoch and that began before this
+writer took the lease are aborted. It runs on the uploader thread, so the
+run's start does not wait for it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import CheckpointError
-from ..storage.objects import ObjectStorage, StorageUnavailableError
+from ..storage.objects import (
+    AbortsUploads,
+    ListsFolders,
+    ObjectStorage,
+    StorageUnavailableError,
+)
 from .head import MAX_HEAD_BYTES, Head
-from .keys import PROBE_PREFIX, epoch_of
+from .keys import PAYLOAD, PROBE, PROBE_PREFIX, RECORD, parse_epoch_dir, parse_key
 
 log = logging.getLogger("dp_ckpt_plugin")
 
@@ -59,28 +70,64 @@ def named(storage: ObjectStorage, head: Head) -> set[str] | None:
     return keys
 
 
-def recover(storage: ObjectStorage, head: Head, epoch: int) -> Recovered:
-    """Remove what dead writers of epochs below ``epoch`` left (see the module docs)."""
-    done = Recovered()
+def older_epochs(storage: ObjectStorage, epoch: int) -> list[str]:
+    """The folders ``e<epoch>`` of ``U`` for epochs below ``epoch``, by one listing."""
+    if isinstance(storage, ListsFolders):
+        names = storage.folders("")
+    else:
+        names = {i.key.partition("/")[0] for i in storage.list("e") if "/" in i.key}
+    return sorted(
+        n for n in names if (found := parse_epoch_dir(n)) is not None and found < epoch
+    )
+
+
+def leftovers(storage: ObjectStorage, head: Head, epoch: int):
+    """The objects of older epochs of ``U`` that are ours and nothing names.
+
+    ``None`` when an archive of HEAD cannot be read (then nothing may go).
+    """
     keep = named(storage, head)
     if keep is None:
-        return done
+        return None
+    found = []
+    for folder in older_epochs(storage, epoch):
+        for info in storage.list(f"{folder}/"):
+            key = parse_key(info.key)
+            if key is None or key.kind not in (PAYLOAD, RECORD):
+                continue  # not ours: a nested store, a user's object
+            if key.epoch < epoch and key.text not in keep:
+                found.append(info)
     now = time.time()
-    for info in list(storage.list("")):
-        written = epoch_of(info.key)
-        stale_probe = (
-            info.key.startswith(PROBE_PREFIX) and now - info.modified > PROBE_AGE
-        )
-        if not stale_probe and (written is None or written >= epoch):
-            continue
-        if info.key in keep:
-            continue
+    for info in storage.list(PROBE_PREFIX):
+        key = parse_key(info.key)
+        if key is not None and key.kind == PROBE and now - info.modified > PROBE_AGE:
+            found.append(info)
+    return found
+
+
+def recover(
+    storage: ObjectStorage,
+    head: Head,
+    epoch: int,
+    *,
+    held_for: Callable[[], float] | None = None,
+) -> Recovered:
+    """Remove what dead writers of epochs below ``epoch`` left (see the module docs).
+
+    ``held_for()`` says how many seconds ago this writer took the lease: only
+    uploads that began before that are aborted (none without it).
+    """
+    done = Recovered()
+    found = leftovers(storage, head, epoch)
+    if found is None:
+        return done
+    for info in found:
         if storage.delete(info.key):
             done.objects += 1
             done.bytes += info.size
-    if getattr(storage, "aborts_uploads", False):
+    if held_for is not None and isinstance(storage, AbortsUploads):
         try:
-            done.uploads = storage.abort_incomplete_uploads("e", 0.0)
+            done.uploads = _abort(storage, epoch, held_for)
         except StorageUnavailableError as exc:
             log.warning("%s", exc)
     if done.objects or done.uploads:
@@ -94,3 +141,20 @@ def recover(storage: ObjectStorage, head: Head, epoch: int) -> Recovered:
             epoch,
         )
     return done
+
+
+def _abort(storage: AbortsUploads, epoch: int, held_for: Callable[[], float]) -> int:
+    """Abort the older epochs' uploads of ``U`` begun before the lease was taken."""
+    if not storage.aborts_uploads:
+        return 0
+    uploads, server_now = storage.incomplete_uploads("e")
+    # the takeover by the server's clock, never later than it really was
+    before = server_now - held_for()
+    aborted = 0
+    for upload in uploads:
+        key = parse_key(upload.key)
+        if key is None or key.kind not in (PAYLOAD, RECORD) or key.epoch >= epoch:
+            continue
+        if upload.initiated < before:
+            aborted += storage.abort_upload(upload)
+    return aborted

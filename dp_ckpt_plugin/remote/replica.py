@@ -50,7 +50,7 @@ from ..storage.objects import (
 )
 from . import head as heads
 from .head import Entry, FencedError, Head, say_once
-from .keys import archive_key, payload_key, record_key
+from .keys import archive_key, owned, payload_key, record_key
 from .lease import DEFAULT_TTL, Holder, Lease
 from .probe import probe
 from .recovery import recover
@@ -61,6 +61,8 @@ log = logging.getLogger("dp_ckpt_plugin")
 DEFAULT_UPLOAD_WAIT = 300.0
 #: Longest pause between attempts of a failing upload.
 MAX_RETRY_PAUSE = 30.0
+#: Names tried for an archive made in the same second as others.
+ARCHIVE_ATTEMPTS = 100
 #: A backlog older than this many seconds is reported (at most this often).
 BEHIND_REPORT = 30.0
 
@@ -332,15 +334,22 @@ class RemoteStore:
         """
         self.check()
         continues_from = self._continues_from
-        head = self.head
         if continues_from is None:
             keep = lambda prefix, e: False  # noqa: E731
         else:
             keep = lambda prefix, e: e.step <= continues_from.step  # noqa: E731
+        return self.archive(keep)
+
+    def archive(self, keep) -> str | None:
+        """Move the entries of HEAD ``keep(prefix, entry)`` refuses into an archive.
+
+        The archive (``U/archive/<UTC>.json``) names them, so nothing is
+        deleted; returns its key, or ``None`` when nothing was to move.
+        """
+        head = self.head
         doomed = [e for p, s in head.families.items() for e in s.kept if not keep(p, e)]
         if not doomed:
             return None
-        key = archive_key()
         gone = {e.key for e in doomed}
         archived = Head(
             seq=head.seq,
@@ -355,13 +364,20 @@ class RemoteStore:
             },
             updated=head.updated,
         )
-        try:
-            self.storage.put_if_absent(key, archived.to_bytes())
-        except KeyExistsError:
+        now = time.time()
+        for again in range(ARCHIVE_ATTEMPTS):
+            key = archive_key(now, again)
+            try:
+                self.storage.put_if_absent(key, archived.to_bytes())
+                break
+            except KeyExistsError:
+                continue
+        else:
             raise CheckpointWriteError(
                 f"could not archive the earlier run of {self.url}: "
-                f"{self.storage.url_of(key)} exists"
-            ) from None
+                f"{self.storage.url_of(archive_key(now))} and "
+                f"{ARCHIVE_ATTEMPTS - 1} more names exist"
+            )
         swap = heads.update(
             self.storage,
             self.epoch,
@@ -383,7 +399,7 @@ class RemoteStore:
     # -- the uploader thread ----------------------------------------------------
     def _run(self) -> None:
         try:  # first, what dead writers left (the only listing of a run)
-            recover(self.storage, self.head, self.epoch)
+            recover(self.storage, self.head, self.epoch, held_for=self.lease.held_for)
         except CheckpointError as exc:
             log.warning("%s: recovery skipped: %s", self.url, exc)
         pause = self.first_pause
@@ -493,7 +509,7 @@ class RemoteStore:
             self._fatal = exc
             self._lock.notify_all()
 
-    def _upload(self, batch: dict[str, list[_Job]]) -> None:
+    def _upload(self, batch: dict[str, list[_Job]], *, delete: bool = True) -> None:
         entries = {}
         for prefix, jobs in batch.items():
             for job in jobs:
@@ -532,7 +548,8 @@ class RemoteStore:
             self.storage, self.epoch, change, known=self._head, format=self.format
         )
         self._head = (swap.head, swap.version)
-        for key in sorted(swap.unnamed([*doomed, *replaced])):
+        unnamed = swap.unnamed([*doomed, *replaced]) if delete else set()
+        for key in sorted(k for k in unnamed if owned(k)):
             try:
                 self.storage.delete(key)
             except StorageUnavailableError as exc:
@@ -563,8 +580,8 @@ class RemoteStore:
             if size != record.size or found != record.digest:
                 raise _Skip(
                     f"staged checkpoint {checkpoint.path} no longer matches its "
-                    f"commit record (saved again meanwhile?); it is not uploaded to "
-                    f"{self.url}"
+                    "commit record (corrupt, or saved again meanwhile); it is not "
+                    f"uploaded to {self.url}"
                 )
             handle.seek(0)
             self.storage.put(key, handle)

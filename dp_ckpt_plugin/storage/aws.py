@@ -27,7 +27,9 @@ with its checks, and the one-line wording of what fails.
 
 :class:`MultipartUploads` lists and aborts the incomplete multipart uploads a
 killed writer leaves (``ListMultipartUploads``, ``AbortMultipartUpload``)
-with botocore's S3 client, on the same session, endpoint and credentials.
+with botocore's S3 client, on the same session, endpoint and credentials,
+and lists the keys obstore refuses to parse (``a//b``, ``a/../b``, a
+trailing ``/``), which anyone may put under a store's prefix.
 
 Nothing here logs or words a secret: :meth:`AwsSettings.secrets` lists what a
 message must never hold, and the settings' ``repr`` shows none of it.
@@ -39,7 +41,7 @@ import datetime as dt
 import ipaddress
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -478,6 +480,30 @@ class MultipartUploads:
             raise self._fail("listing uploads", exc) from None
         return found, server_now
 
+    def objects(
+        self, prefix: str, delimiter: str | None = None, page: int = 1000
+    ) -> tuple[list[tuple[str, int, str, float]], list[str]]:
+        """(key, size, ETag, time) of the objects under ``prefix``, and the
+        common prefixes when ``delimiter`` is given (``ListObjectsV2``)."""
+        found, folders = [], []
+        options = {"Delimiter": delimiter} if delimiter else {}
+        pages = self._client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket,
+            Prefix=prefix,
+            PaginationConfig={"PageSize": page},
+            **options,
+        )
+        try:
+            for answer in pages:
+                found += [
+                    (o["Key"], int(o["Size"]), o["ETag"], _seconds(o["LastModified"]))
+                    for o in answer.get("Contents", [])
+                ]
+                folders += [c["Prefix"] for c in answer.get("CommonPrefixes", [])]
+        except self._errors as exc:
+            raise self._fail("listing objects", exc) from None
+        return found, folders
+
     def abort(self, upload: Upload) -> bool:
         """Abort one upload; ``False`` if it was already gone."""
         try:
@@ -490,13 +516,6 @@ class MultipartUploads:
                 return False
             raise failed from None
         return True
-
-    def uploads_older_than(
-        self, prefix: str, seconds: float, page: int = 1000
-    ) -> Iterator[Upload]:
-        """The uploads under ``prefix`` begun ``seconds`` ago or more (server time)."""
-        found, now = self.list(prefix, page)
-        return (u for u in found if now - u.initiated >= seconds)
 
 
 def _seconds(when: object) -> float:

@@ -59,6 +59,8 @@ from .objects import (
     KeyExistsError,
     KeyMissingError,
     ObjectInfo,
+    ObjectTooLargeError,
+    PendingUpload,
     Source,
     StorageUnavailableError,
     VersionMismatchError,
@@ -550,9 +552,7 @@ class CloudStorage:
 
         found = self._run("read", key, call)
         if isinstance(found, ObjectInfo):
-            raise StorageUnavailableError(
-                self.url_of(key), "read", f"{found.size} bytes, more than {limit}"
-            )
+            raise ObjectTooLargeError(self.url_of(key), found.size, limit)
         return found
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
@@ -648,7 +648,44 @@ class CloudStorage:
                 ]
             return sorted(found, key=lambda info: info.key)
 
-        return iter(self._run("list", f"{prefix}*" if prefix else None, call))
+        try:
+            return iter(self._run("list", f"{prefix}*" if prefix else None, call))
+        except StorageUnavailableError as exc:
+            if not self._unparsed(exc):
+                raise
+        found, _ = self._listed(prefix, None)
+        return iter(
+            sorted(
+                (ObjectInfo(k, size, tag, when) for k, size, tag, when in found),
+                key=lambda info: info.key,
+            )
+        )
+
+    def _unparsed(self, exc: StorageUnavailableError) -> bool:
+        """Whether obstore refused a listing for a key it cannot parse (and
+        botocore can list instead)."""
+        return self.aborts_uploads and "invalid path" in exc.cause.lower()
+
+    def _listed(self, prefix: str, delimiter: str | None):
+        """A listing through botocore: keys relative to the root (see :mod:`.aws`)."""
+        base = f"{self.prefix}/" if self.prefix else ""
+        self._count("list")
+        try:
+            found, folders = self._multipart().objects(base + prefix, delimiter)
+        except (aws.S3RequestError, OSError, ValueError) as exc:
+            raise StorageUnavailableError(
+                self._prefix_url(prefix),
+                "list",
+                self._scrub(str(exc).splitlines()[0]),
+            ) from None
+        return (
+            [(k[len(base) :], size, tag, when) for k, size, tag, when in found],
+            [f[len(base) :] for f in folders],
+        )
+
+    def _prefix_url(self, prefix: str) -> str:
+        """The URL of a listed prefix, for messages."""
+        return f"{self.url}/{prefix}*" if prefix else self.url
 
     def delete(self, key: str) -> bool:
         """Remove an object; ``False`` if it was not there."""
@@ -690,6 +727,69 @@ class CloudStorage:
         """Whether :meth:`abort_incomplete_uploads` can run here (S3, signed requests)."""
         return self.kind == "s3" and self.settings is not None and self.settings.signed
 
+    def folders(self, prefix: str) -> list[str]:
+        """The folder names directly under ``prefix`` (``""`` or ending in ``/``)."""
+        check_prefix(prefix)
+        self._count("list")
+        listing = self._obstore.list_with_delimiter
+
+        def call():
+            found = listing(self._store, prefix.rstrip("/") or None)
+            return found["common_prefixes"]
+
+        try:
+            folders = self._run("list", f"{prefix}*" if prefix else None, call)
+        except StorageUnavailableError as exc:
+            if not self._unparsed(exc):
+                raise
+            _, folders = self._listed(prefix, "/")
+        return sorted({p.rstrip("/").rpartition("/")[2] for p in folders})
+
+    def _multipart(self):
+        if self._uploads is None:  # botocore's client, made once
+            self._uploads = aws.MultipartUploads(self.settings, self.bucket)
+        return self._uploads
+
+    def incomplete_uploads(
+        self, prefix: str, *, page: int = 1000
+    ) -> tuple[list[PendingUpload], float]:
+        """The incomplete uploads whose keys start with ``prefix``, and the server's time.
+
+        Keys are relative to the storage's root; uploads of other prefixes of
+        the bucket are never answered.
+        """
+        what = "list the incomplete uploads under"
+        if not self.aborts_uploads:
+            raise StorageUnavailableError(self.url, what, _NO_UPLOADS)
+        self._count("list_uploads")
+        base = f"{self.prefix}/" if self.prefix else ""
+        try:
+            found, now = self._multipart().list(base + prefix, page)
+        except (aws.S3RequestError, OSError, ValueError) as exc:
+            raise StorageUnavailableError(
+                self.url, what, self._scrub(str(exc).splitlines()[0])
+            ) from None
+        return [
+            PendingUpload(u.key[len(base) :], u.upload_id, u.initiated)
+            for u in found
+            if u.key.startswith(base + prefix)
+        ], now
+
+    def abort_upload(self, upload: PendingUpload) -> bool:
+        """Abort one incomplete upload; ``False`` if it was gone already."""
+        base = f"{self.prefix}/" if self.prefix else ""
+        self._count("abort_upload")
+        try:
+            return self._multipart().abort(
+                aws.Upload(base + upload.key, upload.upload_id, upload.initiated)
+            )
+        except (aws.S3RequestError, OSError, ValueError) as exc:
+            raise StorageUnavailableError(
+                self.url_of(upload.key),
+                "abort the upload",
+                self._scrub(str(exc).splitlines()[0]),
+            ) from None
+
     def abort_incomplete_uploads(
         self, prefix: str, older_than_seconds: float, *, page: int = 1000
     ) -> int:
@@ -712,35 +812,23 @@ class CloudStorage:
             When the storage cannot do it (not S3, or credentials left to
             obstore's chain), or the requests fail.
         """
-        what = "abort the incomplete uploads under"
         if not self.aborts_uploads:
             raise StorageUnavailableError(
-                self.url,
-                what,
-                "only S3 storage with credentials can list them; set a lifecycle "
-                "rule on the bucket instead",
+                self.url, "abort the incomplete uploads under", _NO_UPLOADS
             )
         self._count("abort_incomplete_uploads", 0)
-        base = f"{self.prefix}/" if self.prefix else ""
-        try:
-            if self._uploads is None:  # botocore's client, made once
-                self._uploads = aws.MultipartUploads(self.settings, self.bucket)
-            uploads = self._uploads
-            aborted = 0
-            found = uploads.uploads_older_than(base + prefix, older_than_seconds, page)
-            for upload in found:
-                with self._count_lock:
-                    self.counts["requests"] += 1
-                aborted += uploads.abort(upload)
-        except (aws.S3RequestError, OSError, ValueError) as exc:
-            raise StorageUnavailableError(
-                self.url, what, self._scrub(str(exc).splitlines()[0])
-            ) from None
-        with self._count_lock:
-            self.counts["requests"] += 1
-        return aborted
+        found, now = self.incomplete_uploads(prefix, page=page)
+        return sum(
+            self.abort_upload(u)
+            for u in found
+            if now - u.initiated >= older_than_seconds
+        )
 
 
+_NO_UPLOADS = (
+    "only S3 storage with credentials can list them; set a lifecycle rule on the "
+    "bucket instead"
+)
 _NO_CREDENTIALS = (
     "no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
     "AWS_PROFILE with a profile in ~/.aws/credentials or ~/.aws/config (keys, "

@@ -36,8 +36,8 @@ from .objects import (
     KeyExistsError,
     KeyMissingError,
     ObjectInfo,
+    ObjectTooLargeError,
     Source,
-    StorageUnavailableError,
     VersionMismatchError,
     check_key,
     check_prefix,
@@ -970,9 +970,7 @@ class LocalStorage:
         fd, st = opened
         if st.st_size > limit:
             os.close(fd)
-            raise StorageUnavailableError(
-                self.url_of(key), "read", f"{st.st_size} bytes, more than {limit}"
-            )
+            raise ObjectTooLargeError(self.url_of(key), st.st_size, limit)
         try:
             data = _read_at(fd, 0, st.st_size)
         except OSError as exc:

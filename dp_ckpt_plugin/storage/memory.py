@@ -22,7 +22,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -33,6 +33,7 @@ from .objects import (
     KeyExistsError,
     KeyMissingError,
     ObjectInfo,
+    ObjectTooLargeError,
     Source,
     StorageUnavailableError,
     VersionMismatchError,
@@ -233,9 +234,7 @@ class MemoryStorage:
             return None
         data, info = found
         if info.size > limit:
-            raise StorageUnavailableError(
-                self.url_of(key), "read", f"{info.size} bytes, more than {limit}"
-            )
+            raise ObjectTooLargeError(self.url_of(key), info.size, limit)
         return data, info
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
@@ -271,11 +270,20 @@ class MemoryStorage:
         base = root + prefix
         with self._bucket.lock:
             found = [
-                info
+                replace(info, key=full[len(root) :])
                 for full, (_, info) in sorted(self._bucket.objects.items())
                 if full.startswith(base)
             ]
         return iter(found)
+
+    def folders(self, prefix: str) -> list[str]:
+        """The folder names directly under ``prefix`` (``""`` or ending in ``/``)."""
+        self._call("list", check_prefix(prefix))
+        base = (f"{self.prefix}/" if self.prefix else "") + prefix
+        with self._bucket.lock:
+            fulls = list(self._bucket.objects)
+        rests = [f[len(base) :] for f in fulls if f.startswith(base)]
+        return sorted({r.partition("/")[0] for r in rests if "/" in r})
 
     def delete(self, key: str) -> bool:
         """Remove an object; ``False`` if it was not there."""

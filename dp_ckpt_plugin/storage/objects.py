@@ -101,6 +101,15 @@ class StorageUnavailableError(CheckpointWriteError):
         self.cause = cause
 
 
+class ObjectTooLargeError(StorageUnavailableError):
+    """``get``: the object holds more bytes than the caller's limit (not read)."""
+
+    def __init__(self, url: str, size: int, limit: int) -> None:
+        super().__init__(url, "read", f"{size} bytes, more than {limit}")
+        self.size = size
+        self.limit = limit
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What a storage really does.
@@ -191,6 +200,48 @@ class ObjectStorage(Protocol):
     def list(self, prefix: str) -> Iterator[ObjectInfo]: ...
 
     def delete(self, key: str) -> bool: ...
+
+
+@runtime_checkable
+class ListsFolders(Protocol):
+    """A storage that lists the folders directly under a prefix in one request."""
+
+    def folders(self, prefix: str) -> list[str]:
+        """The folder names (no ``/``) directly under ``prefix`` (``""`` or ending in ``/``)."""
+        ...
+
+
+@dataclass(frozen=True)
+class PendingUpload:
+    """An incomplete multipart upload.
+
+    Attributes
+    ----------
+    key : str
+        Its key, relative to the storage's root.
+    upload_id : str
+    initiated : float
+        When it began, by the server's clock (Unix time).
+    """
+
+    key: str
+    upload_id: str
+    initiated: float
+
+
+@runtime_checkable
+class AbortsUploads(Protocol):
+    """A storage that can list and abort incomplete multipart uploads."""
+
+    aborts_uploads: bool
+
+    def incomplete_uploads(self, prefix: str) -> tuple[list[PendingUpload], float]:
+        """The incomplete uploads whose keys start with ``prefix``, and the server's time now."""
+        ...
+
+    def abort_upload(self, upload: PendingUpload) -> bool:
+        """Abort one; ``False`` if it was gone already."""
+        ...
 
 
 def check_key(key: str) -> str:
