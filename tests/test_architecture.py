@@ -124,6 +124,9 @@ ALLOWED: dict[str, dict[str, str]] = {
         "signal.SIG_DFL": "ends the process by SIGINT once the store is closed",
         "signal.SIG_UNBLOCK": "ends the process by SIGINT once the store is closed",
     },
+    "deepmd/logs.py": {
+        "deepmd.__version__": "deepmd-kit's version line, said as its main says it",
+    },
     "deepmd/argcheck.py": {
         "signal.Signals": "the names of stop signals",
     },
