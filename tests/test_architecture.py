@@ -92,6 +92,13 @@ ALLOWED: dict[str, dict[str, str]] = {
         "torch.load": "from the handle holding the bytes the storage read",
     },
     "formats/hdf5.py": {"h5py.File": "on the handle the storage opened"},
+    "formats/checksums.py": {
+        "zipfile.ZipFile": "reads the members of bytes the storage read (in memory)",
+        "zipfile.BadZipFile": "what a damaged archive in memory raises",
+        "h5py.File": "on the bytes the storage read (in memory)",
+        "pathlib.Path.open": "ZipFile.open of a member of the archive in memory, "
+        "read like Path.open by this checker",
+    },
     "commands/__init__.py": {
         "importlib.import_module": "one module per subcommand, loaded on use",
         "os.dup2": "silences a closed standard output (not a file of the store)",

@@ -163,7 +163,7 @@ def run_freeze(flags: argparse.Namespace, host: str):
         "freezing %s, %s; %s",
         shown(found.path),
         describe_how(found),
-        describe_checked(found.checked),
+        describe_checked(found),
     )
     options = {"host": host, **host_module(host, "freeze").freeze_options(flags)}
     payload = payload_of(found)
@@ -201,7 +201,7 @@ def run_change_bias(flags: argparse.Namespace, host: str) -> None:
             spec,
             shown(found.path),
             describe_how(found),
-            describe_checked(found.checked),
+            describe_checked(found),
         )
         served.add(payload_of(found))
         flags.INPUT = str(found.path)

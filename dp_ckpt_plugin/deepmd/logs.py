@@ -120,6 +120,8 @@ _CHECKED = {
     "size": "size matches its commit record (digest not checked: verify is size)",
     "unverified": "unverified: it has no commit record",
 }
+#: How a file without a commit record was checked, before what it carries.
+_NO_RECORD = "no commit record; "
 
 
 def describe_how(found, cwd: Path | None = None) -> str:
@@ -134,9 +136,12 @@ def describe_how(found, cwd: Path | None = None) -> str:
     return found.how
 
 
-def describe_checked(checked: str) -> str:
-    """How a checkpoint was checked, in words."""
-    return _CHECKED.get(checked, checked)
+def describe_checked(found) -> str:
+    """How a resolved checkpoint (its ``checked``, ``carried``) was checked, in words."""
+    carried = getattr(found, "carried", None)
+    if found.record is None and carried is not None:
+        return _NO_RECORD + carried.describe()
+    return _CHECKED.get(found.checked, found.checked)
 
 
 def restart_line(
@@ -152,7 +157,7 @@ def restart_line(
     step = f" (step {found.step})" if found.step is not None else ""
     text = (
         f"--{option} {spec}: {shown(found.path, cwd)}{step}, "
-        f"{describe_how(found, cwd)}; {describe_checked(found.checked)}"
+        f"{describe_how(found, cwd)}; {describe_checked(found)}"
     )
     if found.path in set(adopted):
         text += " (adopted from plain deepmd-kit: it loads with torch and now has one)"
