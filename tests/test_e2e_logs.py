@@ -1,7 +1,8 @@
 """End to end: with the plugin on, every line of deepmd-kit's log stays, in order (issue 36).
 
 The same tiny input is trained twice, in two working directories: by plain
-deepmd-kit (``DP_CKPT_DISABLE=1``) and with the plugin. Every line plain
+deepmd-kit (``DP_CKPT_DISABLE=1``) and with the plugin (``dp --pt`` is then
+frozen in both, and its log compared the same way). Every line plain
 deepmd-kit logs (its version line, the banner, the data summaries, the
 per-step lines, ``Saved model to``, the closing lines) must appear in the
 plugin's log in the same order, on standard error and in deepmd-kit's log
@@ -77,6 +78,15 @@ def missing_in_order(plain: list[str], plugin: list[str]) -> str | None:
     return None
 
 
+def added(plain: list[str], plugin: list[str]) -> list[str]:
+    """The lines of ``plugin`` left over once ``plain``'s are matched in order."""
+    left, at = list(plugin), 0
+    for line in plain:
+        at = left.index(line, at)
+        del left[at]
+    return left
+
+
 def train(tmp_path: Path, name: str, data: Path, backend: str, **env):
     """``dp --<backend> train input.json -l log.txt`` in a new directory."""
     dp_ckpt = {"exact_resume": EXACT_RESUME} if not env else None
@@ -92,30 +102,44 @@ def train(tmp_path: Path, name: str, data: Path, backend: str, **env):
     return workdir, result
 
 
+def lines_of(text: str, cwd: Path, *, mask: bool) -> list[str]:
+    """The normalized log records of ``text``, written in ``cwd``."""
+    return [normalized(x, cwd, mask_losses=mask) for x in log_lines(text)]
+
+
+def assert_kept(where: str, theirs: str, ours: str, dirs, *, mask: bool) -> None:
+    """Every log line of ``theirs`` (plain) is in ``ours`` (the plugin's), in order."""
+    expected = lines_of(theirs, dirs[0], mask=mask)
+    assert expected, theirs[-2000:]
+    gone = missing_in_order(expected, lines_of(ours, dirs[1], mask=mask))
+    assert gone is None, f"{where}: the plugin's log lacks {gone}"
+
+
 @pytest.mark.parametrize("backend", ["pt", "pt-expt"])
 def test_every_line_of_deepmds_log_stays_in_order(tmp_path, backend):
     data = make_data(tmp_path / "data", frames=4)
     plain_dir, plain = train(tmp_path, "plain", data, backend, DP_CKPT_DISABLE="1")
     plugin_dir, plugin = train(tmp_path, "plugin", data, backend)
-    mask = backend == "pt-expt"
-
-    def lines(text: str, cwd: Path) -> list[str]:
-        return [normalized(x, cwd, mask_losses=mask) for x in log_lines(text)]
+    dirs, mask = (plain_dir, plugin_dir), backend == "pt-expt"
+    files = [(d / "log.txt").read_text("utf-8") for d in dirs]
 
     assert plain.stdout == plugin.stdout == ""
-    for where, theirs, ours in (
-        ("standard error", plain.stderr, plugin.stderr),
-        (
-            "the log file",
-            (plain_dir / "log.txt").read_text("utf-8"),
-            (plugin_dir / "log.txt").read_text("utf-8"),
-        ),
-    ):
-        expected, got = lines(theirs, plain_dir), lines(ours, plugin_dir)
-        assert len(expected) > 50, theirs[-2000:]
-        gone = missing_in_order(expected, got)
-        assert gone is None, f"{where}: the plugin's log lacks {gone}"
-        assert any("dp_ckpt_plugin" in line for line in got)
+    assert len(log_lines(plain.stderr)) > 50
+    assert_kept("standard error", plain.stderr, plugin.stderr, dirs, mask=mask)
+    assert_kept("the log file", *files, dirs, mask=mask)
+    # the log file names each line's logger: what the plugin adds is its own
+    extra = added(
+        *(lines_of(f, d, mask=mask) for f, d in zip(files, dirs, strict=True))
+    )
+    assert extra and all(" dp_ckpt_plugin " in x for x in extra), extra
     version = "DeePMD version: " if backend == "pt" else "DeePMD-kit backend: pt_expt"
     assert version in log_lines(plugin.stderr)[0]
     assert "Saved model to models/model.ckpt-4.pt" in plugin.stderr
+    if backend == "pt":  # freeze too (dp --pt-expt's export takes half a minute)
+        frozen = [
+            run(dp("freeze", "-o", "frozen.pth", backend=backend), d, env=dp_env(**e))
+            for d, e in ((plain_dir, {"DP_CKPT_DISABLE": "1"}), (plugin_dir, {}))
+        ]
+        for result in frozen:
+            result.check()
+        assert_kept("freeze", frozen[0].stderr, frozen[1].stderr, dirs, mask=False)
