@@ -5,7 +5,7 @@ checkpoint of a trained store into another directory, where it has no
 record. ``dp --pt train --init-model <that link>`` checks it by the CRC32 of
 every member of its zip archive: intact, one INFO line says so (no
 WARNING); damaged, ``dp`` ends with one line naming the member, before
-anything is built, and no traceback.
+anything is built, and no traceback (``dp --pt freeze -c`` of it too).
 """
 
 from __future__ import annotations
@@ -58,7 +58,10 @@ def test_a_linked_checkpoint_is_checked_by_its_crc32(handed):
     assert not [x for x in out.splitlines() if "WARNING" in x and "record" in x]
 
 
-def test_a_damaged_one_ends_in_one_line_before_anything_is_built(handed):
+@pytest.mark.parametrize(
+    "command", [("train", "input.json", "--init-model"), ("freeze", "-c")]
+)
+def test_a_damaged_one_ends_in_one_line_before_anything_is_built(handed, command):
     workdir, model = handed
     data = model.read_bytes()
     model.unlink()  # never write through the link: the shared store stays whole
@@ -67,7 +70,7 @@ def test_a_damaged_one_ends_in_one_line_before_anything_is_built(handed):
     )
     model.write_bytes(flipped(data, start + size // 2))
     spec = "from_last_iteration/model.ckpt-10.pt"
-    result = run(dp("train", "input.json", "--init-model", spec, backend="pt"), workdir)
+    result = run(dp(*command, spec, backend="pt"), workdir)
     assert result.returncode == 1, result.describe()
     assert_no_traceback(result)
     errors = [x for x in result.output.splitlines() if " ERROR " in x]
@@ -75,3 +78,4 @@ def test_a_damaged_one_ends_in_one_line_before_anything_is_built(handed):
     assert f"member {name} of its zip archive fails its check" in errors[0]
     assert "Constructing DataLoaders" not in result.output  # nothing built
     assert not (workdir / "models").exists()
+    assert not list(workdir.glob("frozen_model*"))
