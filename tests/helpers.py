@@ -448,3 +448,33 @@ def gone_holder():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     return Holder(socket.gethostname(), child.pid, "dp train (killed)", time.ctime())
+
+
+# -- damaging a file by its own structure -------------------------------------------
+
+
+def zip_member_spans(data: bytes) -> list[tuple[str, int, int]]:
+    """``(name, start, size)`` of the stored bytes of each member of a zip archive.
+
+    Read from each member's local header (its own name and extra lengths), so
+    a byte flipped in ``data[start:start + size]`` lies inside that member's
+    data, not in a header.
+    """
+    import io
+    import struct
+    import zipfile
+
+    spans = []
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        for info in archive.infolist():
+            at = info.header_offset
+            name_len, extra_len = struct.unpack("<HH", data[at + 26 : at + 30])
+            spans.append(
+                (info.filename, at + 30 + name_len + extra_len, info.compress_size)
+            )
+    return spans
+
+
+def flipped(data: bytes, at: int) -> bytes:
+    """``data`` with every bit of the byte at ``at`` inverted."""
+    return data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1 :]

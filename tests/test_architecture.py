@@ -92,6 +92,13 @@ ALLOWED: dict[str, dict[str, str]] = {
         "torch.load": "from the handle holding the bytes the storage read",
     },
     "formats/hdf5.py": {"h5py.File": "on the handle the storage opened"},
+    "formats/checksums.py": {
+        "zipfile.ZipFile": "reads the members of bytes the storage read (in memory)",
+        "zipfile.BadZipFile": "what a damaged archive in memory raises",
+        "h5py.File": "on the bytes the storage read (in memory)",
+        "pathlib.Path.open": "ZipFile.open of a member of the archive in memory, "
+        "read like Path.open by this checker",
+    },
     "commands/__init__.py": {
         "importlib.import_module": "one module per subcommand, loaded on use",
         "os.dup2": "silences a closed standard output (not a file of the store)",
@@ -123,6 +130,9 @@ ALLOWED: dict[str, dict[str, str]] = {
         "signal.SIGINT": "Ctrl-C ends the command by SIGINT",
         "signal.SIG_DFL": "ends the process by SIGINT once the store is closed",
         "signal.SIG_UNBLOCK": "ends the process by SIGINT once the store is closed",
+    },
+    "deepmd/logs.py": {
+        "deepmd.__version__": "deepmd-kit's version line, said as its main says it",
     },
     "deepmd/argcheck.py": {
         "signal.Signals": "the names of stop signals",

@@ -362,10 +362,10 @@ def test_logs_say_what_a_user_can_act_on(main_run):
     for line in save_lines:
         assert SAVE_LINE.search(line), line
         assert "models/model.ckpt-" in line and "model_ema.ckpt-" in line
-    # the lines they replace: the store's per-family one, deepmd-kit's two
+    # the line it replaces: the store's per-family one; deepmd-kit's stay (issue 36)
     assert "committed " not in out
-    assert "Saved model to" not in out
-    assert "Trained model has been saved to" not in out
+    assert out.count("Saved model to models/model.ckpt-") == 4
+    assert "Trained model has been saved to: model.ckpt" in out
     assert (
         "training ended; the latest checkpoint is models/model.ckpt-20.pt (step 20), "
         "named by models/checkpoint"

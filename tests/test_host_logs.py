@@ -11,7 +11,6 @@ from dp_ckpt_plugin.checkpoint import Checkpoint
 from dp_ckpt_plugin.checkpoint.records import CommitRecord
 from dp_ckpt_plugin.deepmd.argcheck import PluginOptions
 from dp_ckpt_plugin.deepmd.logs import (
-    Demote,
     SaveReport,
     ShortPaths,
     describe_how,
@@ -154,15 +153,57 @@ def test_background_save_line_says_how_long_training_paused(caplog):
     assert " in the background (training paused 0.0" in caplog.records[0].getMessage()
 
 
-def test_replaced_lines_go_to_debug_and_paths_get_short(caplog, monkeypatch):
+def test_paths_get_short_and_no_line_changes_level(caplog, monkeypatch):
     monkeypatch.chdir("/")
-    logger = logging.getLogger("test_host_logs.demoted")
-    logger.addFilter(Demote(["Saved model to "]))
+    logger = logging.getLogger("test_host_logs.short")
     logger.addFilter(ShortPaths())
-    with caplog.at_level(logging.DEBUG, logger="test_host_logs.demoted"):
+    with caplog.at_level(logging.DEBUG, logger="test_host_logs.short"):
         logger.info("Saved model to models/x.pt")
         logger.info("removed %s (retention)", Path("/tmp/../w/models/model.ckpt-5.pt"))
-    demoted, kept = caplog.records
-    assert demoted.levelno == logging.DEBUG
-    assert kept.levelno == logging.INFO
-    assert kept.getMessage() == "removed w/models/model.ckpt-5.pt (retention)"
+    saved, removed = caplog.records
+    assert saved.levelno == removed.levelno == logging.INFO
+    assert saved.getMessage() == "Saved model to models/x.pt"
+    assert removed.getMessage() == "removed w/models/model.ckpt-5.pt (retention)"
+
+
+def test_only_the_plugins_logger_is_filtered():
+    """deepmd-kit's lines are never demoted nor changed (issue 36)."""
+    from dp_ckpt_plugin.deepmd.host import descriptors
+    from dp_ckpt_plugin.deepmd.logs import shorten_paths
+
+    shorten_paths()
+    for host in descriptors():
+        for name in ("deepmd", host.trainer, host.deepmd_main):
+            assert logging.getLogger(name).filters == [], name
+
+
+@pytest.mark.parametrize(
+    ("host", "said"),
+    [
+        (
+            "pt",
+            [
+                (logging.DEBUG, "Log handles were successfully set"),
+                (logging.INFO, "DeePMD version: {version}"),
+            ],
+        ),
+        (
+            "pt_expt",
+            [(logging.INFO, "DeePMD-kit backend: pt_expt (PyTorch Exportable)")],
+        ),
+    ],
+)
+def test_the_lines_of_deepmds_main_are_said(caplog, host, said):
+    """What deepmd-kit's ``main`` says before a command, on its own logger."""
+    pytest.importorskip("deepmd")
+    from deepmd import __version__
+
+    from dp_ckpt_plugin.deepmd.host import descriptor
+    from dp_ckpt_plugin.deepmd.logs import say_main_lines
+
+    name = descriptor(host).deepmd_main
+    with caplog.at_level(logging.DEBUG, logger=name):
+        say_main_lines(host)
+    assert [(r.name, r.levelno, r.getMessage()) for r in caplog.records] == [
+        (name, level, text.format(version=__version__)) for level, text in said
+    ]

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import fill_store, needs_torch
+from helpers import fill_store, flipped, needs_torch, zip_member_spans
 
 from dp_ckpt_plugin import (
     ConfigError,
@@ -265,6 +265,26 @@ def test_plain_save_dir_is_adopted(tmp_path, run_in, caplog):
     )
     assert "model.ckpt-7.pt has no commit record and does not load with torch" in text
     assert "adopted from plain deepmd-kit" in text
+
+
+@needs_torch
+def test_a_damaged_plain_file_is_not_adopted_and_its_member_is_named(
+    tmp_path, run_in, caplog
+):
+    """Rule 45: adoption checks a file's own CRC32s before it gives a record."""
+    from dp_ckpt_plugin.checkpoint.records import read_record
+
+    models = tmp_path / "models"
+    plain_files(models, [5, 10])
+    path = models / "model.ckpt-10.pt"
+    data = path.read_bytes()
+    name, start, size = zip_member_spans(data)[0]
+    path.write_bytes(flipped(data, start + size // 2))
+    with caplog.at_level(logging.INFO, logger="dp_ckpt_plugin"):
+        prepared = run_in(write_input(tmp_path), restart="models/model.ckpt-5.pt")
+    assert prepared.restart == str(models / "model.ckpt-5.pt")
+    assert read_record(models / "model.ckpt-10.pt") is None
+    assert f"is damaged: member {name} of its zip archive" in caplog.text
 
 
 @needs_torch

@@ -304,10 +304,10 @@ def test_the_host_shortens_paths_and_the_guard_still_renders_last(
     message, runs after it whatever the order they were added in."""
     from pathlib import Path
 
-    from dp_ckpt_plugin.deepmd.logs import demote_replaced_lines
+    from dp_ckpt_plugin.deepmd.logs import shorten_paths
 
     monkeypatch.chdir(tmp_path)
-    demote_replaced_lines()
+    shorten_paths()
     log = logging.getLogger("dp_ckpt_plugin")
     hostile = Path(tmp_path / "models" / "model\x1b[31m.ckpt-5\n.pt")
     with caplog.at_level(logging.INFO, logger="dp_ckpt_plugin"):

@@ -4,7 +4,8 @@ deepmd-kit 3.2 alone writes numbered checkpoints into ``save_dir`` without
 commit records (and its ``checkpoint`` pointer into the working directory).
 When a run of the plugin opens such a directory as its writer, each numbered
 file of the run's families that has no record is read once, checked by
-loading those bytes with ``torch.load(weights_only=True)`` and, if they load,
+the checksums it carries (rule 48) and by loading those bytes with
+``torch.load(weights_only=True)`` and, if they pass and load,
 given the commit record that describes them: from then on ``latest`` and
 ``--restart <save_dir>`` find it, retention counts it, and a run that starts
 its own step count archives it. A file that does not load is left alone with
@@ -25,6 +26,7 @@ from pathlib import Path
 from ..checkpoint import Checkpoint
 from ..checkpoint.catalogue import committed
 from ..checkpoint.pointers import named_by
+from ..formats.checksums import check_carried
 from ..storage import PayloadBytes
 from ..store.adoption import adopt_family
 from ..store.core import CheckpointStore
@@ -34,8 +36,11 @@ log = logging.getLogger("dp_ckpt_plugin")
 
 
 def loads_with_torch(payload: PayloadBytes) -> None:
-    """Raise unless a file's bytes load with ``torch.load(weights_only=True)`` as a dict."""
+    """Raise unless a file's bytes pass their own checksums (rule 48) and load
+    with ``torch.load(weights_only=True)`` as a dict."""
     import torch
+
+    check_carried(payload)  # a damaged member is named, not just "does not load"
 
     state = torch.load(payload.reader(), map_location="cpu", weights_only=True)
     if not isinstance(state, dict):

@@ -31,7 +31,7 @@ from ..storage import local_storage
 from ..store.core import CheckpointStore
 from .exact import KEY, on_cpu, read_entry, restart_line
 from .loading import MISSING, ServedPayloads
-from .logs import SaveReport, demote_replaced_lines, finished_line
+from .logs import SaveReport, finished_line
 from .naming import ema_prefix
 from .preempt import Stopped, StopSignals
 from .retention_args import periodic_policy
@@ -105,8 +105,7 @@ class HostRun:
 
     # -- set-up ----------------------------------------------------------------------
     def started(self, num_steps: int) -> None:
-        """The trainer is built: set the retention windows, tidy the log lines."""
-        demote_replaced_lines(self.host if self.store is not None else None)
+        """The trainer is built: set the retention windows."""
         if self.store is None:
             return
         primary = self.store.primary.prefix

@@ -30,10 +30,11 @@ from ..errors import CheckpointError
 from .host import descriptor
 from .logs import (
     command_loggers,
-    demote_replaced_lines,
     describe_checked,
     describe_how,
+    say_main_lines,
     scoped_logging,
+    shorten_paths,
     shown,
 )
 from .preempt import Stopped
@@ -61,7 +62,8 @@ def main(args: list[str] | argparse.Namespace | None = None, *, host: str) -> No
             mpi_log=None,
         )
         share_deepmd_handlers(log)
-        demote_replaced_lines()
+        shorten_paths()
+        say_main_lines(host)
         run_command(flags, host)
 
 
@@ -161,7 +163,7 @@ def run_freeze(flags: argparse.Namespace, host: str):
         "freezing %s, %s; %s",
         shown(found.path),
         describe_how(found),
-        describe_checked(found.checked),
+        describe_checked(found),
     )
     options = {"host": host, **host_module(host, "freeze").freeze_options(flags)}
     payload = payload_of(found)
@@ -199,7 +201,7 @@ def run_change_bias(flags: argparse.Namespace, host: str) -> None:
             spec,
             shown(found.path),
             describe_how(found),
-            describe_checked(found.checked),
+            describe_checked(found),
         )
         served.add(payload_of(found))
         flags.INPUT = str(found.path)

@@ -45,9 +45,12 @@ class HostDescriptor:
     reports_metrics : bool
         Whether the trainer hands the displayed learning-curve values to
         each periodic save (what ``keep_best`` ranks by).
-    replaced_lines : tuple of str
-        Starts of deepmd-kit's own log lines the plugin's lines replace
-        (shown at ``DEBUG`` only, with ``save_dir``).
+    main_lines : tuple of (str, str)
+        What deepmd-kit's ``main`` of the backend logs once its log handles
+        are set, before it runs a command: ``(level, message)``, the message
+        formatted with ``version`` (deepmd-kit's). The plugin's ``main``
+        replaces deepmd-kit's for ``train``, ``freeze`` and ``change-bias``
+        and says them in its place, on the logger of :attr:`deepmd_main`.
     """
 
     name: str
@@ -60,10 +63,7 @@ class HostDescriptor:
     suffix: str = ".pt"
     frozen_suffix: str = ".pth"
     reports_metrics: bool = True
-    replaced_lines: tuple[str, ...] = (
-        "Saved model to ",
-        "Trained model has been saved to: ",
-    )
+    main_lines: tuple[tuple[str, str], ...] = ()
 
     def module(self, name: str):
         """Import the host folder's module ``name`` (``train``, ``trainer``, ``freeze``)."""

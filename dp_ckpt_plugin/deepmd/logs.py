@@ -7,10 +7,11 @@
   seconds and MB/s, from :class:`SaveReport`, an ``on_commit`` observer;
 - one closing line naming where the latest checkpoint really is.
 
-The deepmd-kit lines they replace are demoted to ``DEBUG`` by
-:class:`Demote`: the host descriptor names them (``Saved model to`` /
-``Trained model has been saved to: model.ckpt``, misleading with
-``save_dir``). The core says nothing at ``INFO`` per commit; what it returns
+They come beside deepmd-kit's own lines, which all stay, in their order
+(``Saved model to`` included): the plugin adds lines and removes none; the
+lines deepmd-kit's ``main`` says before a command are said by
+:func:`say_main_lines`, since the plugin's ``main`` runs in its place. The
+core says nothing at ``INFO`` per commit; what it returns
 carries structured fields (a restart's ``rule``, ``via``, ``fell_back``), so
 no line of the core's is read here. Paths are shown normalized, relative to
 the working directory when they lie below it (:func:`shown`).
@@ -119,6 +120,8 @@ _CHECKED = {
     "size": "size matches its commit record (digest not checked: verify is size)",
     "unverified": "unverified: it has no commit record",
 }
+#: How a file without a commit record was checked, before what it carries.
+_NO_RECORD = "no commit record; "
 
 
 def describe_how(found, cwd: Path | None = None) -> str:
@@ -133,9 +136,12 @@ def describe_how(found, cwd: Path | None = None) -> str:
     return found.how
 
 
-def describe_checked(checked: str) -> str:
-    """How a checkpoint was checked, in words."""
-    return _CHECKED.get(checked, checked)
+def describe_checked(found) -> str:
+    """How a resolved checkpoint (its ``checked``, ``carried``) was checked, in words."""
+    carried = getattr(found, "carried", None)
+    if found.record is None and carried is not None:
+        return _NO_RECORD + carried.describe()
+    return _CHECKED.get(found.checked, found.checked)
 
 
 def restart_line(
@@ -151,7 +157,7 @@ def restart_line(
     step = f" (step {found.step})" if found.step is not None else ""
     text = (
         f"--{option} {spec}: {shown(found.path, cwd)}{step}, "
-        f"{describe_how(found, cwd)}; {describe_checked(found.checked)}"
+        f"{describe_how(found, cwd)}; {describe_checked(found)}"
     )
     if found.path in set(adopted):
         text += " (adopted from plain deepmd-kit: it loads with torch and now has one)"
@@ -290,20 +296,38 @@ def finished_line(report: SaveReport | None, store, cwd: Path | None = None) -> 
     return f"training ended without a new checkpoint; {pointer} is unchanged"
 
 
-# -- replaced lines -------------------------------------------------------------------
+# -- deepmd-kit's own lines ------------------------------------------------------------
 
 
-class Demote(logging.Filter):
-    """Show a record whose message starts with one of ``starts`` at ``DEBUG`` only."""
+def say_main_lines(host: str) -> None:
+    """Say what deepmd-kit's ``main`` of ``host`` says before a command.
 
-    def __init__(self, starts: Iterable[str]) -> None:
-        super().__init__()
-        self.starts = tuple(starts)
+    The plugin's ``main`` runs ``train``, ``freeze`` and ``change-bias`` in
+    place of deepmd-kit's; these are the lines deepmd-kit's would have said
+    first (``DeePMD version: 3.2.0``), on its logger, so its log keeps every
+    line of deepmd-kit's, in order (the host descriptor's ``main_lines``).
+    """
+    from deepmd import __version__
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.msg, str) and record.msg.startswith(self.starts):
-            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-        return True
+    from .host import descriptor
+
+    found = descriptor(host)
+    logger = logging.getLogger(found.deepmd_main)
+    for level, message in found.main_lines:
+        logger.log(
+            logging.getLevelName(level), "%s", message.format(version=__version__)
+        )
+
+
+def say_saved(host: str, path: str | os.PathLike) -> None:
+    """deepmd-kit's ``Saved model to <path>``, on the logger of ``host``'s trainer.
+
+    For a host whose periodic save the plugin makes in place of deepmd-kit's
+    (``dp --pt-expt``): the line deepmd-kit's save would have said.
+    """
+    from .host import descriptor
+
+    logging.getLogger(descriptor(host).trainer).info(f"Saved model to {path}")
 
 
 class ShortPaths(logging.Filter):
@@ -319,20 +343,12 @@ class ShortPaths(logging.Filter):
         return True
 
 
-def demote_replaced_lines(host: str | None = None) -> None:
-    """Attach :class:`Demote` to the logger of ``host``'s trainer (once).
+def shorten_paths() -> None:
+    """Attach :class:`ShortPaths` to the plugin's logger (once), the guard last.
 
-    Only with ``save_dir`` (``host`` given): without it deepmd-kit's own lines
-    are the only ones and say the truth. Also shortens the paths of the
-    plugin's lines.
+    Only the plugin's own logger is filtered: deepmd-kit's lines are never
+    changed, demoted or dropped.
     """
-    from .host import descriptor
-
-    if host is not None:
-        found = descriptor(host)
-        logger = logging.getLogger(found.trainer)
-        if not any(isinstance(f, Demote) for f in logger.filters):
-            logger.addFilter(Demote(found.replaced_lines))
     plugin = logging.getLogger("dp_ckpt_plugin")
     if not any(isinstance(f, ShortPaths) for f in plugin.filters):
         plugin.addFilter(ShortPaths())
@@ -345,13 +361,11 @@ def demote_replaced_lines(host: str | None = None) -> None:
 def command_loggers() -> list[str]:
     """The loggers a ``dp`` command of the plugin configures.
 
-    deepmd-kit's (``set_log_handles``: handlers, level, ``propagate``), the
-    plugin's (:func:`~dp_ckpt_plugin.deepmd.cli.share_deepmd_handlers`,
-    :class:`ShortPaths`) and each host's trainer's (:class:`Demote`).
+    deepmd-kit's (``set_log_handles``: handlers, level, ``propagate``) and
+    the plugin's (:func:`~dp_ckpt_plugin.deepmd.cli.share_deepmd_handlers`,
+    :class:`ShortPaths`).
     """
-    from .host import descriptors
-
-    return ["deepmd", "dp_ckpt_plugin", *(d.trainer for d in descriptors())]
+    return ["deepmd", "dp_ckpt_plugin"]
 
 
 @contextlib.contextmanager

@@ -8,7 +8,9 @@ broadcasts the answer (or the error) to every rank. Whatever rule or plugin
 proposed a checkpoint, a link is followed to the file it names and that file
 is checked against its commit record at the level the context asks for
 (rule 32 of ``docs/guarantees.md``); a :class:`Verifier` shared with the rules
-hashes each file once.
+hashes each file once. A file without a record is checked by the checksums
+its own format carries (:mod:`dp_ckpt_plugin.formats.checksums`, rule 48),
+over the bytes read for it.
 
 A caller that will load the checkpoint asks for its bytes
 (``ResolveContext.load``): the file is then opened once and read once, those
@@ -38,6 +40,7 @@ from ..errors import (
     RestartNotFoundError,
     UnreadableFileError,
 )
+from ..formats.checksums import Carried, check_carried
 from ..ranks import Ranks, SingleProcess
 from ..storage import PayloadBytes, Storage, default_storage
 
@@ -230,7 +233,9 @@ class Resolved:
     checkpoint : Checkpoint
         The checkpoint (a link is resolved to the file it names).
     checked : str
-        ``"digest"``, ``"size"`` or ``"unverified"``.
+        ``"digest"`` or ``"size"`` (against its commit record); without a
+        record, ``"checksums"`` (the checksums its format carries match) or
+        ``"unverified"`` (it carries none).
     how : str
         Which rule found it, for people.
     warnings : list of str
@@ -250,6 +255,9 @@ class Resolved:
     payload : PayloadBytes or None
         The checkpoint's bytes, read from one opening and verified, when the
         context asked to load it (on the chief only: it is not broadcast).
+    carried : dp_ckpt_plugin.formats.checksums.Carried or None
+        For a file without a commit record: what it carries to check itself,
+        and what of it was checked.
     """
 
     checkpoint: Checkpoint
@@ -262,6 +270,7 @@ class Resolved:
     fell_back: bool = False
     source: Any = None
     payload: PayloadBytes | None = field(default=None, repr=False, compare=False)
+    carried: Carried | None = None
 
     @property
     def path(self) -> Path:
@@ -316,14 +325,17 @@ def admit(found: Resolved, ctx: ResolveContext) -> Resolved:
     The file is followed through links to the checkpoint they name and
     checked as that checkpoint: its commit record is read and it is verified
     at the context's level (the size always, the digest when asked). A file
-    without a record is accepted unverified, with a warning.
+    without a record is read once and checked by the checksums its format
+    carries (:func:`~dp_ckpt_plugin.formats.checksums.check_carried`); one
+    that carries none is accepted unverified (with a warning when it is of
+    no format known here).
 
     Raises
     ------
     RestartNotFoundError
         When the proposal names nothing, or a file whose record is malformed.
     CorruptCheckpointError
-        When it does not match its record.
+        When it does not match its record, or its own checksums.
     """
     if not isinstance(found, Resolved):
         raise RestartNotFoundError(
@@ -343,12 +355,8 @@ def admit(found: Resolved, ctx: ResolveContext) -> Resolved:
             f"{path} is not a committed checkpoint: {exc}"
         ) from None
     warnings = list(found.warnings)
-    payload = None
+    payload = carried = None
     if record is None:
-        checked = "unverified"
-        note = unrecorded_note(path)
-        if note not in warnings:
-            warnings.append(note)
         step, family = found.step, found.checkpoint.family
         if path.name != found.path.name:  # a link named something else
             step = step_in_name(path.name, ctx.family.suffix)
@@ -361,10 +369,20 @@ def admit(found: Resolved, ctx: ResolveContext) -> Resolved:
     try:
         if record is not None:
             ctx.verifier.verify(path, record, digest=ctx.digest)
-        if ctx.load:
-            payload = ctx.verifier.payload(path, record, digest=ctx.digest)
+            if ctx.load:
+                payload = ctx.verifier.payload(path, record, digest=ctx.digest)
+        else:
+            read = ctx.verifier.payload(path, None, digest=ctx.digest)
+            carried = check_carried(read)
+            payload = read if ctx.load else None
     except FileNotFoundError:
         raise RestartNotFoundError(f"restart checkpoint {path} went away") from None
+    if carried is not None:
+        checked = "checksums" if carried.verified else "unverified"
+        if carried.kind == "unknown":
+            note = unrecorded_note(path)
+            if note not in warnings:
+                warnings.append(note)
     return Resolved(
         Checkpoint(path, step, family, record),
         checked,
@@ -376,6 +394,7 @@ def admit(found: Resolved, ctx: ResolveContext) -> Resolved:
         found.fell_back,
         found.source,
         payload,
+        carried,
     )
 
 
@@ -404,6 +423,8 @@ def payload_of(found: Resolved, storage: Storage | None = None) -> PayloadBytes:
         raise CorruptCheckpointError(f"checkpoint {exc}") from None
     if found.record is not None and found.checked != "unverified":
         check_payload(payload, found.record, digest=found.checked == "digest")
+    elif found.record is None and found.checked == "checksums":
+        check_carried(payload)
     return payload
 
 
@@ -423,7 +444,9 @@ def follow_link(path: Path, storage: Storage) -> tuple[Path, Path | None]:
 
 
 def unrecorded_note(path: Path) -> str:
+    """The warning for a file without a record that carries no known checksum."""
     return (
-        f"{path} has no commit record, so it could not be verified "
-        "(records are written for checkpoints saved to a save_dir)"
+        f"{path} has no commit record and is not a zip archive, an HDF5 file nor "
+        "a torch pickle, so it could not be verified (records are written for "
+        "checkpoints saved to a save_dir)"
     )

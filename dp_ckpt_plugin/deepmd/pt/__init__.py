@@ -17,4 +17,8 @@ DESCRIPTOR = HostDescriptor(
     trainer="deepmd.pt.train.training",
     frozen_suffix=".pth",
     reports_metrics=True,
+    main_lines=(
+        ("DEBUG", "Log handles were successfully set"),
+        ("INFO", "DeePMD version: {version}"),
+    ),
 )

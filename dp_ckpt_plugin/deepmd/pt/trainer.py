@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -61,20 +62,35 @@ class StoreFamily:
         The run whose store this is.
     prefix : str
         The family's prefix (``model.ckpt``, ``model_ema.ckpt``).
+    deepmds : object, optional
+        deepmd-kit's own store of the family, which it replaces: a path the
+        plugin's store names as deepmd-kit's names it is spelled as deepmd-kit
+        spells it (``models/model.ckpt-20.pt``, relative as ``save_dir`` is),
+        so deepmd-kit's ``Saved model to`` line says what it says alone.
     """
 
-    def __init__(self, run: HostRun, prefix: str) -> None:
+    def __init__(self, run: HostRun, prefix: str, deepmds: Any = None) -> None:
         self.run = run
         self.prefix = prefix
         self.family = run.store.family(prefix).family
+        self.deepmds = deepmds
 
     def path_for(self, step: int) -> Path:
-        """Where the checkpoint of ``step`` goes."""
-        return self.run.store.path_for(step, self.prefix)
+        """Where the checkpoint of ``step`` goes, spelled as deepmd-kit spells it."""
+        path = self.run.store.path_for(step, self.prefix)
+        spelled = getattr(self.deepmds, "path_for", None)
+        if spelled is not None:
+            theirs = Path(spelled(step))
+            if self._absolute(theirs) == path:
+                return theirs
+        return path
+
+    def _absolute(self, path: Path) -> Path:
+        return Path(os.path.normpath(os.path.join(self.run.cwd or "", path)))
 
     def step_of(self, path: Path) -> int | None:
         """The step of a numbered checkpoint of this family in the store, else ``None``."""
-        path = Path(path)
+        path = self._absolute(Path(path))
         if path.parent != self.run.store.directory:
             return None
         return self.family.step_of(path.name)
@@ -135,8 +151,10 @@ def make_trainer_class(host_run: HostRun) -> type:
             self._dp_pending: tuple[int, dict[str, Any]] | None = None
             if host_run.store is not None:
                 primary, ema = host_run.family_names(self.model_ema is not None)
-                self.ckpt_store = StoreFamily(host_run, primary)
-                self.ema_ckpt_store = StoreFamily(host_run, ema_prefix(primary))
+                self.ckpt_store = StoreFamily(host_run, primary, self.ckpt_store)
+                self.ema_ckpt_store = StoreFamily(
+                    host_run, ema_prefix(primary), self.ema_ckpt_store
+                )
                 self._dp_primary, self._dp_ema = primary, ema
             self.dp_setup_best(
                 config.get("validating") if isinstance(config, dict) else None,

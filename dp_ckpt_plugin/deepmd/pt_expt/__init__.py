@@ -17,4 +17,5 @@ DESCRIPTOR = HostDescriptor(
     trainer="deepmd.pt_expt.train.training",
     frozen_suffix=".pte",
     reports_metrics=True,
+    main_lines=(("INFO", "DeePMD-kit backend: pt_expt (PyTorch Exportable)"),),
 )

@@ -7,7 +7,9 @@ trainer can be entered:
   (model, optimizer, EMA state, with ``train_infos.step`` set) for the
   periodic and the EMA family and hands both to the store
   (:meth:`~dp_ckpt_plugin.deepmd.checkpointing.HostRun.save`), which commits,
-  publishes and prunes them. deepmd-kit's own checkpoint stores are left unused;
+  publishes and prunes them, and deepmd-kit's ``Saved model to`` line is said
+  as deepmd-kit says it. deepmd-kit's own checkpoint stores are left unused
+  (but for the spelling of that line's path);
 - ``_write_checkpoint`` (reached only for best-validation files now) writes
   the same payload atomically at the exact path given, which keeps its own
   name and place;
@@ -40,6 +42,7 @@ from deepmd.pt_expt.train.ema import EMA_CHECKPOINT_KEY
 from .. import positions
 from ..checkpointing import HostRun, write_torch_atomic
 from ..exact import KEY, ExactResume, capture_rngs, restore_rngs
+from ..logs import say_saved
 from ..optimizer_state import load_optimizer_state
 from .metrics import MetricsMixin
 
@@ -243,6 +246,8 @@ def make_trainer_class(host_run: HostRun) -> type:
                 chief=self.rank == 0,
                 metrics={primary: self.dp_metrics(step)},
             )
+            if self.rank == 0:  # its path as deepmd-kit's unused store spells it
+                say_saved(host_run.host, self.ckpt_store.path_for(step))
 
         # -- the loop ---------------------------------------------------------
         def train_step(self, task, step: int):
