@@ -182,6 +182,7 @@ class ResumableLoader:
     def _new_pass(self) -> None:
         import torch
 
+        self._say_as_torch()
         base_seed = draw_int64()  # the iterator's base seed
         self.pass_state = torch.get_rng_state()
         sampler = self.sampler  # drawn as torch draws it, on its generator
@@ -194,6 +195,31 @@ class ResumableLoader:
                 _generator(base_seed + worker) for worker in range(self.num_workers)
             ]
             self.systems = [self._fresh_systems() for _ in range(self.num_workers)]
+
+    def _say_as_torch(self) -> None:
+        """The warnings torch's loader gives at each ``iter()``, from torch itself.
+
+        A ``DataLoader`` with the same worker and pinning settings over no
+        data says them (``pin_memory`` without an accelerator, more workers
+        than CPUs) at torch's own lines, so that a user's log shows what
+        plain deepmd-kit's shows; its base seed comes from a generator of
+        its own, not torch's global one.
+        """
+        from torch.utils.data import DataLoader
+
+        def shadow(workers: int):
+            return DataLoader(
+                [],
+                batch_size=None,
+                num_workers=workers,
+                pin_memory=self.pin_memory,
+                generator=_generator(0),
+            )
+
+        if self.num_workers:
+            shadow(self.num_workers).check_worker_number_rationality()
+        if self.pin_memory:
+            iter(shadow(0))  # the iterator's warning, no process started
 
     def __len__(self) -> int:
         return len(self.sampler)
