@@ -225,12 +225,19 @@ class ResumableLoader:
         return len(self.sampler)
 
     def __iter__(self):
+        """A pass: set up at ``iter()``, as torch's iterator draws its base seed."""
         import torch
 
-        if self._resume:
-            self._resume = False
-        else:
-            self._new_pass()
+        with torch.device(CPU):  # whatever default device the process has
+            if self._resume:
+                self._resume = False
+            else:
+                self._new_pass()
+        return self._pass()
+
+    def _pass(self):
+        import torch
+
         order = self._order or []
         while self.position < len(order):
             k = self.position
