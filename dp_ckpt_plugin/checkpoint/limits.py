@@ -41,6 +41,14 @@ MAX_HOLDER_COMMAND = 500
 MAX_HOLDER_SINCE = 64
 #: Seconds a lease may hold without renewal: above 0, below this.
 MAX_LEASE_SECONDS = 1e6
+#: Longest version or backend name in a record's provenance.
+MAX_VERSION_TEXT = 64
+#: Largest world size a record's provenance names.
+MAX_WORLD_SIZE = 1 << 20
+#: Most data systems a record's provenance lists (more: counted and digested only).
+MAX_SYSTEMS = 32
+#: Longest data system path a record's provenance lists.
+MAX_DATA_PATH = 1024
 
 #: Most bytes of each small object, as read.
 MAX_RECORD_BYTES = 64 * 1024
@@ -48,6 +56,8 @@ MAX_MANIFEST_BYTES = 256 * 1024
 MAX_POINTER_BYTES = 4096
 MAX_HEAD_BYTES = 16 << 20
 MAX_LEASE_BYTES = 64 * 1024
+#: Most bytes of a stored training input (``D/inputs/<digest>.json``).
+MAX_INPUT_BYTES = 1 << 20
 
 
 def shorten(value: object, limit: int = 60) -> str:

@@ -34,6 +34,7 @@ from ..checkpoint import Checkpoint
 from ..checkpoint.catalogue import Catalogue, read_record_or_none
 from ..checkpoint.digests import digest_of_view, write_hashed
 from ..checkpoint.layout import Family
+from ..checkpoint.provenance import Provenance
 from ..checkpoint.records import CommitRecord, make_record, record_path, write_record
 from ..errors import CheckpointWriteError
 from ..storage import Storage
@@ -85,6 +86,8 @@ class Committer:
         #: Whether a first save overlaps its fsyncs (:func:`write_new`); the
         #: store turns it off for a background save.
         self.overlap = True
+        #: What every record this committer writes says of its origin.
+        self.provenance: Provenance | None = None
 
     def commit(
         self,
@@ -105,6 +108,7 @@ class Committer:
             "durable": self.durable,
             "storage": self.storage,
             "metrics": metrics,
+            "provenance": self.provenance,
         }
         # publication, next, fsyncs the directory after the pointer and alias
         # moved: the payload's name is made durable with them
@@ -158,6 +162,7 @@ def write_new(
     metrics: Mapping[str, float] | None = None,
     sync_name: bool = True,
     overlap: bool = True,
+    provenance: Provenance | None = None,
 ) -> CommitRecord:
     """Write and commit the first checkpoint of a step at ``path`` (absent).
 
@@ -179,7 +184,13 @@ def write_new(
     record, one not yet named) names no file and is swept. Without
     ``overlap`` the three run one after the other on this thread.
     """
-    fields = {"step": step, "family": family, "format": format, "metrics": metrics}
+    fields = {
+        "step": step,
+        "family": family,
+        "format": format,
+        "metrics": metrics,
+        "provenance": provenance,
+    }
     beside = durable and overlap and _overlaps(serialize, storage)
     if beside:
         tmp, record = _recorded_payload(path, serialize, storage, fields)
@@ -288,6 +299,7 @@ def rewrite(
     durable: bool,
     storage: Storage,
     metrics: Mapping[str, float] | None = None,
+    provenance: Provenance | None = None,
 ) -> CommitRecord:
     """Re-save a step whose committed checkpoint (``old``) is at ``path``."""
     tmp, new = _described_payload(
@@ -299,6 +311,7 @@ def rewrite(
         family=family,
         format=format,
         metrics=metrics,
+        provenance=provenance,
     )
     try:
         both = dataclasses.replace(new, replaces=(old.size, old.digest))
