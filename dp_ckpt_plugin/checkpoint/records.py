@@ -28,7 +28,6 @@ from ..errors import CorruptCheckpointError, InvalidRecordError, UnreadableFileE
 from ..storage import PayloadBytes, Storage, default_storage
 from .digests import ALGORITHMS, DEFAULT_ALGORITHM, digest_of, digest_of_view
 from .layout import record_name
-from .provenance import Provenance
 from .limits import (
     MAX_DIGEST_TEXT,
     MAX_HEAD_BYTES,
@@ -45,6 +44,7 @@ from .limits import (
     is_time,
     shorten,
 )
+from .provenance import Provenance
 
 #: Version of the record format this package writes; it reads 1 and 2.
 FORMAT_VERSION = 2
