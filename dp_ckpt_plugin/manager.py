@@ -174,7 +174,7 @@ class CheckpointManager:
             storage=storage,
             writer=writer,
         )
-        self.store.describe_origin(
+        self.store.committer.describe_origin(
             provenance_of(world_size=world_size_of(self.store.ranks), seed=seed),
             training_input,
         )

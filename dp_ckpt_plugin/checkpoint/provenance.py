@@ -39,6 +39,7 @@ from .limits import (
     MAX_VERSION_TEXT,
     MAX_WORLD_SIZE,
     check_int,
+    check_size,
     check_text,
     is_int,
     is_text,
@@ -91,6 +92,11 @@ def input_digest(config: Mapping[str, Any]) -> str:
     return digest_bytes(canonical(scrubbed(config)))
 
 
+def input_fits(config: Mapping[str, Any]) -> bool:
+    """Whether a training input is small enough to be kept (:func:`write_input`)."""
+    return len(canonical(scrubbed(config))) <= MAX_INPUT_BYTES
+
+
 # -- the fields ---------------------------------------------------------------------
 
 
@@ -111,8 +117,9 @@ class DataIdentity:
     """The data systems of a run: how many, one digest over all, and the list.
 
     ``systems`` lists every system when there are at most
-    :data:`~.limits.MAX_SYSTEMS`, none otherwise (``count`` and ``digest``
-    still tell one set from another).
+    :data:`~.limits.MAX_SYSTEMS` with paths of at most
+    :data:`~.limits.MAX_DATA_PATH` characters, none otherwise (``count`` and
+    ``digest`` still tell one set from another).
     """
 
     count: int
@@ -123,7 +130,10 @@ class DataIdentity:
     def of(cls, systems: Iterable[DataSystem]) -> DataIdentity:
         listed = tuple(systems)
         digest = digest_bytes(canonical([s.to_dict() for s in listed]))
-        kept = listed if len(listed) <= MAX_SYSTEMS else ()
+        fits = len(listed) <= MAX_SYSTEMS and all(
+            is_text(s.path, MAX_DATA_PATH) for s in listed
+        )
+        kept = listed if fits else ()
         return cls(len(listed), digest, kept)
 
     def to_dict(self) -> dict[str, Any]:
@@ -280,21 +290,25 @@ def input_path(directory: Path, digest: str) -> Path:
 
 def write_input(
     directory: Path, config: Mapping[str, Any], *, storage: Storage, durable: bool
-) -> tuple[str, bool]:
-    """Keep ``config`` (scrubbed) in ``directory``; return its digest and whether it is kept.
+) -> str:
+    """Keep ``config`` (scrubbed) in ``directory``; return its digest.
 
-    Written once per digest, atomically; an input above
-    :data:`~.limits.MAX_INPUT_BYTES` is not kept (its digest still is).
+    Written once per digest, atomically.
+
+    Raises
+    ------
+    ValueError
+        An input above :data:`~.limits.MAX_INPUT_BYTES` (nothing written).
     """
-    data = canonical(scrubbed(config))
+    data = check_size(
+        canonical(scrubbed(config)), "a kept training input", MAX_INPUT_BYTES
+    )
     digest = digest_bytes(data)
-    if len(data) > MAX_INPUT_BYTES:
-        return digest, False
     path = input_path(directory, digest)
     if storage.entry(path) is None:
         storage.make_dirs(path.parent, durable=durable)
         storage.write_atomic(path, data, durable=durable)
-    return digest, True
+    return digest
 
 
 def read_input(

@@ -28,14 +28,21 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import BinaryIO, NoReturn
+from typing import Any, BinaryIO, NoReturn
 
 from ..checkpoint import Checkpoint
 from ..checkpoint.catalogue import Catalogue, read_record_or_none
 from ..checkpoint.digests import digest_of_view, write_hashed
 from ..checkpoint.layout import Family
-from ..checkpoint.provenance import Provenance
-from ..checkpoint.records import CommitRecord, make_record, record_path, write_record
+from ..checkpoint.limits import MAX_INPUT_BYTES
+from ..checkpoint.provenance import Provenance, input_digest, input_fits, write_input
+from ..checkpoint.records import (
+    CommitRecord,
+    check_saves,
+    make_record,
+    record_path,
+    write_record,
+)
 from ..errors import CheckpointWriteError
 from ..storage import Storage
 from .archive import archive
@@ -88,6 +95,35 @@ class Committer:
         self.overlap = True
         #: What every record this committer writes says of its origin.
         self.provenance: Provenance | None = None
+        self._input: Mapping[str, Any] | None = None
+
+    def describe_origin(
+        self, provenance: Provenance, training_input: Mapping[str, Any] | None = None
+    ) -> None:
+        """What every record says of where it came from (rule 50).
+
+        ``training_input`` is kept in ``D/inputs/`` before the first record,
+        once per distinct digest (:func:`~dp_ckpt_plugin.checkpoint.provenance.write_input`);
+        its digest goes into ``provenance``.
+        """
+        if training_input is not None:
+            provenance = dataclasses.replace(
+                provenance, input=input_digest(training_input)
+            )
+        provenance.check()
+        self.provenance = provenance
+        self._input = training_input
+        if training_input is not None and not input_fits(training_input):
+            log.warning(
+                "the training input is larger than %d bytes: its digest is "
+                "recorded, the input itself is not kept",
+                MAX_INPUT_BYTES,
+            )
+            self._input = None
+
+    def check_saves(self, step: int, paths, format: str, metrics):
+        """:func:`~dp_ckpt_plugin.checkpoint.records.check_saves`, with this run's provenance."""
+        return check_saves(step, paths, format, metrics, self.provenance)
 
     def commit(
         self,
@@ -101,6 +137,11 @@ class Committer:
     ) -> CommitRecord:
         """Write and commit ``path``; return its record."""
         self._check_space(family, path)
+        if self._input is not None:  # kept once, before the first record names it
+            write_input(
+                self.directory, self._input, storage=self.storage, durable=self.durable
+            )
+            self._input = None
         details = {
             "step": step,
             "family": family.prefix,

@@ -37,8 +37,6 @@ from ..checkpoint import Checkpoint, Commit
 from ..checkpoint.catalogue import Catalogue, committed
 from ..checkpoint.layout import Family, check_step
 from ..checkpoint.manifest import Describer
-from ..checkpoint.provenance import Provenance, input_digest, write_input
-from ..checkpoint.records import check_saves
 from ..checkpoint.resume import ResumeState
 from ..plugin.hooks import Hooks
 from ..ranks import Ranks, SingleProcess
@@ -161,27 +159,6 @@ class CheckpointStore:
         # background writer) may share one store
         self._mutex = OwnedLock(f"the checkpoint store of {self.directory}")
         self._background = BackgroundWriter.for_store(self, writer)
-        self._input: Mapping[str, Any] | None = None
-
-    def describe_origin(
-        self, provenance: Provenance, training_input: Mapping[str, Any] | None = None
-    ) -> None:
-        """What every record of this run says of where it came from (rule 50).
-
-        ``training_input`` is kept in ``D/inputs/`` at the first save, once
-        per distinct digest (:func:`~dp_ckpt_plugin.checkpoint.provenance.write_input`);
-        its digest goes into ``provenance``.
-        """
-        if training_input is not None:
-            provenance = replace(provenance, input=input_digest(training_input))
-        provenance.check()
-        self.committer.provenance = provenance
-        self._input = training_input
-
-    @property
-    def provenance(self) -> Provenance | None:
-        """What this run's records say of their origin (``None``: nothing)."""
-        return self.committer.provenance
 
     # -- lifecycle ---------------------------------------------------------
     @property
@@ -309,9 +286,7 @@ class CheckpointStore:
         if self.format.check is not None:
             for state in states.values():
                 self.format.check(state)
-        reported = check_saves(
-            step, paths, self.format.name, metrics, self.committer.provenance
-        )
+        reported = self.committer.check_saves(step, paths, self.format.name, metrics)
         if not background:
             self.wait()
             self._save_states(step, states, paths, reported)  # overlapped
@@ -355,11 +330,6 @@ class CheckpointStore:
         cfg = self.family(family)
         self.open()
         self.start_run()
-        if self._input is not None:  # kept once, before the first record names it
-            write_input(
-                self.directory, self._input, storage=self.storage, durable=self.durable
-            )
-            self._input = None
 
         serialize = serializer(self.hooks, self.format.name, step, state)
 
