@@ -227,7 +227,7 @@ def _line(key: str, old: Any, new: Any) -> tuple[str, bool]:
     if key == "training.numb_steps":
         return (
             f"{change}, the learning-rate schedule and loss prefactors follow "
-            "numb_steps (the run is not the uninterrupted one of this input)",
+            "numb_steps",
             False,
         )
     if key == "training.seed":
