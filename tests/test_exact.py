@@ -233,10 +233,10 @@ def numpy_batches(system, count):
 @pytest.mark.parametrize("consumed", [0, 1, 4, 11])
 def test_numpy_data_positions_round_trip(data_dir, consumed):
     """dp --pt-expt's data: the batches after a restore are the ones that follow."""
+    import torch
+
     from dp_ckpt_plugin.deepmd import positions
     from dp_ckpt_plugin.deepmd.exact import capture_rngs, restore_rngs, seed_rngs
-
-    import torch
 
     seed_rngs(11)
     np.random.seed(11)

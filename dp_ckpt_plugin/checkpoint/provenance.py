@@ -11,7 +11,7 @@ can show the input it was trained with. Nothing of the environment is
 kept, no credentials: keys named like a secret are dropped and the userinfo
 of URLs is removed (:func:`scrubbed`).
 
-Every field is bounded by :mod:`.limits`; records without provenance
+Every field is bounded in ``checkpoint/limits.py``; records without provenance
 (written before it existed) are read as before. See ``docs/guarantees.md``
 (rules 50 to 52).
 """
@@ -117,8 +117,8 @@ class DataIdentity:
     """The data systems of a run: how many, one digest over all, and the list.
 
     ``systems`` lists every system when there are at most
-    :data:`~.limits.MAX_SYSTEMS` with paths of at most
-    :data:`~.limits.MAX_DATA_PATH` characters, none otherwise (``count`` and
+    ``MAX_SYSTEMS`` (``checkpoint/limits.py``) with paths of at most
+    ``MAX_DATA_PATH`` (``checkpoint/limits.py``) characters, none otherwise (``count`` and
     ``digest`` still tell one set from another).
     """
 
@@ -298,7 +298,7 @@ def write_input(
     Raises
     ------
     ValueError
-        An input above :data:`~.limits.MAX_INPUT_BYTES` (nothing written).
+        An input above ``MAX_INPUT_BYTES`` (``checkpoint/limits.py``) (nothing written).
     """
     data = check_size(
         canonical(scrubbed(config)), "a kept training input", MAX_INPUT_BYTES

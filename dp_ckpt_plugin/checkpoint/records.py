@@ -82,8 +82,9 @@ class CommitRecord:
         say), metric name to value; ``None`` (a value that was not a finite
         number) stands for no value. ``None`` when nothing was reported.
         Retention's :class:`~dp_ckpt_plugin.retention.KeepBest` ranks by it.
-    provenance : Provenance or None
-        Where the checkpoint came from (:mod:`.provenance`); ``None`` in
+    provenance : dp_ckpt_plugin.checkpoint.provenance.Provenance or None
+        Where the checkpoint came from
+        (:mod:`dp_ckpt_plugin.checkpoint.provenance`); ``None`` in
         records written before it was kept, or by a caller that gave none.
     """
 

@@ -190,14 +190,15 @@ def show(found: dict[str, Any]) -> None:
     """Print for people."""
     out = output.console()
     flag = "--" + found["handle"].replace("_", "-")
-    head = f"{flag} {shown(found['spec'])}"
+    head = f"dp train {shown(found['input'])} {flag} {shown(found['spec'])}"
     checkpoint = found["checkpoint"]
     if checkpoint is None:
         out.print(f"{head}: will not load: {shown(one_line(found['error']))}")
         return
     out.print(
-        f"{head}: {shown(checkpoint['path'])} (step {checkpoint['step']}), "
-        f"{shown(checkpoint['how'])}; {shown(checkpoint['checked'])}"
+        f"{head} would load {shown(checkpoint['path'])} (step "
+        f"{checkpoint['step']}), {shown(checkpoint['how'])}; checked: "
+        f"{shown(checkpoint['checked'])}"
     )
     for warning in checkpoint["warnings"]:
         out.print(f"warning: {shown(warning)}")

@@ -122,7 +122,7 @@ class Committer:
             self._input = None
 
     def check_saves(self, step: int, paths, format: str, metrics):
-        """:func:`~dp_ckpt_plugin.checkpoint.records.check_saves`, with this run's provenance."""
+        """The records' ``check_saves``, with this run's provenance."""
         return check_saves(step, paths, format, metrics, self.provenance)
 
     def commit(
