@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 from e2e_support import (
     E2E_MARKS,
+    copy_tree,
     dp,
     dp_env,
     example_config,
@@ -154,3 +156,26 @@ def test_show_diff_and_check_on_real_checkpoints(runs):
     assert missing.returncode == 1 and "will not load" in missing.stdout
     # check writes nothing in the store
     assert sorted(p.name for p in (workdir / "models").rglob("*")) == before
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_system_added_restores_no_data_position_and_says_why(runs, backend):
+    source, _ = runs(backend)
+    workdir = copy_tree(source, source.parent / f"{backend}_more_data")
+    shutil.copytree(workdir / "data" / "train", workdir / "data" / "more")
+    more = config(16)
+    more["training"]["training_data"]["systems"] = ["data/train", "data/more"]
+    write_config(workdir / "input.json", more)
+    out = train(workdir, backend, "--restart", "latest")
+    assert (
+        "changed since step 14: training system data/more added: the data "
+        "position cannot be restored" in out
+    ), out[-3000:]
+    assert NOT_EXACT.findall(out) == [("14", "the data changed since the checkpoint")]
+    assert "(2 changes of the input, above)" in out
+    origin = read_record(workdir / "models" / "model.ckpt-16.pt").provenance
+    assert [s.path for s in origin.data.systems] == [
+        "data/train",
+        "data/more",
+        "data/valid",
+    ]
