@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint.limits import MAX_INT, is_int
 from ..checkpoint.provenance import (
     DataIdentity,
     DataSystem,
     Provenance,
-    canonical,
     digest_bytes,
     input_changes,
     provenance_of,
@@ -188,8 +188,8 @@ def run_origin(
     """The provenance of a run of ``config`` and its normalized input."""
     normalized = normalized_input(config)
     seed = (normalized.get("training") or {}).get("seed")
-    if type(seed) is not int:
-        seed = None
+    if not is_int(seed, MAX_INT, -MAX_INT):
+        seed = None  # a seed the record cannot hold is not recorded
     provenance = provenance_of(
         world_size=world_size,
         backend=backend,
@@ -328,8 +328,3 @@ def _data_lines(old: DataIdentity | None, new: DataIdentity | None) -> list[str]
     if not lines:  # same systems, another order
         lines.append("data systems reordered: the data position cannot be restored")
     return lines
-
-
-def same_input(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """Whether two inputs are the same, key for key."""
-    return canonical(a) == canonical(b)

@@ -149,7 +149,7 @@ def prepare_run(
         if settings.save_dir is not None:
             store = build_store(settings, pm, ranks, host)
             if origin is not None:
-                store.committer.describe_origin(*origin)
+                _describe(store, *origin)
             created = chief and store.storage.entry(store.directory) is None
             store.open()  # the chief takes the lock now, not after the build
             if settings.options.async_save:  # it starts while the model is built
@@ -252,6 +252,15 @@ def _resolve(
     return store.resolve(spec, context=ctx, continues=continues)
 
 
+def _describe(store: CheckpointStore, provenance, normalized) -> None:
+    """What every record of the run says of its origin; an input that is not JSON is not kept."""
+    try:
+        store.committer.describe_origin(provenance, normalized)
+    except ValueError as exc:
+        log.warning("the training input is not kept with the checkpoints: %s", exc)
+        store.committer.describe_origin(provenance)
+
+
 def _changes(found: Resolved, origin, store: CheckpointStore | None) -> Changes:
     """What changed from the origin of the checkpoint ``found`` to this run's."""
     provenance, normalized = origin
@@ -260,7 +269,10 @@ def _changes(found: Resolved, origin, store: CheckpointStore | None) -> Changes:
     if old is not None and old.input is not None:
         storage = store.storage if store is not None else default_storage()
         old_input = read_input(found.path.parent, old.input, storage=storage)
-    new = replace(provenance, input=input_digest(normalized))
+    try:
+        new = replace(provenance, input=input_digest(normalized))
+    except (TypeError, ValueError):  # not JSON: compared key by key only
+        new = provenance
     return changes_since(old, old_input, new, normalized)
 
 

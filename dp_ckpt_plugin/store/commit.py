@@ -107,9 +107,13 @@ class Committer:
         its digest goes into ``provenance``.
         """
         if training_input is not None:
-            provenance = dataclasses.replace(
-                provenance, input=input_digest(training_input)
-            )
+            try:
+                digest = input_digest(training_input)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(
+                    f"the training input must hold JSON values only: {exc}"
+                ) from None
+            provenance = dataclasses.replace(provenance, input=digest)
         provenance.check()
         self.provenance = provenance
         self._input = training_input
