@@ -262,3 +262,19 @@ def test_world_size_and_an_unknown_origin(workdir):
     assert found.lines == ["world size 2 -> 1: each rank draws other batches"]
     unknown = changes_since(None, None, *_origin(workdir, config))
     assert unknown.lines == [] and "records no provenance" in unknown.unknown
+
+
+def test_another_backend_or_deepmd_kit_or_torch_is_a_change(workdir):
+    from dataclasses import replace
+
+    config = example_config()
+    old, old_input = _origin(workdir, config)
+    new, new_input = _origin(workdir, config)
+    older = replace(old, backend="pt_expt", deepmd_kit="3.2.0", torch="2.0.0")
+    newer = replace(new, backend="pt", deepmd_kit="3.2.1", torch="2.1.0")
+    found = changes_since(older, old_input, newer, new_input)
+    assert found.lines == [
+        "backend pt_expt -> pt: another trainer continues the run",
+        "deepmd-kit 3.2.0 -> 3.2.1: another trainer continues the run",
+        "torch 2.0.0 -> 2.1.0: its kernels may round otherwise",
+    ]

@@ -215,6 +215,7 @@ def show(found: dict[str, Any]) -> None:
             )
     if found["input_changes"]:
         out.print(
-            "  (a restart with other input keys continues, but is not the "
-            "uninterrupted run of this input)"
+            "  (a restart continues with them; those that change the run, such "
+            "as training.numb_steps, make it other than the uninterrupted run of "
+            "this input, and dp train says which when it starts)"
         )
