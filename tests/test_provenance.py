@@ -278,3 +278,29 @@ def test_another_backend_or_deepmd_kit_or_torch_is_a_change(workdir):
         "deepmd-kit 3.2.0 -> 3.2.1: another trainer continues the run",
         "torch 2.0.0 -> 2.1.0: its kernels may round otherwise",
     ]
+
+
+def test_a_remote_store_keeps_the_input_for_another_node(tmp_path):
+    """The input goes to ``inputs/`` of the object store, once; a node with
+    nothing staged reads it back from there."""
+    from helpers import plugin_manager, remote_store
+
+    from dp_ckpt_plugin.checkpoint.provenance import provenance_of
+    from dp_ckpt_plugin.storage.memory import MemoryStorage, forget
+
+    url = f"memory://prov{tmp_path.name[-8:].replace('_', '')}/run"
+    storage = MemoryStorage(url)
+    try:
+        config = {"training": {"numb_steps": 3}}
+        store = remote_store(plugin_manager(), tmp_path / "node_a", storage)
+        store.committer.describe_origin(provenance_of(), config)
+        for step in (1, 2):
+            store.save(step, make_payload(step))
+        store.close()
+        kept = [o.key for o in storage.list("inputs/")]
+        assert kept == [f"inputs/sha256-{input_digest(config)[7:]}.json"]
+        other = remote_store(plugin_manager(), tmp_path / "node_b", storage)
+        assert other.remote.read_input(input_digest(config)) == config
+        assert other.remote.read_input("sha256:" + "0" * 64) is None
+    finally:
+        forget(url.split("/")[2])

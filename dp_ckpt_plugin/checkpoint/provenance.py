@@ -324,15 +324,21 @@ def read_input(
             data = storage.read_small(path, MAX_INPUT_BYTES)
         except UnreadableFileError:
             data = None
-        if data is None or digest_bytes(data) != digest:
-            continue
-        try:
-            value = json.loads(data.decode("utf-8"))
-        except ValueError:
-            continue
-        if isinstance(value, dict):
+        value = None if data is None else parse_input(data, digest)
+        if value is not None:
             return value
     return None
+
+
+def parse_input(data: bytes, digest: str) -> dict[str, Any] | None:
+    """A kept input's bytes as an object, or ``None`` when they are not ``digest``'s."""
+    if digest_bytes(data) != digest:
+        return None
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 # -- comparing inputs --------------------------------------------------------------

@@ -269,6 +269,8 @@ def _changes(found: Resolved, origin, store: CheckpointStore | None) -> Changes:
     if old is not None and old.input is not None:
         storage = store.storage if store is not None else default_storage()
         old_input = read_input(found.path.parent, old.input, storage=storage)
+        if old_input is None and store is not None:  # another node staged it
+            old_input = store.remote.read_input(old.input)
     try:
         new = replace(provenance, input=input_digest(normalized))
     except (TypeError, ValueError):  # not JSON: compared key by key only
