@@ -90,7 +90,9 @@ def normalized_input(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def data_systems(config: Mapping[str, Any], cwd: Path) -> list[tuple[str, str]]:
     """``(role, path)`` of every training and validation system the input names."""
-    training = config.get("training") or {}
+    training = config.get("training")
+    if not isinstance(training, Mapping):
+        return []  # deepmd-kit says what is wrong with the input
     sections = [training]
     if isinstance(training.get("data_dict"), Mapping):
         sections = [v for v in training["data_dict"].values() if isinstance(v, Mapping)]
@@ -100,10 +102,13 @@ def data_systems(config: Mapping[str, Any], cwd: Path) -> list[tuple[str, str]]:
             ("training", "training_data"),
             ("validation", "validation_data"),
         ):
-            systems = (section.get(key) or {}).get("systems")
+            data = section.get(key)
+            systems = data.get("systems") if isinstance(data, Mapping) else None
             if isinstance(systems, str):
                 systems = _expand(systems, cwd)
-            for path in systems or []:
+            if not isinstance(systems, list | tuple):
+                continue
+            for path in systems:
                 if isinstance(path, str):
                     found.append((role, os.path.normpath(path)))
     return found
@@ -187,7 +192,8 @@ def run_origin(
 ) -> tuple[Provenance, dict[str, Any]]:
     """The provenance of a run of ``config`` and its normalized input."""
     normalized = normalized_input(config)
-    seed = (normalized.get("training") or {}).get("seed")
+    training = normalized.get("training")
+    seed = training.get("seed") if isinstance(training, Mapping) else None
     if not is_int(seed, MAX_INT, -MAX_INT):
         seed = None  # a seed the record cannot hold is not recorded
     provenance = provenance_of(
