@@ -304,3 +304,32 @@ def test_a_remote_store_keeps_the_input_for_another_node(tmp_path):
         assert other.remote.read_input("sha256:" + "0" * 64) is None
     finally:
         forget(url.split("/")[2])
+
+
+def test_sync_carries_the_inputs_both_ways(tmp_path, capsys):
+    """``dp-ckpt sync`` down and up: the inputs the records name come along."""
+    from helpers import plugin_manager, remote_store
+
+    from dp_ckpt_plugin.checkpoint.provenance import provenance_of
+    from dp_ckpt_plugin.commands import main
+    from dp_ckpt_plugin.storage.memory import MemoryStorage, forget
+
+    name = f"sync{tmp_path.name[-8:].replace('_', '')}"
+    url, again = f"memory://{name}/run", f"memory://{name}up/run"
+    try:
+        config = {"training": {"numb_steps": 2}}
+        store = remote_store(plugin_manager(), tmp_path / "stage", MemoryStorage(url))
+        store.committer.describe_origin(provenance_of(), config)
+        store.save(1, make_payload(1))
+        store.close()
+        local = tmp_path / "copy"
+        assert main(["sync", url, str(local)]) == 0
+        digest = read_record(local / "model.ckpt-1.h5").provenance.input
+        assert read_input(local, digest, storage=_storage()) == config
+        assert main(["sync", str(local), again]) == 0
+        kept = [o.key for o in MemoryStorage(again).list("inputs/")]
+        assert kept == [f"inputs/sha256-{digest[7:]}.json"]
+        capsys.readouterr()
+    finally:
+        forget(name)
+        forget(f"{name}up")
