@@ -267,8 +267,8 @@ def changes_since(
     found = Changes()
     if old is None:
         found.unknown = (
-            "the checkpoint records no provenance (written by plain deepmd-kit or "
-            "dp-ckpt-plugin before 0.3): a change of numb_steps, the model or the "
+            "the checkpoint records no provenance (written by plain deepmd-kit or an "
+            "earlier dp-ckpt-plugin): a change of numb_steps, the model or the "
             "data cannot be seen"
         )
         return found
