@@ -280,7 +280,15 @@ def test_another_backend_or_deepmd_kit_or_torch_is_a_change(workdir):
     ]
 
 
-def test_a_remote_store_keeps_the_input_for_another_node(tmp_path):
+def _json_of(capsys, *args):
+    from dp_ckpt_plugin.commands import main
+
+    capsys.readouterr()
+    assert main([*map(str, args), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_a_remote_store_keeps_the_input_for_another_node(tmp_path, capsys):
     """The input goes to ``inputs/`` of the object store, once; a node with
     nothing staged reads it back from there."""
     from helpers import plugin_manager, remote_store
@@ -299,6 +307,9 @@ def test_a_remote_store_keeps_the_input_for_another_node(tmp_path):
         store.close()
         kept = [o.key for o in storage.list("inputs/")]
         assert kept == [f"inputs/sha256-{input_digest(config)[7:]}.json"]
+        shown = _json_of(capsys, "resolve", "latest", "--dir", url)
+        assert shown["provenance"]["input"] == input_digest(config)
+        assert shown["input"] == config
         other = remote_store(plugin_manager(), tmp_path / "node_b", storage)
         assert other.remote.read_input(input_digest(config)) == config
         assert other.remote.read_input("sha256:" + "0" * 64) is None
