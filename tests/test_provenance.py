@@ -344,3 +344,17 @@ def test_sync_carries_the_inputs_both_ways(tmp_path, capsys):
     finally:
         forget(name)
         forget(f"{name}up")
+
+
+def test_an_inputs_link_out_of_the_store_is_never_written_through(tmp_path, caplog):
+    """``D/inputs`` a link to elsewhere: nothing is written there, the save stands."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    store = tmp_path / "models"
+    store.mkdir()
+    (store / INPUTS_DIR).symlink_to(outside)
+    with open_manager(store, training_input={"training": {"seed": 1}}) as m:
+        m.save(1, make_payload(1))
+    assert list(outside.iterdir()) == []
+    assert read_record(store / "model.ckpt-1.h5").provenance.input is not None
+    assert "the training input is not kept" in caplog.text

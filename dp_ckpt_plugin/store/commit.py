@@ -142,9 +142,15 @@ class Committer:
         """Write and commit ``path``; return its record."""
         self._check_space(family, path)
         if self._input is not None:  # kept once, before the first record names it
-            write_input(
-                self.directory, self._input, storage=self.storage, durable=self.durable
-            )
+            try:
+                write_input(
+                    self.directory,
+                    self._input,
+                    storage=self.storage,
+                    durable=self.durable,
+                )
+            except CheckpointWriteError as exc:  # the checkpoint matters more
+                log.warning("the training input is not kept: %s", exc)
             self._input = None
         details = {
             "step": step,
