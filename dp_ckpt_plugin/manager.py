@@ -23,10 +23,11 @@ from typing import Any
 import pluggy
 
 from .checkpoint.layout import Family
+from .checkpoint.provenance import provenance_of
 from .errors import ConfigError
 from .plugin import get_plugin_manager
 from .plugin.hooks import Hooks
-from .ranks import Ranks, current_ranks
+from .ranks import Ranks, current_ranks, world_size_of
 from .resolution import Resolved
 from .retention import KeepLast, RetentionPolicy, policy_from_dict
 from .storage import Storage
@@ -110,6 +111,12 @@ class CheckpointManager:
     staging : str or Path, optional
         With a URL: the folder staging directories go in (``DP_CKPT_STAGING``,
         else the system's temporary directory, by default).
+    training_input : Mapping, optional
+        The configuration of the run (JSON values): its digest goes into
+        every commit record's provenance and it is kept once in
+        ``directory/inputs/`` (secret-named keys and URL userinfo removed).
+    seed : int, optional
+        The run's seed, for the provenance.
     """
 
     def __init__(
@@ -130,6 +137,8 @@ class CheckpointManager:
         backend: str | None = None,
         writer: str = "auto",
         staging: str | os.PathLike | None = None,
+        training_input: Mapping[str, Any] | None = None,
+        seed: int | None = None,
     ) -> None:
         if backend is not None:
             warnings.warn(
@@ -164,6 +173,10 @@ class CheckpointManager:
             lock=lock,
             storage=storage,
             writer=writer,
+        )
+        self.store.committer.describe_origin(
+            provenance_of(world_size=world_size_of(self.store.ranks), seed=seed),
+            training_input,
         )
         if async_save:  # ready (torch imported) by the time the first save comes
             self.store.start_writer()

@@ -55,3 +55,9 @@ def current_ranks() -> Ranks:
     if dist is not None and dist.is_available() and dist.is_initialized():
         return TorchDistributed()
     return SingleProcess()
+
+
+def world_size_of(ranks: Ranks) -> int:
+    """How many ranks ``ranks`` has (1 for a single process)."""
+    dist = getattr(ranks, "_dist", None)
+    return int(dist.get_world_size()) if dist is not None else 1

@@ -39,8 +39,11 @@ case "$save_dir" in
 *)
     dp --"$backend" train input.json                   # 20 steps, checkpoints in ./models
     sed -i 's/"numb_steps": 20/"numb_steps": 30/' input.json
-    dp --"$backend" train input.json --restart latest  # continues from step 20 to 30
+    dp-ckpt check input.json --restart latest          # will it load? (exit 0: yes)
+    dp --"$backend" train input.json --restart latest  # continues from step 20 to 30, not exactly:
+                                                       # the schedule follows numb_steps (it says so)
     dp --"$backend" freeze -c models -o frozen         # freezes models/model.ckpt-30.pt
+    dp-ckpt show models                                # where it came from
     echo "--- models/"
     ls -l models
     echo "--- checkpoint: $(cat models/checkpoint)"

@@ -148,6 +148,12 @@ ALLOWED: dict[str, dict[str, str]] = {
         "signal.SIG_IGN": "keeps a SIGINT the shell ignores ignored; workers ignore",
         "signal.default_int_handler": "a second Ctrl-C aborts",
     },
+    "deepmd/origin.py": {
+        "deepmd.utils.argcheck.normalize": "the input as deepmd-kit normalizes it "
+        "(no file written)",
+        "deepmd.utils.compat.update_deepmd_input": "the input as deepmd-kit "
+        "normalizes it (no dump file)",
+    },
     "deepmd/exact.py": {
         "torch.load": "reads the plugin's entry from the verified bytes",
         "deepmd.utils.random._RANDOM_GENERATOR": "deepmd-kit's random generator "

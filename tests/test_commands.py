@@ -790,7 +790,8 @@ def test_importing_the_commands_imports_nothing_heavy():
     code = (
         "import sys, dp_ckpt_plugin.commands, dp_ckpt_plugin.commands.ls\n"
         "import dp_ckpt_plugin.commands.inspect, dp_ckpt_plugin.commands.adopt\n"
-        "import dp_ckpt_plugin.commands.resolve\n"
+        "import dp_ckpt_plugin.commands.resolve, dp_ckpt_plugin.commands.diff\n"
+        "import dp_ckpt_plugin.commands.check, dp_ckpt_plugin.commands.show\n"
         "print([m for m in ('torch', 'deepmd', 'h5py', 'rich') if m in sys.modules])\n"
     )
     done = subprocess.run(
@@ -803,7 +804,7 @@ def test_importing_the_commands_imports_nothing_heavy():
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "command.md"
 #: Keys whose values are open mappings (metric names, policy keys).
-OPEN = {"metrics", "policy"}
+OPEN = {"metrics", "policy", "input"}
 
 
 def documented_json(command):
@@ -830,7 +831,9 @@ def shape_differences(documented, real, where="$"):
 def test_the_json_of_every_command_is_the_documented_one(tmp_path, capsys):
     d = tmp_path / "models"
     policy = {"keep_last": 3, "keep_best": 1, "best_metric": "loss"}
-    paths = fill(d, policy, {1: 0.5, 2: 0.4, 3: 0.3})
+    config = {"model": {"rcut": 6.0}, "training": {"save_dir": str(d)}}
+    paths = fill(d, policy, {1: 0.5, 2: 0.4, 3: 0.3}, training_input=config)
+    (tmp_path / "input.json").write_text(json.dumps(config), "utf-8")
     (d / "model.ckpt-9.h5").write_bytes(b"no record")
     assert quarantine(paths[1], d, storage=local_storage(d)) is not None
     archived = d / "archive" / "20260101T000000Z"
@@ -843,11 +846,49 @@ def test_the_json_of_every_command_is_the_documented_one(tmp_path, capsys):
         "resolve": ["resolve", "best", "--dir", d],
         "inspect": ["inspect", paths[3]],
         "adopt": ["adopt", d, "--dry-run"],
+        "diff": ["diff", paths[2], paths[3]],
+        "check": ["check", tmp_path / "input.json", "--restart", "latest"],
         "prune": ["prune", d, "--keep-last", "1", "--keep-best", "0"],
     }
     for command, args in runs.items():
         _, real = as_json(capsys, *args)
         assert shape_differences(documented_json(command), real) == [], command
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["diff", "nope.pt", "nope.json"], "nope.pt: no such file or directory"),
+        (["check", "{input}", "--restart", "latest"], "is not a JSON training input"),
+        (["check", "missing.json", "--finetune", "x"], "missing.json: no such file"),
+        (["diff", "s3://bucket/run", "{input}"], "diff compares local files"),
+    ],
+    ids=["diff-missing", "check-not-json", "check-missing", "diff-remote"],
+)
+def test_diff_and_check_refuse_bad_input_in_one_line(
+    tmp_path, capsys, monkeypatch, args, message
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "input.json").write_text("{not json", "utf-8")
+    args = [a.format(input=tmp_path / "input.json") for a in args]
+    status, out, err = dp_ckpt(capsys, *args)
+    assert status == 2 and out == "" and err.count("\n") == 1, err
+    assert message in err and "Traceback" not in err
+
+
+def test_check_says_what_it_cannot_tell(tmp_path, capsys):
+    """A checkpoint that keeps no input: exit 3, and why."""
+    d = tmp_path / "models"
+    fill(d)
+    (tmp_path / "input.json").write_text(
+        json.dumps({"training": {"save_dir": str(d)}}), "utf-8"
+    )
+    status, data = as_json(
+        capsys, "check", tmp_path / "input.json", "--restart", "latest"
+    )
+    assert status == 3 and data["will_load"] is None
+    assert "keeps no training input" in data["basis"]
+    assert data["checkpoint"]["step"] == max(LOSSES)
 
 
 def test_prune_takes_the_option_name_of_the_previous_release(tmp_path, capsys):

@@ -27,6 +27,14 @@ from dp_ckpt_plugin.checkpoint.manifest import (
     read_manifest,
     write_manifest,
 )
+from dp_ckpt_plugin.checkpoint.provenance import (
+    DataIdentity,
+    DataSystem,
+    Provenance,
+    canonical,
+    read_input,
+    write_input,
+)
 from dp_ckpt_plugin.checkpoint.records import (
     CommitRecord,
     parse_record,
@@ -39,6 +47,7 @@ from dp_ckpt_plugin.storage import default_storage
 from dp_ckpt_plugin.storage.memory import MemoryStorage, forget
 
 DIGEST = "blake3:" + "ab" * 32
+DIGEST_SHA = "sha256:" + "cd" * 32
 MAX_TIME = limits.MAX_TIME
 PAST_TIME = MAX_TIME + 1.0
 
@@ -125,6 +134,71 @@ RECORD_CASES = {
         limits.MAX_TEXT,
         limits.MAX_TEXT + 1,
     ),
+}
+
+
+def _origin(**over) -> Provenance:
+    return dataclasses.replace(Provenance(plugin="0.3.0", python="3.11.7"), **over)
+
+
+def _systems(n: int, path: str = "data/s") -> DataIdentity:
+    systems = tuple(DataSystem("training", f"{path}", DIGEST_SHA) for _ in range(n))
+    return DataIdentity(n, DIGEST_SHA, systems)
+
+
+RECORD_CASES.update(
+    {
+        "record.provenance.version": (
+            _record_round_trip(
+                lambda v: _record(provenance=_origin(deepmd_kit="3" * v)),
+                lambda r: len(r.provenance.deepmd_kit),
+            ),
+            limits.MAX_VERSION_TEXT,
+            limits.MAX_VERSION_TEXT + 1,
+        ),
+        "record.provenance.world_size": (
+            _record_round_trip(
+                lambda v: _record(provenance=_origin(world_size=v)),
+                lambda r: r.provenance.world_size,
+            ),
+            limits.MAX_WORLD_SIZE,
+            limits.MAX_WORLD_SIZE + 1,
+        ),
+        "record.provenance.systems": (
+            _record_round_trip(
+                lambda v: _record(provenance=_origin(data=_systems(v))),
+                lambda r: len(r.provenance.data.systems),
+            ),
+            limits.MAX_SYSTEMS,
+            limits.MAX_SYSTEMS + 1,
+        ),
+        "record.provenance.data_path": (
+            _record_round_trip(
+                lambda v: _record(provenance=_origin(data=_systems(1, "p" * v))),
+                lambda r: len(r.provenance.data.systems[0].path),
+            ),
+            limits.MAX_DATA_PATH,
+            limits.MAX_DATA_PATH + 1,
+        ),
+    }
+)
+
+
+def _input_round_trip(tmp_path: Path, size: int) -> Callable[[], object]:
+    """A kept input of ``size`` bytes (its canonical JSON), read back."""
+    overhead = len(b'{"k":""}')
+    config = {"k": "x" * (size - overhead)}
+    storage = default_storage()
+    digest = write_input(tmp_path, config, storage=storage, durable=False)
+    return lambda: len(canonical(read_input(tmp_path, digest, storage=storage)))
+
+
+INPUT_CASES = {
+    "input.bytes": (
+        _input_round_trip,
+        limits.MAX_INPUT_BYTES,
+        limits.MAX_INPUT_BYTES + 1,
+    )
 }
 
 
@@ -457,6 +531,7 @@ CASES = {
     **MANIFEST_CASES,
     **HEAD_CASES,
     **LEASE_CASES,
+    **INPUT_CASES,
 }
 
 
@@ -544,6 +619,11 @@ def test_every_bound_of_the_table_has_a_case():
         "MAX_POINTER_BYTES": None,  # a pointer is one file name, far below it
         "MAX_HEAD_BYTES": "head.bytes",
         "MAX_LEASE_BYTES": None,  # its bounded fields hold about 1 KiB
+        "MAX_VERSION_TEXT": "record.provenance.version",
+        "MAX_WORLD_SIZE": "record.provenance.world_size",
+        "MAX_SYSTEMS": "record.provenance.systems",
+        "MAX_DATA_PATH": "record.provenance.data_path",
+        "MAX_INPUT_BYTES": "input.bytes",
     }
     table = {name for name in vars(limits) if name.startswith("MAX_")}
     assert table == set(covered)

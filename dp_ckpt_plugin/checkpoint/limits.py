@@ -4,7 +4,7 @@ Commit records, the store's manifest, HEAD and LEASE take each bound from
 here, the code that writes them and the code that reads them alike, so a
 writer never writes a value its own reader refuses: a value out of bounds is
 refused by the writer (``ValueError`` naming the field) before anything is
-written. ``docs/guarantees.md`` (rule 50) states the table;
+written. ``docs/guarantees.md`` (rule 44) states the table;
 ``tests/test_limits.py`` walks it, field by field.
 
 Records of format version 1 (dp-ckpt-plugin 0.1 and 0.2, which bounded no
@@ -41,6 +41,14 @@ MAX_HOLDER_COMMAND = 500
 MAX_HOLDER_SINCE = 64
 #: Seconds a lease may hold without renewal: above 0, below this.
 MAX_LEASE_SECONDS = 1e6
+#: Longest version or backend name in a record's provenance.
+MAX_VERSION_TEXT = 64
+#: Largest world size a record's provenance names.
+MAX_WORLD_SIZE = 1 << 20
+#: Most data systems a record's provenance lists (more: counted and digested only).
+MAX_SYSTEMS = 32
+#: Longest data system path a record's provenance lists.
+MAX_DATA_PATH = 1024
 
 #: Most bytes of each small object, as read.
 MAX_RECORD_BYTES = 64 * 1024
@@ -48,6 +56,8 @@ MAX_MANIFEST_BYTES = 256 * 1024
 MAX_POINTER_BYTES = 4096
 MAX_HEAD_BYTES = 16 << 20
 MAX_LEASE_BYTES = 64 * 1024
+#: Most bytes of a stored training input (``D/inputs/<digest>.json``).
+MAX_INPUT_BYTES = 1 << 20
 
 
 def shorten(value: object, limit: int = 60) -> str:

@@ -44,6 +44,7 @@ from .limits import (
     is_time,
     shorten,
 )
+from .provenance import Provenance
 
 #: Version of the record format this package writes; it reads 1 and 2.
 FORMAT_VERSION = 2
@@ -81,6 +82,10 @@ class CommitRecord:
         say), metric name to value; ``None`` (a value that was not a finite
         number) stands for no value. ``None`` when nothing was reported.
         Retention's :class:`~dp_ckpt_plugin.retention.KeepBest` ranks by it.
+    provenance : dp_ckpt_plugin.checkpoint.provenance.Provenance or None
+        Where the checkpoint came from
+        (:mod:`dp_ckpt_plugin.checkpoint.provenance`); ``None`` in
+        records written before it was kept, or by a caller that gave none.
     """
 
     name: str
@@ -93,6 +98,7 @@ class CommitRecord:
     format_version: int = FORMAT_VERSION
     replaces: tuple[int, str] | None = None
     metrics: dict[str, float | None] | None = field(default=None, hash=False)
+    provenance: Provenance | None = field(default=None, hash=False, compare=False)
 
     def to_json(self) -> str:
         """Serialize to the text stored on disk.
@@ -111,6 +117,10 @@ class CommitRecord:
             data["replaces"] = {"size": self.replaces[0], "digest": self.replaces[1]}
         if self.metrics is None:
             del data["metrics"]
+        if self.provenance is None:
+            del data["provenance"]
+        else:
+            data["provenance"] = self.provenance.to_dict()
         text = json.dumps(data, indent=1, sort_keys=True) + "\n"
         check_size(
             text.encode("utf-8"), f"the commit record of {self.name}", MAX_RECORD_BYTES
@@ -130,6 +140,8 @@ class CommitRecord:
             check_int(self.replaces[0], "the size a re-save replaces")
             _check_digest(self.replaces[1], "a new commit record", ValueError)
         check_metrics(self.metrics)
+        if self.provenance is not None:
+            self.provenance.check()
 
     @property
     def algorithm(self) -> str:
@@ -215,6 +227,9 @@ class CommitRecord:
             format_version=data["format_version"],
             replaces=replaces,
             metrics=_metrics_from_json(data.get("metrics"), source),
+            provenance=None
+            if data.get("provenance") is None
+            else Provenance.from_dict(data["provenance"], source),
         )
 
     def describes(self, name: str) -> bool:
@@ -300,6 +315,7 @@ def make_record(
     size: int | None = None,
     metrics: Mapping[str, float] | None = None,
     payload: PayloadBytes | None = None,
+    provenance: Provenance | None = None,
 ) -> CommitRecord:
     """Describe a durable payload.
 
@@ -329,6 +345,7 @@ def make_record(
         digest=digest or digest_of(checkpoint, DEFAULT_ALGORITHM, storage=storage),
         created=time.time(),
         metrics=check_metrics(metrics),
+        provenance=provenance,
     )
 
 
@@ -342,6 +359,7 @@ def check_fits(
     family: str,
     format: str,
     metrics: dict[str, float | None] | None,
+    provenance: Provenance | None = None,
 ) -> None:
     """Refuse a checkpoint whose commit record readers would refuse.
 
@@ -365,6 +383,7 @@ def check_fits(
         created=_WIDEST_TIME,
         replaces=(MAX_INT, widest),
         metrics=metrics,
+        provenance=provenance,
     ).to_json()
 
 
@@ -373,6 +392,7 @@ def check_saves(
     paths: Mapping[str, Path],
     format: str,
     metrics: Mapping[str, Mapping[str, float] | None] | None,
+    provenance: Provenance | None = None,
 ) -> dict[str, dict[str, float | None] | None]:
     """Check the metrics and the records of one step's saves before any is written.
 
@@ -382,7 +402,7 @@ def check_saves(
     """
     reported = {f: check_metrics(m) for f, m in (metrics or {}).items()}
     for family, path in paths.items():
-        check_fits(path.name, step, family, format, reported.get(family))
+        check_fits(path.name, step, family, format, reported.get(family), provenance)
     return reported
 
 

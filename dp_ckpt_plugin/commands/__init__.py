@@ -38,7 +38,18 @@ from ..errors import CheckpointError
 from ..text import MAX_LOG_LINE, shown
 
 #: The subcommands, each a module of this package.
-SUBCOMMANDS = ("ls", "resolve", "show", "inspect", "verify", "prune", "adopt", "sync")
+SUBCOMMANDS = (
+    "ls",
+    "resolve",
+    "show",
+    "inspect",
+    "diff",
+    "check",
+    "verify",
+    "prune",
+    "adopt",
+    "sync",
+)
 #: Exit status of a failure (a corrupt checkpoint, a held lock, nothing found).
 FAILURE = 1
 #: Exit status of a usage error (an unknown option, a directory that is not one).

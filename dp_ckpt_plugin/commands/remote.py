@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from ..checkpoint.digests import hasher
@@ -26,6 +27,7 @@ from ..retention import KeepLast, plan_prune
 from ..storage.registry import storage_for
 from ..text import MAX_LOG_LINE, shown
 from . import FAILURE, UsageError, is_remote, output
+from .origins import input_text, provenance_json, provenance_rows
 
 #: Each command, and the attribute of its arguments that may hold a URL.
 URL_ARGUMENT = {
@@ -285,15 +287,23 @@ def resolve(args: argparse.Namespace) -> int:
         "digest": found.entry.digest,
         "how": found.how,
         "fell_back": found.fell_back,
+        "provenance": provenance_json(found.record.provenance),
+        "input": _input(storage, found.record),
     }
     if args.json:
         output.print_json(data)
-    else:
-        sys.stdout.write(
-            f"{shown(args.spec)}: {shown(url)} (step {found.entry.step}), "
-            f"{shown(found.how)}; its record "
-            "agrees with HEAD (the payload is hashed when a run fetches it)\n"
-        )
+        return 0
+    sys.stdout.write(
+        f"{shown(args.spec)}: {shown(url)} (step {found.entry.step}), "
+        f"{shown(found.how)}; its record "
+        "agrees with HEAD (the payload is hashed when a run fetches it)\n"
+    )
+    for key, value in provenance_rows(found.record.provenance):
+        sys.stdout.write(f"  {key:<12} {value}\n")
+    if getattr(args, "with_input", False) and data["input"] is not None:
+        sys.stdout.write("input:\n")
+        for line in input_text(data["input"]).splitlines():
+            sys.stdout.write(shown(line, MAX_LOG_LINE) + "\n")
     return 0
 
 
@@ -313,6 +323,19 @@ def _present(storage, spec: str):
     raise RestartNotFoundError(
         f"no checkpoint of {storage.url} is there whole: {'; '.join(defects)}"
     )
+
+
+def _input(storage, record) -> dict | None:
+    """The training input a remote record names, from ``inputs/`` of its store."""
+    from ..checkpoint.limits import MAX_INPUT_BYTES
+    from ..checkpoint.provenance import INPUTS_DIR, input_path, parse_input
+
+    origin = record.provenance
+    if origin is None or origin.input is None:
+        return None
+    key = f"{INPUTS_DIR}/{input_path(Path('.'), origin.input).name}"
+    found = storage.get(key, MAX_INPUT_BYTES)
+    return None if found is None else parse_input(found[0], origin.input)
 
 
 # -- inspect ---------------------------------------------------------------------------

@@ -6,7 +6,10 @@ The same as ``dp-ckpt resolve SPEC --dir D`` (:mod:`.resolve`), kept as an alias
 directory, a file or a prefix; it resolves through the same front door as a
 training restart (:func:`~dp_ckpt_plugin.resolution.resolve_restart`, with
 installed resolver plugins), with ``D`` as the store. Nothing is moved: a
-corrupt candidate is skipped and reported, never quarantined.
+corrupt candidate is skipped and reported, never quarantined. Its
+provenance (versions, backend, world size, seed, host, input digest, data
+systems) is shown, and with ``--input`` the training input it was trained
+with (``--json`` always holds both).
 """
 
 from __future__ import annotations
@@ -22,12 +25,14 @@ from ..plugin.hooks import Hooks
 from ..resolution import ResolveContext, Resolved, resolve_restart
 from . import UsageError, add_digest_flag, one_line, output, store_directory
 from .inventory import read_inventory
+from .origins import input_of, input_text, provenance_json, provenance_rows
 
 HELP = "the checkpoint a restart would use (resolve, with the store first)"
 DESCRIPTION = (
     "Resolve a restart specification (latest, best, a directory, a file or a "
     "prefix) against a store directory as --restart would, and show the "
-    "checkpoint found, how it was found and how it was checked. Read-only."
+    "checkpoint found, how it was found, how it was checked and where it came "
+    "from (its provenance; --input: the training input). Read-only."
 )
 
 
@@ -41,6 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="latest (default), best, best:DIR, a directory, a file or a prefix",
     )
     add_digest_flag(parser)
+    parser.add_argument(
+        "--input",
+        dest="with_input",
+        action="store_true",
+        help="also print the training input the checkpoint was trained with",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,6 +67,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         output.print_json(as_json(found, args.spec))
         return 0
+    return show_found(found, with_input=getattr(args, "with_input", False))
+
+
+def show_found(found: Resolved, *, with_input: bool) -> int:
+    """Print a resolved checkpoint for people: record, provenance, input."""
     out = output.console()
     c = found.checkpoint
     record = c.record
@@ -74,11 +90,20 @@ def run(args: argparse.Namespace) -> int:
         ]
         if record.metrics:
             rows.append(("metrics", output.metrics(record.metrics)))
+        rows += provenance_rows(record.provenance)
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         out.print(f"{key:<{width}}  {value}")
     for warning in found.warnings:
         out.print(f"warning: {warning}")
+    if with_input:
+        config = input_of(c.path, record)
+        if config is None:
+            out.print("input: not kept (the record names none, or its file is gone)")
+        else:
+            out.print("input:")
+            for line in input_text(config).splitlines():
+                out.print(line)
     return 0
 
 
@@ -118,4 +143,6 @@ def as_json(found: Resolved, spec: str) -> dict[str, Any]:
         "format": record.format if record else None,
         "metrics": record.metrics if record else None,
         "warnings": list(found.warnings),
+        "provenance": provenance_json(record.provenance if record else None),
+        "input": input_of(c.path, record),
     }

@@ -5,15 +5,17 @@
   as a training run uploads it (the writer lease taken, each file checked
   against its commit record from the handle it is sent from, payload, record,
   then HEAD), each family published as its pointer says (never back to an
-  older step); nothing of the remote store is removed. The staging directory
-  a run left checkpoints in that it could not upload is a local store too.
-  Another run's store at the URL is archived first; a step held there with
-  other bytes is refused (:func:`_another_run`, rule 46).
+  older step); nothing of the remote store is removed; the training inputs
+  their records name go to ``inputs/``. The staging directory a run left
+  checkpoints in that it could not upload is a local store too. Another
+  run's store at the URL is archived first; a step held there with other
+  bytes is refused (:func:`_another_run`, rule 46).
 - A remote store to a directory (``dp-ckpt sync s3://bucket/run models``):
   every checkpoint HEAD keeps is downloaded, hashed on the way and committed
   with its record; the pointer and alias of each family then name what HEAD
   publishes. Checkpoints already there with the same record are not fetched
-  again; another file at a name is archived, never overwritten.
+  again; another file at a name is archived, never overwritten. The training
+  inputs their records name come along (``inputs/``, verified by digest).
 
 Afterwards every checkpoint copied is verified at its destination (a remote
 one downloaded and hashed; a local one was hashed as it was written).
@@ -27,6 +29,8 @@ import time
 from pathlib import Path
 
 from ..checkpoint.layout import POINTER_NAME, Family
+from ..checkpoint.limits import MAX_INPUT_BYTES
+from ..checkpoint.provenance import INPUTS_DIR, input_path, parse_input
 from ..errors import CheckpointError, CheckpointWriteError
 from ..retention import KeepAll
 from ..storage.local import LocalStorage
@@ -202,6 +206,21 @@ def _published(storage, remote, prefix, chosen):
     return swap.head, swap.version
 
 
+def _fetch_input(storage, record, directory: Path, local: LocalStorage) -> None:
+    """The training input ``record`` names, from ``inputs/`` of the remote store."""
+    origin = record.provenance if record is not None else None
+    if origin is None or origin.input is None:
+        return
+    path = input_path(directory, origin.input)
+    if local.entry(path) is not None:
+        return
+    found = storage.get(f"{INPUTS_DIR}/{path.name}", MAX_INPUT_BYTES)
+    if found is None or parse_input(found[0], origin.input) is None:
+        return  # not kept there (a run before provenance): show says so
+    local.make_dirs(path.parent, durable=True)
+    local.write_atomic(path, found[0], durable=True)
+
+
 def download(url: str, directory: Path) -> tuple[list[dict], list[str]]:
     """Fetch every checkpoint the store at ``url`` keeps into ``directory``."""
     from ..remote.fetch import Found, _record, fetch
@@ -232,6 +251,7 @@ def download(url: str, directory: Path) -> tuple[list[dict], list[str]]:
                         "path": str(path),
                     }
                 )
+                _fetch_input(storage, record, directory, local)
             published = state.published
             if published is not None and local.entry(directory / published.name):
                 suffix = published.name[len(f"{prefix}-{published.step}") :]

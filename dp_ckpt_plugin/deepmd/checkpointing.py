@@ -33,6 +33,7 @@ from .exact import KEY, on_cpu, read_entry, restart_line
 from .loading import MISSING, ServedPayloads
 from .logs import SaveReport, finished_line
 from .naming import ema_prefix
+from .origin import Changes
 from .preempt import Stopped, StopSignals
 from .retention_args import periodic_policy
 
@@ -68,6 +69,8 @@ class HostRun:
     payloads : ServedPayloads
         The verified bytes of the checkpoints the run starts from, served to
         deepmd-kit's loaders until the loop starts (:mod:`.loading`).
+    changes : Changes or None
+        With ``--restart``: what changed since its checkpoint (:mod:`.origin`).
     """
 
     store: CheckpointStore | None
@@ -81,6 +84,7 @@ class HostRun:
     host: str | None = None
     exact_resume: bool = True
     payloads: ServedPayloads = field(default_factory=ServedPayloads)
+    changes: Changes | None = None
     #: The step of the last checkpoint this run saved.
     last_saved: int | None = None
 
@@ -101,6 +105,7 @@ class HostRun:
             host=prepared.host,
             exact_resume=prepared.settings.options.exact_resume,
             payloads=prepared.payloads,
+            changes=prepared.changes,
         )
 
     # -- set-up ----------------------------------------------------------------------
@@ -145,7 +150,12 @@ class HostRun:
     def resumed(self, step: int | None, found, *, chief: bool) -> None:
         """A restart read its checkpoint: say in one line whether it continues exactly."""
         if chief:
-            log.info("%s", restart_line(step, found))
+            log.info("%s", restart_line(step, found, self.changes))
+
+    @property
+    def data_changed(self) -> str | None:
+        """Why the data position of the checkpoint restarted from cannot be restored."""
+        return self.changes.data if self.changes is not None else None
 
     def loop_started(self) -> None:
         """The training loop starts: a stop signal now waits for a step boundary.

@@ -173,12 +173,16 @@ class ExactResume:
     unsupported : str or None
         Why this run's data pipeline cannot be captured (then nothing is
         captured and a restart says so).
+    changed : str or None
+        Why the checkpoint's data position does not fit this run's data
+        (its systems changed): a restart then restores nothing.
     """
 
     enabled: bool = True
     rank: int = 0
     world_size: int = 1
     unsupported: str | None = None
+    changed: str | None = None
 
     @property
     def active(self) -> bool:
@@ -215,6 +219,8 @@ class ExactResume:
             return Continuation(None, "training._dp_ckpt.exact_resume is off")
         if self.unsupported is not None:
             return Continuation(None, self.unsupported)
+        if self.changed is not None:
+            return Continuation(None, self.changed)
         if not isinstance(entry, dict):
             return Continuation(
                 None,
@@ -263,15 +269,28 @@ def on_cpu(value: Any) -> Any:
     return cpu() if callable(cpu) else value
 
 
-def restart_line(step: int | None, found: Continuation) -> str:
-    """The one log line of a restart: exact or not, and why not."""
+def restart_line(step: int | None, found: Continuation, changes=None) -> str:
+    """The one log line of a restart: exact or not, and why not.
+
+    ``changes`` (:class:`~.origin.Changes`): what changed since the
+    checkpoint; the first is named here, the others have a line each.
+    """
     at = f" at step {step}" if step is not None else ""
+    lines = list(changes.lines) if changes is not None else []
+    if lines and found.exact:
+        more = f" (and {len(lines) - 1} more, above)" if len(lines) > 1 else ""
+        return (
+            f"resume{at} is not exact: {lines[0]}{more}; the batches and random "
+            "generators are restored, but the run from here on is not the "
+            "uninterrupted run of this input"
+        )
     if found.exact:
         return (
             f"exact resume{at}: random generators and data position restored; "
             "the run continues as if it had not stopped"
         )
+    changed = f" ({len(lines)} changes of the input, above)" if lines else ""
     return (
         f"resume{at} is not exact: {found.reason}; the batches from here on "
-        "differ from those of an uninterrupted run"
+        f"differ from those of an uninterrupted run{changed}"
     )

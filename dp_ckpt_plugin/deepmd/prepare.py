@@ -30,6 +30,7 @@ from typing import Any
 
 import pluggy
 
+from ..checkpoint.provenance import input_digest, read_input
 from ..errors import CheckpointError, ConfigError, UnreadableFileError
 from ..plugin.hooks import Hooks
 from ..ranks import Ranks
@@ -44,7 +45,9 @@ from .loading import ServedPayloads
 from .logs import SaveReport, restart_line, startup_line
 from .metrics import check_host_support
 from .naming import primary_family_in
+from .origin import Changes, changes_since, run_origin
 from .preempt import StopSignals
+from .runtime import world_size
 from .settings import RunSettings, is_directory, normalized_spec, read_settings
 
 log = logging.getLogger("dp_ckpt_plugin")
@@ -76,6 +79,8 @@ class PreparedRun:
     payloads : ServedPayloads
         The verified bytes of the checkpoints the handles name, for
         deepmd-kit's loaders (served once the host starts them).
+    changes : Changes or None
+        With ``--restart``: what changed since the checkpoint (:mod:`.origin`).
     """
 
     settings: RunSettings
@@ -89,6 +94,7 @@ class PreparedRun:
     adopted: list[Path] = field(default_factory=list)
     host: str | None = None
     payloads: ServedPayloads = field(default_factory=ServedPayloads)
+    changes: Changes | None = None
 
     def close(self) -> None:
         """Give the bytes up, restore the signal handlers, close the store (idempotent)."""
@@ -120,13 +126,19 @@ def prepare_run(
     Stopped
         A stop signal came meanwhile.
     """
-    settings = read_settings(load_input(input_file), suffix=descriptor(host).suffix)
+    config = load_input(input_file)
+    settings = read_settings(config, suffix=descriptor(host).suffix)
     check_host_support(descriptor(host), settings.options, settings.training)
     chief = ranks.rank == 0
     if chief:
         log.info(
             "%s",
             startup_line(settings, host, settings.cwd, archived=_archived(settings)),
+        )
+    origin = None
+    if chief:
+        origin = run_origin(
+            config, cwd=settings.cwd, backend=host, world_size=world_size()
         )
     stop = StopSignals(settings.options.stop_signals).install()
     store = None
@@ -136,6 +148,8 @@ def prepare_run(
         adopted: list[Path] = []
         if settings.save_dir is not None:
             store = build_store(settings, pm, ranks, host)
+            if origin is not None:
+                _describe(store, *origin)
             created = chief and store.storage.entry(store.directory) is None
             store.open()  # the chief takes the lock now, not after the build
             if settings.options.async_save:  # it starts while the model is built
@@ -146,6 +160,7 @@ def prepare_run(
         specs = {"init_model": init_model, "restart": restart, "finetune": finetune}
         resolved: dict[str, str | None] = dict.fromkeys(HANDLES)
         resumed_from = None
+        changes = None
         for key in HANDLES:
             spec = specs[key]
             if spec is None:
@@ -180,6 +195,15 @@ def prepare_run(
                         archives=archives,
                     ),
                 )
+            if continues:
+                changes = ranks.broadcast(
+                    _changes(found, origin, store) if chief else None
+                )
+                if chief:
+                    for line in changes.lines:
+                        log.info("changed since step %s: %s", found.step, line)
+                    if changes.unknown:
+                        log.info("%s", changes.unknown)
         report = None
         if store is not None:
             report = SaveReport(settings.cwd)
@@ -198,6 +222,7 @@ def prepare_run(
             adopted=adopted,
             host=host,
             payloads=payloads,
+            changes=changes,
         )
     except BaseException:
         payloads.stop()
@@ -225,6 +250,32 @@ def _resolve(
     if store is None:
         return resolve_restart(Hooks.of(pm), spec, ctx, ranks)
     return store.resolve(spec, context=ctx, continues=continues)
+
+
+def _describe(store: CheckpointStore, provenance, normalized) -> None:
+    """What every record of the run says of its origin; an input that is not JSON is not kept."""
+    try:
+        store.committer.describe_origin(provenance, normalized)
+    except ValueError as exc:
+        log.warning("the training input is not kept with the checkpoints: %s", exc)
+        store.committer.describe_origin(provenance)
+
+
+def _changes(found: Resolved, origin, store: CheckpointStore | None) -> Changes:
+    """What changed from the origin of the checkpoint ``found`` to this run's."""
+    provenance, normalized = origin
+    old = found.record.provenance if found.record is not None else None
+    old_input = None
+    if old is not None and old.input is not None:
+        storage = store.storage if store is not None else default_storage()
+        old_input = read_input(found.path.parent, old.input, storage=storage)
+        if old_input is None and store is not None:  # another node staged it
+            old_input = store.remote.read_input(old.input)
+    try:
+        new = replace(provenance, input=input_digest(normalized))
+    except (TypeError, ValueError):  # not JSON: compared key by key only
+        new = provenance
+    return changes_since(old, old_input, new, normalized)
 
 
 def _archived(settings: RunSettings) -> list:

@@ -17,6 +17,14 @@ import os
 from typing import Any
 
 
+def world_size() -> int:
+    """How many ranks this run has (torchrun's ``WORLD_SIZE``, else 1)."""
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
 def start_process_group() -> bool:
     """Under torchrun, start the process group now; gloo where there is no GPU.
 

@@ -31,13 +31,17 @@ for the uploads in flight, then says what did not make it and how to send it
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..checkpoint import Checkpoint
 from ..checkpoint.digests import digest_of_handle
+from ..checkpoint.limits import MAX_INPUT_BYTES
+from ..checkpoint.provenance import INPUTS_DIR, input_path, parse_input
 from ..checkpoint.records import CommitRecord
 from ..errors import CheckpointError, CheckpointWriteError, UnreadableFileError
 from ..retention import plan_prune
@@ -133,6 +137,7 @@ class RemoteStore:
         self._published: dict[str, int] = {}
         self._behind_said = 0.0
         self._sending: dict[str, set[str]] = {}
+        self._inputs_sent: set[str] = set()
         #: What the store should say once (a takeover, an unsafe endpoint).
         self.notes: list[str] = []
         #: Entries uploaded by this run, newest last (for the closing line).
@@ -596,7 +601,37 @@ class RemoteStore:
                     f"could not commit {self.storage.url_of(key)}: another record "
                     "is already there"
                 ) from None
+        self._send_input(checkpoint)
         return Entry(key, name, record.step, record.size, record.digest, record.metrics)
+
+    def _send_input(self, checkpoint: Checkpoint) -> None:
+        """The training input a record names, once per digest: ``inputs/<name>``.
+
+        Content-addressed, outside every epoch's folder: recovery leaves it,
+        and no swap of HEAD deletes it (rule 49).
+        """
+        origin = checkpoint.record.provenance
+        digest = origin.input if origin is not None else None
+        if digest is None or digest in self._inputs_sent:
+            return
+        staged = input_path(checkpoint.path.parent, digest)
+        try:
+            data = self.staging.read_small(staged, MAX_INPUT_BYTES)
+        except UnreadableFileError:
+            data = None
+        if data is not None:
+            with contextlib.suppress(KeyExistsError):  # the same content, by name
+                self.storage.put_if_absent(f"{INPUTS_DIR}/{staged.name}", data)
+        self._inputs_sent.add(digest)
+
+    def read_input(self, digest: str) -> dict | None:
+        """The training input of ``digest`` kept in the remote store, if it is there."""
+        key = f"{INPUTS_DIR}/{input_path(Path('.'), digest).name}"
+        try:
+            found = self.storage.get(key, MAX_INPUT_BYTES)
+        except (StorageUnavailableError, CheckpointError):
+            return None
+        return None if found is None else parse_input(found[0], digest)
 
     def _chosen(self, config, head: Head, entry: Entry) -> str:
         """What the family publishes after ``entry``: it, or its best."""

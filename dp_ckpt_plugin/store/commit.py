@@ -28,13 +28,21 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import BinaryIO, NoReturn
+from typing import Any, BinaryIO, NoReturn
 
 from ..checkpoint import Checkpoint
 from ..checkpoint.catalogue import Catalogue, read_record_or_none
 from ..checkpoint.digests import digest_of_view, write_hashed
 from ..checkpoint.layout import Family
-from ..checkpoint.records import CommitRecord, make_record, record_path, write_record
+from ..checkpoint.limits import MAX_INPUT_BYTES
+from ..checkpoint.provenance import Provenance, input_digest, input_fits, write_input
+from ..checkpoint.records import (
+    CommitRecord,
+    check_saves,
+    make_record,
+    record_path,
+    write_record,
+)
 from ..errors import CheckpointWriteError
 from ..storage import Storage
 from .archive import archive
@@ -85,6 +93,41 @@ class Committer:
         #: Whether a first save overlaps its fsyncs (:func:`write_new`); the
         #: store turns it off for a background save.
         self.overlap = True
+        #: What every record this committer writes says of its origin.
+        self.provenance: Provenance | None = None
+        self._input: Mapping[str, Any] | None = None
+
+    def describe_origin(
+        self, provenance: Provenance, training_input: Mapping[str, Any] | None = None
+    ) -> None:
+        """What every record says of where it came from (rule 49).
+
+        ``training_input`` is kept in ``D/inputs/`` before the first record,
+        once per distinct digest (:func:`~dp_ckpt_plugin.checkpoint.provenance.write_input`);
+        its digest goes into ``provenance``.
+        """
+        if training_input is not None:
+            try:
+                digest = input_digest(training_input)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(
+                    f"the training input must hold JSON values only: {exc}"
+                ) from None
+            provenance = dataclasses.replace(provenance, input=digest)
+        provenance.check()
+        self.provenance = provenance
+        self._input = training_input
+        if training_input is not None and not input_fits(training_input):
+            log.warning(
+                "the training input is larger than %d bytes: its digest is "
+                "recorded, the input itself is not kept",
+                MAX_INPUT_BYTES,
+            )
+            self._input = None
+
+    def check_saves(self, step: int, paths, format: str, metrics):
+        """The records' ``check_saves``, with this run's provenance."""
+        return check_saves(step, paths, format, metrics, self.provenance)
 
     def commit(
         self,
@@ -98,6 +141,17 @@ class Committer:
     ) -> CommitRecord:
         """Write and commit ``path``; return its record."""
         self._check_space(family, path)
+        if self._input is not None:  # kept once, before the first record names it
+            try:
+                write_input(
+                    self.directory,
+                    self._input,
+                    storage=self.storage,
+                    durable=self.durable,
+                )
+            except CheckpointWriteError as exc:  # the checkpoint matters more
+                log.warning("the training input is not kept: %s", exc)
+            self._input = None
         details = {
             "step": step,
             "family": family.prefix,
@@ -105,6 +159,7 @@ class Committer:
             "durable": self.durable,
             "storage": self.storage,
             "metrics": metrics,
+            "provenance": self.provenance,
         }
         # publication, next, fsyncs the directory after the pointer and alias
         # moved: the payload's name is made durable with them
@@ -158,6 +213,7 @@ def write_new(
     metrics: Mapping[str, float] | None = None,
     sync_name: bool = True,
     overlap: bool = True,
+    provenance: Provenance | None = None,
 ) -> CommitRecord:
     """Write and commit the first checkpoint of a step at ``path`` (absent).
 
@@ -179,7 +235,13 @@ def write_new(
     record, one not yet named) names no file and is swept. Without
     ``overlap`` the three run one after the other on this thread.
     """
-    fields = {"step": step, "family": family, "format": format, "metrics": metrics}
+    fields = {
+        "step": step,
+        "family": family,
+        "format": format,
+        "metrics": metrics,
+        "provenance": provenance,
+    }
     beside = durable and overlap and _overlaps(serialize, storage)
     if beside:
         tmp, record = _recorded_payload(path, serialize, storage, fields)
@@ -288,6 +350,7 @@ def rewrite(
     durable: bool,
     storage: Storage,
     metrics: Mapping[str, float] | None = None,
+    provenance: Provenance | None = None,
 ) -> CommitRecord:
     """Re-save a step whose committed checkpoint (``old``) is at ``path``."""
     tmp, new = _described_payload(
@@ -299,6 +362,7 @@ def rewrite(
         family=family,
         format=format,
         metrics=metrics,
+        provenance=provenance,
     )
     try:
         both = dataclasses.replace(new, replaces=(old.size, old.digest))

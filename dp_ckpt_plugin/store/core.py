@@ -37,7 +37,6 @@ from ..checkpoint import Checkpoint, Commit
 from ..checkpoint.catalogue import Catalogue, committed
 from ..checkpoint.layout import Family, check_step
 from ..checkpoint.manifest import Describer
-from ..checkpoint.records import check_saves
 from ..checkpoint.resume import ResumeState
 from ..plugin.hooks import Hooks
 from ..ranks import Ranks, SingleProcess
@@ -287,7 +286,7 @@ class CheckpointStore:
         if self.format.check is not None:
             for state in states.values():
                 self.format.check(state)
-        reported = check_saves(step, paths, self.format.name, metrics)
+        reported = self.committer.check_saves(step, paths, self.format.name, metrics)
         if not background:
             self.wait()
             self._save_states(step, states, paths, reported)  # overlapped

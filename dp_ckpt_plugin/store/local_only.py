@@ -39,3 +39,6 @@ class LocalOnly:
     def staged(self, found, store, *, continues: bool):
         """A checkpoint found is where it is."""
         return found
+
+    def read_input(self, digest: str) -> None:
+        """No remote store keeps an input."""

@@ -134,6 +134,7 @@ def make_trainer_class(host_run: HostRun) -> type:
                 rank=self.rank,
                 world_size=self.world_size,
                 unsupported=_unsupported(self, host_run.training),
+                changed=host_run.data_changed,
             )
             if self._dp_exact.enabled and not self._dp_exact.active and self.rank == 0:
                 log.info(

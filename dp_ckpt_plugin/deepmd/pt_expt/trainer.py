@@ -75,6 +75,7 @@ def make_trainer_class(host_run: HostRun) -> type:
                 rank=self.rank,
                 world_size=self.world_size,
                 unsupported=unsupported,
+                changed=host_run.data_changed,
             )
             restart = kwargs.get("restart_model")
             if self.restart_training and restart and not restart.endswith(".pte"):
