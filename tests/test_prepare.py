@@ -28,7 +28,7 @@ def write_input(tmp_path, **training):
     training = {
         "save_dir": "models",
         "numb_steps": 10,
-        "_dp_ckpt": {"verify": "sha256", "stop_signals": []},
+        "_dp_ckpt": {"verify": "digest", "stop_signals": []},
         **training,
     }
     config = {"training": training}
@@ -224,7 +224,7 @@ def test_startup_line_says_version_save_dir_retention_and_verify(
     (line,) = [
         r.getMessage() for r in caplog.records if "dp_ckpt_plugin 0" in r.getMessage()
     ]
-    assert "(dp --pt-expt): save_dir models, keep the newest 3, verify sha256" in line
+    assert "(dp --pt-expt): save_dir models, keep the newest 3, verify digest" in line
 
 
 # -- adopting what plain deepmd-kit wrote ---------------------------------------------

@@ -155,9 +155,6 @@ def read_settings(
 ) -> RunSettings:
     """Validate and take out the plugin's part of a loaded training input.
 
-    The deprecated top-level ``dp_ckpt`` section, if any, is removed from
-    ``config`` (deepmd-kit's strict check would reject it).
-
     Raises
     ------
     ConfigError
@@ -261,13 +258,9 @@ def resolve_for_reading(pm, spec: str, *, suffix: str, cwd: Path | None = None):
 def for_deepmd(config: dict[str, Any], settings: RunSettings) -> dict[str, Any]:
     """The training input as deepmd-kit is handed it.
 
-    The deprecated top-level ``dp_ckpt`` section goes (it was validated), and
-    a ``save_dir`` on object storage becomes its local staging directory:
+    A ``save_dir`` on object storage becomes its local staging directory:
     deepmd-kit's own checkpoint code only ever sees a local path.
     """
-    from .argcheck import strip_old_section
-
-    strip_old_section(config)
     training = config.get("training")
     if settings.save_url is not None and isinstance(training, dict):
         training["save_dir"] = str(settings.save_dir)
