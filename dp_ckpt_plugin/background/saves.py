@@ -79,11 +79,6 @@ class BackgroundWriter:
             self.process, self.snapshots, step, self.snapshots.take(state)
         )
 
-    @property
-    def busy(self) -> bool:
-        """Whether a save is in flight (or finished without being waited for)."""
-        return self._pending is not None
-
     def submit(self, prepare: Callable[[], tuple], work: Callable[..., Any]) -> None:
         """Wait for the previous save (raising its error), then start ``work``.
 

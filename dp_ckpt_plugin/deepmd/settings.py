@@ -63,11 +63,6 @@ class RunSettings:
     save_url: str | None = None
 
     @property
-    def shown_save_dir(self) -> str:
-        """``save_dir`` as the user gave it (the URL of a remote store)."""
-        return self.save_url or str(self.save_dir)
-
-    @property
     def family(self) -> Family:
         """The periodic family (the one ``latest`` means)."""
         return Family(self.save_ckpt.name, self.suffix)

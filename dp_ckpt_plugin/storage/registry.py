@@ -180,19 +180,6 @@ def _installed() -> dict[str, metadata.EntryPoint]:
     return _entry_points
 
 
-def forget_entry_points() -> None:
-    """Read the entry points again when next needed (after an install)."""
-    global _entry_points
-    with _lock:
-        _entry_points = None
-        for scheme in [s for s, f in _factories.items() if _from_entry_point(f)]:
-            del _factories[scheme]
-
-
-def _from_entry_point(factory: Factory) -> bool:
-    return getattr(factory, "_dp_ckpt_entry_point", False)
-
-
 def _factory(scheme: str) -> Factory | None:
     with _lock:
         found = _factories.get(scheme)
@@ -212,13 +199,8 @@ def _factory(scheme: str) -> Factory | None:
             raise ConfigError(
                 f"the storage for {scheme}:// ({ep.value}) is not a callable factory"
             )
-
-        def factory(url: str, **options) -> ObjectStorage:
-            return loaded(url, **options)
-
-        factory._dp_ckpt_entry_point = True
-        _factories[scheme] = factory
-        return factory
+        _factories[scheme] = loaded
+        return loaded
 
 
 def known_schemes() -> list[str]:
