@@ -29,6 +29,7 @@ from .ranks import Ranks, current_ranks
 from .resolution import Resolved
 from .retention import KeepLast, RetentionPolicy, policy_from_dict
 from .storage import Storage
+from .storage.registry import check_not_mistyped, local_path, remote_url
 from .store.core import CheckpointStore
 from .store.family import FamilyConfig
 
@@ -145,8 +146,11 @@ class CheckpointManager:
         elif isinstance(policy, Mapping):
             policy = policy_from_dict(policy)
         remote = None
-        if remote_url_or_none(directory) is not None:
-            directory, remote = staged(remote_url_or_none(directory), format, staging)
+        url = remote_url_or_none(directory)
+        if url is not None:
+            directory, remote = staged(url, format, staging)
+        else:
+            directory = local_path(directory)
         self.store = CheckpointStore(
             directory,
             remote=remote,
@@ -219,10 +223,8 @@ class CheckpointManager:
 
 def remote_url_or_none(directory) -> str | None:
     """``directory`` as a remote store's URL, or ``None`` for a local path."""
-    from .storage.registry import check_not_mistyped, remote_url, scheme_of
-
     check_not_mistyped(directory)
-    if not isinstance(directory, str) or scheme_of(directory) in ("", "file"):
+    if local_path(directory) is not None:
         return None
     try:
         return remote_url(directory)

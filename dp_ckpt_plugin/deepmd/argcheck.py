@@ -56,7 +56,6 @@ VERIFY_CHOICES = ("size", "digest")
 DEFAULT_STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
 
 _KEY_IN_MESSAGE = re.compile(r"key `([^`]+)`")
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 #: Marks "no value" where ``None`` is a valid value.
 _MISSING = object()
 
@@ -655,17 +654,19 @@ def check_save_dir(value: Any, key: str = "training.save_dir") -> Path | str | N
         raise ConfigError(f"`{key}` must not be empty; give a directory path or null")
     if "\0" in value:
         raise ConfigError(f"`{key}` contains a NUL character: {value!r}")
-    if value.strip().lower().startswith("file://"):
-        value = value.strip()[len("file://") :]  # a local directory, by URL
-    elif _URL.match(value.strip()):
-        return check_save_url(value.strip(), key)
-    from ..storage.registry import check_not_mistyped
+    from ..storage.registry import check_not_mistyped, local_path
 
+    try:
+        found = local_path(value)
+    except ConfigError as exc:
+        raise ConfigError(f"`{key}`: {exc}") from None
+    if found is None:
+        return check_save_url(value.strip(), key)
     try:
         check_not_mistyped(value)
     except ConfigError as exc:
         raise ConfigError(f"`{key}` is {exc}") from None
-    path = Path(value)
+    path = Path(found)
     _check_directory_usable(Path(os.path.abspath(path)), key)
     return path
 
