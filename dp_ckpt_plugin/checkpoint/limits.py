@@ -4,7 +4,7 @@ Commit records, the store's manifest, HEAD and LEASE take each bound from
 here, the code that writes them and the code that reads them alike, so a
 writer never writes a value its own reader refuses: a value out of bounds is
 refused by the writer (``ValueError`` naming the field) before anything is
-written. ``docs/guarantees.md`` (rule 50) states the table;
+written. ``docs/guarantees.md`` (rule 44) states the table;
 ``tests/test_limits.py`` walks it, field by field.
 
 Records of format version 1 (dp-ckpt-plugin 0.1 and 0.2, which bounded no
