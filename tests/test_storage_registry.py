@@ -102,7 +102,10 @@ def test_every_reader_of_a_location_agrees(given, path, tmp_path, monkeypatch):
         assert manager.directory == Path(os.path.abspath(expected))
 
 
-@pytest.mark.parametrize("url", ["file://otherhost/x", "file:///x?y=1", "file://"])
+@pytest.mark.parametrize(
+    "url",
+    ["file://otherhost/x", "file:///x?y=1", "file://", "file:///x\n", "file:///x\ty"],
+)
 def test_a_file_url_names_a_local_path(url):
     with pytest.raises(ConfigError) as raised:
         storage_for(url)

@@ -117,8 +117,8 @@ def local_path(text: str | os.PathLike) -> str | None:
     Raises
     ------
     ConfigError
-        In one line, for a file URL naming another host, a query, a fragment
-        or no path.
+        In one line, for a file URL naming another host, a query, a fragment,
+        a control character or no path.
     """
     if not isinstance(text, str):
         return os.fspath(text)
@@ -127,6 +127,11 @@ def local_path(text: str | os.PathLike) -> str | None:
         return text
     if scheme != "file":
         return None
+    if any(not c.isprintable() for c in text):
+        raise ConfigError(
+            f"{shown(text)}: a URL holds no control character (a newline, a tab, "
+            "an escape)"
+        )
     parts = urlsplit(text.strip())
     if parts.netloc.lower() not in ("", "localhost") or parts.query or parts.fragment:
         raise ConfigError(
@@ -244,13 +249,13 @@ def storage_for(url_or_path: str | os.PathLike, **options) -> ObjectStorage:
     check_not_mistyped(url_or_path)
     if local_path(url_or_path) is not None:
         return _local(url_or_path, **options)
-    url_or_path = url_or_path.strip()
-    scheme = scheme_of(url_or_path)
     if any(not c.isprintable() for c in url_or_path):
         raise ConfigError(
             f"{shown(url_or_path)}: a URL holds no control character (a "
             "newline, a tab, an escape)"
         )
+    url_or_path = url_or_path.strip()
+    scheme = scheme_of(url_or_path)
     factory = _factory(scheme)
     if factory is None:
         known = ", ".join(f"{s}://" for s in known_schemes())
