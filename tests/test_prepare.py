@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import fill_store, flipped, needs_torch, zip_member_spans
@@ -100,6 +101,19 @@ def test_lock_is_taken_before_anything_is_built(tmp_path, run_in):
 def test_configuration_mistakes(tmp_path, run_in, training, message):
     with pytest.raises(ConfigError, match=message):
         run_in(write_input(tmp_path, **training))
+
+
+def test_the_top_level_section_of_0_2_ends_the_run_in_one_line(tmp_path, run_in):
+    path = tmp_path / "input.json"
+    config = json.loads(Path(write_input(tmp_path)).read_text())
+    config["dp_ckpt"] = config["training"].pop("_dp_ckpt")
+    path.write_text(json.dumps(config))
+    with pytest.raises(ConfigError) as caught:
+        run_in(str(path))
+    assert str(caught.value) == (
+        "the top-level `dp_ckpt` section is `training._dp_ckpt` since 0.3"
+    )
+    assert not (tmp_path / "models").exists()
 
 
 @pytest.mark.parametrize("host", ["pt_expt", "pt"])
