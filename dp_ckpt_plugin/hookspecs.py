@@ -125,7 +125,7 @@ def on_load_step(format: str, path: Path, file: BinaryIO | None) -> Any | None:
 
 
 @hookspec
-def on_commit(commit: Commit, checkpoint: Checkpoint, store: Commit) -> None:
+def on_commit(commit: Commit, checkpoint: Checkpoint) -> None:
     """Observe a checkpoint that is durable, committed and published.
 
     Called on the chief rank, once per checkpoint, after its commit record was
@@ -148,10 +148,6 @@ def on_commit(commit: Commit, checkpoint: Checkpoint, store: Commit) -> None:
     checkpoint : dp_ckpt_plugin.Checkpoint
         ``commit.checkpoint``: ``path``, ``step``, ``family`` and commit
         ``record`` of the new checkpoint.
-    store : dp_ckpt_plugin.Commit
-        The same read-only view as ``commit`` (``store.directory``), for
-        observers written for dp-ckpt-plugin 0.2, which were handed the
-        store itself.
     """
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,6 +30,7 @@ from .ranks import Ranks, current_ranks, world_size_of
 from .resolution import Resolved
 from .retention import KeepLast, RetentionPolicy, policy_from_dict
 from .storage import Storage
+from .storage.registry import check_not_mistyped, local_path, remote_url
 from .store.core import CheckpointStore
 from .store.family import FamilyConfig
 
@@ -82,7 +82,7 @@ class CheckpointManager:
         (``{"keep_last": 5, "keep_best": 3, "best_metric": "loss"}``).
     verify : {"size", "digest"}, optional
         How a checkpoint is checked before it is restored: its size, or also
-        its content digest (``"sha256"`` is accepted for ``"digest"``).
+        its content digest.
     durable : bool, optional
         Whether to fsync (leave on).
     lock : bool, optional
@@ -106,8 +106,6 @@ class CheckpointManager:
     storage : Storage, optional
         How files are touched (the local file system, confined to
         ``directory``, by default).
-    backend : str, optional
-        Deprecated name of ``format`` (dp-ckpt-plugin 0.1); warns.
     staging : str or Path, optional
         With a URL: the folder staging directories go in (``DP_CKPT_STAGING``,
         else the system's temporary directory, by default).
@@ -134,23 +132,20 @@ class CheckpointManager:
         pm: pluggy.PluginManager | None = None,
         ranks: Ranks | None = None,
         storage: Storage | None = None,
-        backend: str | None = None,
         writer: str = "auto",
         staging: str | os.PathLike | None = None,
         training_input: Mapping[str, Any] | None = None,
         seed: int | None = None,
+        **unknown: object,
     ) -> None:
-        if backend is not None:
-            warnings.warn(
-                "CheckpointManager(backend=...) is deprecated; use format=... "
-                "(backend now means deepmd-kit's framework backend)",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            format = backend
-        if verify not in ("size", "digest", "sha256"):
+        for name in unknown:
+            if name == "backend":
+                raise TypeError("CheckpointManager(backend=) is format= since 0.3")
+            raise TypeError(f"CheckpointManager got an unexpected argument {name!r}")
+        if verify == "sha256":
+            raise ValueError("verify='sha256' is verify='digest' since 0.3")
+        if verify not in ("size", "digest"):
             raise ValueError(f"verify must be 'size' or 'digest', got {verify!r}")
-        verify = "digest" if verify == "sha256" else verify
         self.pm = pm or get_plugin_manager()
         self.verify = verify
         self.async_save = async_save
@@ -160,8 +155,11 @@ class CheckpointManager:
         elif isinstance(policy, Mapping):
             policy = policy_from_dict(policy)
         remote = None
-        if remote_url_or_none(directory) is not None:
-            directory, remote = staged(remote_url_or_none(directory), format, staging)
+        url = remote_url_or_none(directory)
+        if url is not None:
+            directory, remote = staged(url, format, staging)
+        else:
+            directory = local_path(directory)
         self.store = CheckpointStore(
             directory,
             remote=remote,
@@ -238,10 +236,8 @@ class CheckpointManager:
 
 def remote_url_or_none(directory) -> str | None:
     """``directory`` as a remote store's URL, or ``None`` for a local path."""
-    from .storage.registry import check_not_mistyped, remote_url, scheme_of
-
     check_not_mistyped(directory)
-    if not isinstance(directory, str) or scheme_of(directory) in ("", "file"):
+    if local_path(directory) is not None:
         return None
     try:
         return remote_url(directory)

@@ -30,7 +30,6 @@ and :func:`policy_to_dict` turns a built-in policy back into them.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -561,27 +560,6 @@ def _int_or_none(spec: Mapping[str, Any], key: str) -> int | None:
     return value
 
 
-#: Keys of earlier releases, and the key each now is.
-OLD_KEYS = {"max_ckpt_keep": "keep_last"}
-
-
-def neutral_keys(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """``spec`` with the keys of earlier releases renamed (``max_ckpt_keep``).
-
-    Raises
-    ------
-    ValueError
-        When a key is given under both names.
-    """
-    out = dict(spec)
-    for old, new in OLD_KEYS.items():
-        if old in out:
-            if new in out:
-                raise ValueError(f"retention keys {old!r} and {new!r} are the same key")
-            out[new] = out.pop(old)
-    return out
-
-
 def policy_from_dict(spec: Mapping[str, Any]) -> RetentionPolicy:
     """Build a policy from plain keys, such as a configuration file gives.
 
@@ -612,14 +590,8 @@ def policy_from_dict(spec: Mapping[str, Any]) -> RetentionPolicy:
     """
     if not isinstance(spec, Mapping):
         raise ValueError(f"a retention policy is a mapping of keys, got {spec!r}")
-    if set(spec) & set(OLD_KEYS):
-        warnings.warn(
-            "retention key 'max_ckpt_keep' is now 'keep_last' (the core's keys "
-            "name no trainer's)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        spec = neutral_keys(spec)
+    if "max_ckpt_keep" in spec:  # the key of 0.2
+        raise ValueError("retention key 'max_ckpt_keep' is 'keep_last' since 0.3")
     unknown = sorted(set(spec) - set(POLICY_KEYS))
     if unknown:
         raise ValueError(

@@ -80,7 +80,7 @@ def run(directory, backend, max_keep, background=False):
     save of this one is done (the first one swept them).
     """
     manager = open_manager(
-        directory, backend, max_keep=max_keep, verify="sha256", async_save=background
+        directory, backend, max_keep=max_keep, verify="digest", async_save=background
     )
     step = resume(manager, backend)
     if step is None:
@@ -127,7 +127,7 @@ def stall(directory, backend, max_keep):
         backend,
         plugins=[StallBeforePruning()],
         max_keep=max_keep,
-        verify="sha256",
+        verify="digest",
     )
     step = resume(manager, backend, SMALL_SIZES)
     if step is None:
@@ -140,7 +140,7 @@ def stall(directory, backend, max_keep):
 
 def hold(directory):
     """Save once, holding the lock until stdin closes."""
-    with open_manager(directory, max_keep=0, verify="sha256") as manager:
+    with open_manager(directory, max_keep=0, verify="digest") as manager:
         manager.save(1, make_payload(1))
         say("locked")
         sys.stdin.read()
@@ -150,7 +150,7 @@ def hold(directory):
 
 def attempt(directory):
     """Try to save once and say whether the lock allowed it."""
-    with open_manager(directory, max_keep=0, verify="sha256") as manager:
+    with open_manager(directory, max_keep=0, verify="digest") as manager:
         try:
             manager.save(1, make_payload(1))
         except StoreLockedError as exc:

@@ -1,6 +1,6 @@
 """``training._dp_ckpt`` and ``training.save_dir``: schema, defaults, errors.
 
-Also the deprecated top-level ``dp_ckpt`` section (still read, with a note)
+Also the top-level ``dp_ckpt`` section of 0.2 (refused in one line)
 and the places where options would be silently ignored (refused).
 """
 
@@ -27,7 +27,6 @@ from dp_ckpt_plugin.deepmd.argcheck import (
     plugin_args,
     plugin_options,
     save_dir_args,
-    strip_old_section,
 )
 from dp_ckpt_plugin.errors import ConfigError
 
@@ -160,36 +159,20 @@ def test_section_given_is_not_mutated():
     assert section == {"verify": "size", "_comment": "kept"}
 
 
-def test_old_top_level_section_still_works_with_a_note(caplog):
+def test_old_top_level_section_is_refused_in_one_line_naming_its_place():
     training = {"save_dir": "models"}
     config = {"model": {}, "training": training, OLD_SECTION: {"verify": "size"}}
-    with caplog.at_level("WARNING", logger="dp_ckpt_plugin"):
-        assert plugin_options(config).verify == "size"
-    assert config == {"model": {}, "training": {"save_dir": "models"}}
-    assert config["training"] is training
-    (note,) = [r.getMessage() for r in caplog.records]
-    assert "deprecated" in note
-    assert "training._dp_ckpt" in note
-    assert "only while dp_ckpt_plugin is on" in note
-
-
-def test_old_section_errors_name_its_own_path_and_leave_the_input():
-    config = {"training": {}, OLD_SECTION: {"verfy": "size"}}
-    with pytest.raises(ConfigError, match=r"`dp_ckpt/verfy`.*Did you mean: verify"):
+    with pytest.raises(ConfigError) as caught:
         plugin_options(config)
-    assert config == {"training": {}, OLD_SECTION: {"verfy": "size"}}
+    assert str(caught.value) == (
+        "the top-level `dp_ckpt` section is `training._dp_ckpt` since 0.3"
+    )
+    assert config[OLD_SECTION] == {"verify": "size"}
 
 
-def test_strip_old_section():
-    config = {"training": {}, OLD_SECTION: {}}
-    assert strip_old_section(config) == {"training": {}}
-
-
-def test_options_given_twice_are_refused():
-    config = with_section({"verify": "size"})
-    config[OLD_SECTION] = {"verify": "sha256"}
-    with pytest.raises(ConfigError, match="given twice"):
-        plugin_options(config)
+def test_verify_sha256_is_refused_in_one_line_naming_digest():
+    message = options_error({"verify": "sha256"})
+    assert message == f"`{SECTION_PATH}/verify`: 'sha256' is 'digest' since 0.3"
 
 
 @pytest.mark.parametrize(
@@ -243,7 +226,7 @@ def test_wrong_type(name, value):
 def test_bad_verify_choice(value):
     message = options_error({"verify": value})
     assert f"`{SECTION_PATH}/verify`" in message
-    assert "'size', 'digest', 'sha256'" in message
+    assert "'size', 'digest'." in message
     assert repr(value) in message
 
 

@@ -891,10 +891,13 @@ def test_check_says_what_it_cannot_tell(tmp_path, capsys):
     assert data["checkpoint"]["step"] == max(LOSSES)
 
 
-def test_prune_takes_the_option_name_of_the_previous_release(tmp_path, capsys):
+def test_prune_refuses_the_option_name_of_0_2_in_one_line(tmp_path, capsys):
     d = tmp_path / "models"
     fill(d, {"keep_last": 0})
-    status, data = as_json(capsys, "prune", d, "--dry-run", "--max-ckpt-keep", "1")
+    status, _, err = dp_ckpt(capsys, "prune", d, "--dry-run", "--max-ckpt-keep", "1")
+    assert status == 2
+    assert err.count("\n") == 1 and "--max-ckpt-keep is --keep-last since 0.3" in err
+    status, data = as_json(capsys, "prune", d, "--dry-run", "--keep-last", "1")
     assert status == 0
     assert data["families"][0]["policy"] == {"keep_last": 1}
 

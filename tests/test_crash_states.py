@@ -33,7 +33,7 @@ Models of what survives a crash once operations ``0..k`` were issued
 States are deduplicated by the content of their whole tree before checking;
 a tree that also arises once the save returned must pass the stricter check.
 
-Invariants, checked by new managers (``verify="sha256"``) in every state
+Invariants, checked by new managers (``verify="digest"``) in every state
 ------------------------------------------------------------------------
 - When the save had returned (the crash follows its last operation; for a
   background save, once ``wait()`` returned), ``restore("latest")`` gives
@@ -796,7 +796,7 @@ def check_mirror(scenario: Scenario, root: Path, returned: bool) -> list[str]:
 def check_committed(scenario: Scenario, directory: Path, pm) -> list[str]:
     """Each committed numbered file restores a payload saved for its step."""
     problems = []
-    with open_manager(directory, pm=pm, verify="sha256", lock=False) as reader:
+    with open_manager(directory, pm=pm, verify="digest", lock=False) as reader:
         for checkpoint in committed(directory, family()):
             name = checkpoint.path.name
             try:
@@ -820,7 +820,7 @@ def check_next_run(
     removes nothing the later checks look for.
     """
     problems = []
-    manager = open_manager(directory, pm=pm, verify="sha256", max_keep=0)
+    manager = open_manager(directory, pm=pm, verify="digest", max_keep=0)
     try:
         try:
             latest = manager.restore("latest")

@@ -232,9 +232,9 @@ def test_commit_log_records_each_commit_before_pruning(tmp_path):
 
     class Spy:
         @hookspecs.hookimpl
-        def on_commit(self, store, checkpoint):
+        def on_commit(self, commit, checkpoint):
             seen_while_committing.append(
-                sorted(p.name for p in store.directory.glob("model.ckpt-*.h5"))
+                sorted(p.name for p in commit.directory.glob("model.ckpt-*.h5"))
             )
 
     m = open_manager(tmp_path / "models", plugins=(log, Spy()), max_keep=2)
@@ -255,7 +255,7 @@ def test_commit_log_records_each_commit_before_pruning(tmp_path):
 def test_restart_by_step(tmp_path):
     plugin = load_example("restart_by_step")
     m = open_manager(
-        tmp_path / "models", plugins=(plugin,), max_keep=0, verify="sha256"
+        tmp_path / "models", plugins=(plugin,), max_keep=0, verify="digest"
     )
     try:
         paths = [m.save(step, make_payload(step)) for step in range(4)]

@@ -473,9 +473,9 @@ BAD_CASES = {
         ["unknown_key.json"],
         ["training/_dp_ckpt/verfy", "Did you mean", "verify"],
     ),
-    "old_section_unknown_key": (
+    "old_section_of_0_2": (
         ["old_section.json"],
-        ["`dp_ckpt/verfy`", "Did you mean", "verify"],
+        ["the top-level `dp_ckpt` section is `training._dp_ckpt` since 0.3"],
     ),
     "save_dir_is_a_url": (
         ["url_save_dir.json"],

@@ -4,7 +4,8 @@ Real ``dp --pt-expt`` runs on tiny data, each showing one item of the issue
 (``test_e2e.py`` shows the others on its shared runs: the off switch with
 ``training._dp_ckpt``, the logs, adoption, bad input, normalized paths):
 
-- item 1: the deprecated top-level ``dp_ckpt`` still works, with a note;
+- item 1: the top-level ``dp_ckpt`` of 0.2 is refused in one line naming
+  ``training._dp_ckpt``;
 - item 2: on another deepmd-kit version the plugin says so in one line and
   deepmd-kit runs alone, creating none of the plugin's files;
 - item 3: ``--finetune`` and ``change-bias`` take ``latest``, a directory and
@@ -279,19 +280,24 @@ def test_a_signal_stops_after_a_step_with_a_committed_checkpoint(preempted):
 
 
 def test_restart_latest_continues_after_the_signal(base, preempted):
-    """``--restart latest`` goes on from the step; the old spelling still works."""
+    """``--restart latest`` goes on from the step; the 0.2 spelling is refused."""
     workdir = copy_tree(preempted[0], base / "preempted_continued")
     stopped = int(STOPPED.findall(preempted[2])[0][1])
     cont = config(numb_steps=stopped + 3, save_freq=1000, disp_freq=1)
-    cont["training"].pop("_dp_ckpt")
-    cont["dp_ckpt"] = {"verify": "sha256"}  # item 1: the 0.2 spelling, deprecated
+    section = cont["training"].pop("_dp_ckpt")
+    cont["dp_ckpt"] = section  # item 1: the 0.2 spelling, refused in one line
     write_config(workdir / "input.json", cont)
-    result = run(
-        dp("train", "input.json", "--restart", "latest", "--skip-neighbor-stat"),
-        workdir,
-    ).check()
-    out = result.output
-    assert "the top-level `dp_ckpt` section is deprecated" in out
+    argv = dp("train", "input.json", "--restart", "latest", "--skip-neighbor-stat")
+    refused = run(argv, workdir)
+    assert refused.returncode != 0, refused.describe()
+    assert_no_traceback(refused)
+    assert (
+        "the top-level `dp_ckpt` section is `training._dp_ckpt` since 0.3"
+        in refused.output
+    ), refused.describe()
+    cont["training"]["_dp_ckpt"] = cont.pop("dp_ckpt")
+    write_config(workdir / "input.json", cont)
+    out = run(argv, workdir).check().output
     assert resumed_from(out, workdir) == [
         (workdir / "models" / f"model.ckpt-{stopped}.pt").resolve()
     ]

@@ -118,7 +118,7 @@ def test_restart_backup_after_the_store_is_lost(tmp_path, backup, backup_dir):
     for path in store.iterdir():
         if path.is_file() or path.is_symlink():
             path.unlink()
-    with open_manager(store, pm=plugin_manager(backup), verify="sha256") as m:
+    with open_manager(store, pm=plugin_manager(backup), verify="digest") as m:
         with pytest.raises(RestartNotFoundError):
             m.restore("latest")
         restored = m.restore("backup")
@@ -141,7 +141,7 @@ def test_a_corrupt_copy_is_not_restarted_from(tmp_path, backup, backup_dir):
     raw[len(raw) // 2] ^= 0xFF
     newest.write_bytes(bytes(raw))
     with open_manager(
-        tmp_path / "other", pm=plugin_manager(backup), verify="sha256"
+        tmp_path / "other", pm=plugin_manager(backup), verify="digest"
     ) as m:
         restored = m.restore("backup:models")
     assert restored.step == 2  # the flipped copy was moved aside

@@ -20,6 +20,7 @@ from dp_ckpt_plugin.deepmd.argcheck import (
     check_save_dir,
     plugin_options,
 )
+from dp_ckpt_plugin.errors import ConfigError
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 INPUTS = sorted(EXAMPLES.rglob("*.json"))
@@ -96,5 +97,8 @@ def test_deepmd_rejects_the_old_top_level_section():
     config[OLD_SECTION] = dict(FULL_SECTION)
     with pytest.raises(ArgumentKeyError, match=OLD_SECTION):
         deepmd_normalize(copy.deepcopy(config))
-    plugin_options(config)  # the plugin reads and removes it
-    deepmd_normalize(config)
+    with pytest.raises(
+        ConfigError,
+        match=r"^the top-level `dp_ckpt` section is `training\._dp_ckpt` since 0\.3$",
+    ):
+        plugin_options(config)  # the plugin names where it goes

@@ -318,7 +318,7 @@ def test_fault_during_save(tmp_path, monkeypatch, backend, point, code):
     before_commit = point in BEFORE_COMMIT
     call, role = BEFORE_COMMIT[point] if before_commit else WHILE_PUBLISHING[point]
     names = file_names(backend, 2)
-    with open_manager(directory, backend, max_keep=0, verify="sha256") as manager:
+    with open_manager(directory, backend, max_keep=0, verify="digest") as manager:
         manager.save(1, make_payload(1, backend))
         files, pointer, alias = snapshot(directory, backend)
 
@@ -367,7 +367,7 @@ def test_fault_while_pruning(tmp_path, monkeypatch, role, code):
     directory = tmp_path / "models"
     old = file_names("hdf5", 1)
     new = file_names("hdf5", 2)
-    with open_manager(directory, max_keep=1, verify="sha256") as manager:
+    with open_manager(directory, max_keep=1, verify="digest") as manager:
         manager.save(1, make_payload(1))
         faults = FaultInjector(monkeypatch, code)
         faults.arm("unlink", old[role])
@@ -428,7 +428,7 @@ def test_fault_while_saving_a_step_again(tmp_path, monkeypatch, point):
     # a re-save fsyncs the directory after the payload's move (the final
     # record follows): a fault point a first save does not have
     call, role = {**BEFORE_COMMIT, "dir-fsync": ("dirfsync", "payload")}[point]
-    with open_manager(directory, max_keep=0, verify="sha256") as manager:
+    with open_manager(directory, max_keep=0, verify="digest") as manager:
         manager.save(1, make_payload(1))
         manager.save(2, make_payload(2))
         before = snapshot(directory)
@@ -455,7 +455,7 @@ def test_fault_while_saving_a_step_again(tmp_path, monkeypatch, point):
 def test_free_space_is_checked_before_any_file_is_created(tmp_path, monkeypatch):
     """Rule 8: too little room for the previous size refuses the save up front."""
     directory = tmp_path / "models"
-    with open_manager(directory, max_keep=0, verify="sha256") as manager:
+    with open_manager(directory, max_keep=0, verify="digest") as manager:
         manager.save(1, make_payload(1, sizes=(4096,) * 3))
         size = read_record(directory / file_names("hdf5", 1)["payload"]).size
         before = snapshot(directory)
@@ -497,7 +497,7 @@ def test_alias_without_symlinks(tmp_path, monkeypatch, how):
     monkeypatch.setattr(LocalStorage, "_sys_symlink", refuse)
     if how == "copy":
         monkeypatch.setattr(LocalStorage, "_sys_link", refuse)
-    with open_manager(directory, max_keep=2, verify="sha256") as manager:
+    with open_manager(directory, max_keep=2, verify="digest") as manager:
         for step in (1, 2, 3):
             manager.save(step, make_payload(step))
     monkeypatch.undo()
@@ -509,7 +509,7 @@ def test_alias_without_symlinks(tmp_path, monkeypatch, how):
     assert alias.read_bytes() == newest.read_bytes()
     assert committed_steps(directory) == [2, 3]
     assert temporaries(directory) == []
-    with open_manager(directory, verify="sha256") as manager:
+    with open_manager(directory, verify="digest") as manager:
         assert manager.resolve("latest") == newest
         assert manager.resolve(str(directory)) == newest
         # without the pointer, the alias alone still leads to the newest content
@@ -572,7 +572,7 @@ def test_real_full_filesystem(tiny_fs, monkeypatch, backend):
     # 64 KiB, 512 KiB, then 4 MiB, more than the whole filesystem: the check
     # before the write passes (it asks for the previous size), the disk fills.
     sizes = [4096, 32768, 262144]
-    with open_manager(directory, backend, max_keep=0, verify="sha256") as manager:
+    with open_manager(directory, backend, max_keep=0, verify="digest") as manager:
         saved = 0
         error = None
         for step, size in enumerate(sizes, start=1):

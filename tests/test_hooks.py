@@ -44,8 +44,8 @@ def test_hook_call_order_save_commit_publish_observe_prune(tmp_path, pm):
             yield
 
         @hookimpl
-        def on_commit(self, store, checkpoint):
-            d = store.directory
+        def on_commit(self, commit, checkpoint):
+            d = commit.directory
             seen.append(
                 (
                     "observe",
@@ -196,7 +196,7 @@ def test_entry_point_plugin_is_loaded_and_can_be_blocked(tmp_path, monkeypatch):
             COMMITTED = []
 
             @hookimpl
-            def on_commit(store, checkpoint):
+            def on_commit(commit, checkpoint):
                 COMMITTED.append(checkpoint.step)
             """
         )
@@ -218,6 +218,19 @@ def test_entry_point_plugin_is_loaded_and_can_be_blocked(tmp_path, monkeypatch):
 
     monkeypatch.setenv(BLOCK_PLUGINS_ENV, "observer")
     assert get_plugin_manager().get_plugin("observer") is None
+
+
+def test_an_observer_of_0_2_is_refused_in_one_line_naming_commit():
+    class Observer:
+        @hookimpl
+        def on_commit(self, store, checkpoint):
+            pass
+
+    from pluggy import PluginValidationError
+
+    with pytest.raises(PluginValidationError) as caught:
+        get_plugin_manager(entry_points=False, extra=[Observer()])
+    assert str(caught.value) == "on_commit(store=) is on_commit(commit=) since 0.3"
 
 
 def test_invalid_hookimpl_is_rejected_at_build_time():

@@ -62,7 +62,8 @@ def test_a_file_removed_by_the_releasing_holder_is_not_taken(tmp_path):
     second = StoreLock(tmp_path, storage=storage)
     second.acquire()
     assert len(storage.calls) == 2, "the stale file was taken for the lock"
-    assert storage.holds(second._held)
+    held = second._held  # the file at the path is the one locked
+    assert os.path.samestat(os.fstat(held.fd), os.lstat(held.path))
     with pytest.raises(StoreLockedError):
         StoreLock(tmp_path).acquire()
     second.release()

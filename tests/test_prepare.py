@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import fill_store, flipped, needs_torch, zip_member_spans
@@ -28,7 +29,7 @@ def write_input(tmp_path, **training):
     training = {
         "save_dir": "models",
         "numb_steps": 10,
-        "_dp_ckpt": {"verify": "sha256", "stop_signals": []},
+        "_dp_ckpt": {"verify": "digest", "stop_signals": []},
         **training,
     }
     config = {"training": training}
@@ -100,6 +101,19 @@ def test_lock_is_taken_before_anything_is_built(tmp_path, run_in):
 def test_configuration_mistakes(tmp_path, run_in, training, message):
     with pytest.raises(ConfigError, match=message):
         run_in(write_input(tmp_path, **training))
+
+
+def test_the_top_level_section_of_0_2_ends_the_run_in_one_line(tmp_path, run_in):
+    path = tmp_path / "input.json"
+    config = json.loads(Path(write_input(tmp_path)).read_text())
+    config["dp_ckpt"] = config["training"].pop("_dp_ckpt")
+    path.write_text(json.dumps(config))
+    with pytest.raises(ConfigError) as caught:
+        run_in(str(path))
+    assert str(caught.value) == (
+        "the top-level `dp_ckpt` section is `training._dp_ckpt` since 0.3"
+    )
+    assert not (tmp_path / "models").exists()
 
 
 @pytest.mark.parametrize("host", ["pt_expt", "pt"])
@@ -224,7 +238,7 @@ def test_startup_line_says_version_save_dir_retention_and_verify(
     (line,) = [
         r.getMessage() for r in caplog.records if "dp_ckpt_plugin 0" in r.getMessage()
     ]
-    assert "(dp --pt-expt): save_dir models, keep the newest 3, verify sha256" in line
+    assert "(dp --pt-expt): save_dir models, keep the newest 3, verify digest" in line
 
 
 # -- adopting what plain deepmd-kit wrote ---------------------------------------------

@@ -372,7 +372,7 @@ def test_best_resolves_to_the_best_committed_checkpoint(tmp_path):
     m = open_manager(
         d,
         policy={"keep_last": 3, "keep_best": 1, "best_metric": "loss"},
-        verify="sha256",
+        verify="digest",
     )
     try:
         assert m.resolve("latest") == d / "model.ckpt-6.h5"
@@ -543,29 +543,30 @@ def test_plugin_specifications_reach_the_resolvers_as_given(tmp_path):
     assert normalized_spec("best", tmp_path) == str(tmp_path / "best")
 
 
-def test_the_key_of_the_previous_release_still_builds_its_policy():
-    """``max_ckpt_keep`` (dp-ckpt-plugin 0.2) is ``keep_last``, with a warning."""
-    with pytest.warns(DeprecationWarning, match="'max_ckpt_keep' is now 'keep_last'"):
-        policy = policy_from_dict({"max_ckpt_keep": 2, "keep_best": 0})
-    assert policy == KeepLast(2)
-    with (
-        pytest.warns(DeprecationWarning),
-        pytest.raises(ValueError, match="the same key"),
+def test_the_key_of_0_2_is_refused_in_one_line_naming_keep_last():
+    for spec in (
+        {"max_ckpt_keep": 2, "keep_best": 0},
+        {"max_ckpt_keep": 2, "keep_last": 2},
     ):
-        policy_from_dict({"max_ckpt_keep": 2, "keep_last": 2})
+        with pytest.raises(ValueError) as caught:
+            policy_from_dict(spec)
+        assert str(caught.value) == (
+            "retention key 'max_ckpt_keep' is 'keep_last' since 0.3"
+        )
 
 
-def test_the_manager_argument_of_the_previous_release_still_names_the_format(tmp_path):
-    """``CheckpointManager(backend=...)`` (dp-ckpt-plugin 0.1) is ``format=``, with a warning."""
+def test_the_manager_argument_of_0_1_is_refused_in_one_line_naming_format(tmp_path):
     from dp_ckpt_plugin import CheckpointManager
 
-    with pytest.warns(
-        DeprecationWarning, match=r"backend=\.\.\.\) is deprecated; use format="
-    ):
-        manager = CheckpointManager(tmp_path / "models", backend="hdf5", lock=False)
-    try:
-        path = manager.save(3, make_payload(3))
-        assert path.suffix == ".h5"
-        assert manager.restore("latest").step == 3
-    finally:
-        manager.close()
+    with pytest.raises(TypeError) as caught:
+        CheckpointManager(tmp_path / "models", backend="hdf5", lock=False)
+    assert str(caught.value) == "CheckpointManager(backend=) is format= since 0.3"
+    assert not (tmp_path / "models").exists()
+
+
+def test_verify_sha256_is_refused_in_one_line_naming_digest(tmp_path):
+    from dp_ckpt_plugin import CheckpointManager
+
+    with pytest.raises(ValueError) as caught:
+        CheckpointManager(tmp_path / "models", verify="sha256", lock=False)
+    assert str(caught.value) == "verify='sha256' is verify='digest' since 0.3"

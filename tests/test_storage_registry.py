@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import open_manager
 from s3_server import MISSING
 
 from dp_ckpt_plugin.errors import ConfigError
@@ -26,6 +28,7 @@ from dp_ckpt_plugin.storage.memory import MemoryStorage
 from dp_ckpt_plugin.storage.objects import ObjectStorage
 from dp_ckpt_plugin.storage.registry import (
     ENTRY_POINT_GROUP,
+    local_path,
     register,
     scheme_of,
     storage_for,
@@ -62,11 +65,75 @@ def test_plain_paths_and_file_urls_are_local(tmp_path):
     assert spaced.root == tmp_path / "with space"
 
 
-@pytest.mark.parametrize("url", ["file://otherhost/x", "file:///x?y=1", "file://"])
+LOCATIONS = [
+    ("file:///x/models", "/x/models"),
+    ("file://localhost/x/models", "/x/models"),
+    ("FILE://LOCALHOST/x/with%20space", "/x/with space"),
+    ("file:x", "file:x"),  # no // : a relative path, like any other
+    ("runs/models", "runs/models"),
+    ("/x/models", "/x/models"),
+    (Path("runs/models"), "runs/models"),
+    ("s3://bucket/run", None),
+    ("memory://b/run", None),
+]
+
+
+@pytest.mark.parametrize(("given", "path"), LOCATIONS, ids=str)
+def test_one_parser_reads_every_location(given, path):
+    assert local_path(given) == path
+
+
+@pytest.mark.parametrize(("given", "path"), LOCATIONS[:6], ids=str)
+def test_every_reader_of_a_location_agrees(given, path, tmp_path, monkeypatch):
+    """The storage, save_dir, the manager and the commands: one answer each."""
+    from dp_ckpt_plugin.commands import store_directory
+    from dp_ckpt_plugin.deepmd.argcheck import check_save_dir
+
+    monkeypatch.chdir(tmp_path)
+    if path.startswith("/"):  # the same place, under the temporary directory
+        given = given.replace("/x/", f"{tmp_path}/x/")
+        path = path.replace("/x/", f"{tmp_path}/x/")
+    expected = Path(path)
+    assert storage_for(given).root == Path(os.path.abspath(expected))
+    assert check_save_dir(given) == expected
+    expected.mkdir(parents=True)
+    assert store_directory(given) == expected
+    with open_manager(given, lock=False) as manager:
+        assert manager.directory == Path(os.path.abspath(expected))
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["file://otherhost/x", "file:///x?y=1", "file://", "file:///x\n", "file:///x\ty"],
+)
 def test_a_file_url_names_a_local_path(url):
     with pytest.raises(ConfigError) as raised:
         storage_for(url)
     assert "file" in str(raised.value) and "\n" not in str(raised.value)
+    with pytest.raises(ConfigError) as raised:
+        local_path(url)
+    assert "\n" not in str(raised.value)
+
+
+def test_a_file_url_of_another_host_is_refused_in_one_line_everywhere(tmp_path):
+    from dp_ckpt_plugin import CheckpointManager
+    from dp_ckpt_plugin.commands import UsageError, is_remote
+    from dp_ckpt_plugin.deepmd.argcheck import check_save_dir
+
+    url = "file://host/x"
+    line = "file://host/x: a file URL names a path of this machine (file:///path), "
+    line += "with no host, query or fragment"
+    with pytest.raises(ConfigError) as raised:
+        local_path(url)
+    assert str(raised.value) == line
+    with pytest.raises(ConfigError) as raised:
+        check_save_dir(url)
+    assert str(raised.value) == f"`training.save_dir`: {line}"
+    with pytest.raises(UsageError, match="^" + re.escape(line) + "$"):
+        is_remote(url)
+    with pytest.raises(ConfigError, match="^" + re.escape(line) + "$"):
+        CheckpointManager(url, lock=False)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_memory_urls():

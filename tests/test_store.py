@@ -360,10 +360,10 @@ def test_observers_see_publication_before_pruning(tmp_path, pm):
 
     class Observer:
         @hookimpl
-        def on_commit(self, store, checkpoint):
-            pointer = (store.directory / "checkpoint").read_text().strip()
+        def on_commit(self, commit, checkpoint):
+            pointer = (commit.directory / "checkpoint").read_text().strip()
             old = sorted(
-                n for n in visible(store.directory) if n.startswith("model.ckpt-")
+                n for n in visible(commit.directory) if n.startswith("model.ckpt-")
             )
             seen.append((checkpoint.step, pointer, old))
 

@@ -305,7 +305,7 @@ def torture(tmp_path, backend, max_keep, *, background):
     seed = f"torture-{backend}-{max_keep}" + ("-async" if background else "")
     delays = random.Random(seed)
     # the child's own settings (saver_child.py run), for reading only
-    manager = open_manager(directory, backend, max_keep=max_keep, verify="sha256")
+    manager = open_manager(directory, backend, max_keep=max_keep, verify="digest")
     reported, hashed, tally, pids = set(), set(), Tally(), []
     latest = 0
     started = time.monotonic()
@@ -407,7 +407,7 @@ def test_kills_between_commit_and_pruning_add_up_until_a_save_prunes(tmp_path):
             expected = [f"ready {step - 1}\n", f"published {step}\n"]
             assert lines == expected, stderr.read()
             assert committed_steps(directory) == held
-    with open_manager(directory, max_keep=2, verify="sha256") as manager:
+    with open_manager(directory, max_keep=2, verify="digest") as manager:
         assert manager.restore("latest").step == 4
         manager.save(5, make_payload(5))
     assert committed_steps(directory) == [4, 5]

@@ -94,7 +94,7 @@ def run_scenario(store, scenario):
     if scenario == "commands":
         for argv in (
             ("verify", store, "--digest", "--json"),
-            ("prune", store, "--max-ckpt-keep", "1"),
+            ("prune", store, "--keep-last", "1"),
             ("adopt", store),
         ):
             run = cli(*argv)

@@ -203,7 +203,7 @@ def assert_fallback_or_refusal(got, store, cause):
 @pytest.mark.parametrize("command", ["prune", "adopt"])
 def test_command_on_a_read_only_store(tmpfs, command):
     store = fill(tmpfs() / "D")
-    extra = ("--max-ckpt-keep", "1") if command == "prune" else ()
+    extra = ("--keep-last", "1") if command == "prune" else ()
     remount(store.parent, "ro")
     run = cli(command, store, *extra)
     problems = cli_problems(run)

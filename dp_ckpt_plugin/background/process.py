@@ -230,10 +230,10 @@ def _status(code: int | None) -> str:
     return f"exit status {code}"
 
 
-class RemotePayload:
+class ProcessPayload:
     """A snapshot that the writer process writes: the store's ``serialize`` for it.
 
-    :func:`~dp_ckpt_plugin.store.commit.write_hashed` calls :meth:`write_remotely`
+    :func:`~dp_ckpt_plugin.store.commit.write_hashed` calls :meth:`write_in_process`
     instead of writing the payload in this process.
     """
 
@@ -244,7 +244,7 @@ class RemotePayload:
         self.payload, self.buffers = snapshots.pickled(snapshot)
         self.snapshot = snapshot  # the buffers stay referenced until written
 
-    def write_remotely(self, path: Path, *, durable: bool) -> tuple[Path, str]:
+    def write_in_process(self, path: Path, *, durable: bool) -> tuple[Path, str]:
         """Write ``path``'s payload in the writer process (see :meth:`WriterProcess.write`)."""
         self.snapshots.ready()
         return self.process.write(

@@ -63,26 +63,21 @@ class BackgroundWriter:
         """The background writer of ``store``, a process or a thread as ``writer`` asks."""
         from .process import uses_process
 
-        remote = uses_process(writer, store.format.name, store.storage, store.hooks)
+        in_process = uses_process(writer, store.format.name, store.storage, store.hooks)
         return cls(
-            store.directory if remote else None, store.storage, store.format.name
+            store.directory if in_process else None, store.storage, store.format.name
         )
 
     def take(self, step: int, state: Any) -> Any:
         """A consistent copy of ``state``, or what the writer process writes."""
         if self.process is None:
             return self.snapshots.take(state)
-        from .process import RemotePayload
+        from .process import ProcessPayload
 
         self.process.start()  # it imports torch while the snapshot is taken
-        return RemotePayload(
+        return ProcessPayload(
             self.process, self.snapshots, step, self.snapshots.take(state)
         )
-
-    @property
-    def busy(self) -> bool:
-        """Whether a save is in flight (or finished without being waited for)."""
-        return self._pending is not None
 
     def submit(self, prepare: Callable[[], tuple], work: Callable[..., Any]) -> None:
         """Wait for the previous save (raising its error), then start ``work``.

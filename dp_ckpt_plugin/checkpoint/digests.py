@@ -113,9 +113,9 @@ def write_hashed(
     ``None`` only from a storage without ``write_payload`` (the file is then
     hashed once written).
     """
-    remotely = getattr(serialize, "write_remotely", None)
-    if remotely is not None:  # a snapshot the writer process writes
-        return remotely(path, durable=durable)
+    in_process = getattr(serialize, "write_in_process", None)
+    if in_process is not None:  # a snapshot the writer process writes
+        return in_process(path, durable=durable)
     write_payload = getattr(storage, "write_payload", None)
     if write_payload is None:
         return storage.write_temp(path, serialize, durable=durable), None

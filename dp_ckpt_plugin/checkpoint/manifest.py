@@ -22,7 +22,6 @@ from typing import Any
 from ..errors import InvalidRecordError, UnreadableFileError
 from ..retention import (
     RetentionPolicy,
-    neutral_keys,
     policy_from_dict,
     policy_to_dict,
     reason_of,
@@ -70,8 +69,11 @@ class FamilyInfo:
         """The policy the plain keys build, or ``None``."""
         if self.policy is None:
             return None
-        try:  # a manifest of dp-ckpt-plugin 0.2 says max_ckpt_keep
-            return policy_from_dict(neutral_keys(self.policy))
+        policy = dict(self.policy)
+        if "max_ckpt_keep" in policy and "keep_last" not in policy:
+            policy["keep_last"] = policy.pop("max_ckpt_keep")  # written by 0.2
+        try:
+            return policy_from_dict(policy)
         except (ValueError, TypeError):
             return None
 

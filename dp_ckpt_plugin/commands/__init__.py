@@ -75,24 +75,24 @@ def is_remote(value: object) -> bool:
     UsageError
         For a mistyped URL (``s3:/bucket/run``), saying what was meant.
     """
-    from ..storage.registry import check_not_mistyped, scheme_of
+    from ..storage.registry import check_not_mistyped, local_path
 
     try:
         check_not_mistyped(value)
+        return isinstance(value, str) and local_path(value) is None
     except CheckpointError as exc:
         raise UsageError(str(exc)) from None
-    return isinstance(value, str) and scheme_of(value) not in ("", "file")
 
 
 def store_directory(value: str) -> Path | str:
     """An argument naming an existing store directory (or a remote store's URL)."""
     from ..errors import UnreadableFileError
     from ..storage import default_storage
+    from ..storage.registry import local_path
 
     if is_remote(value):
         return value  # read when the command runs
-
-    path = Path(value)
+    path = Path(local_path(value))
     try:
         found = default_storage().entry(path, follow=True)
     except UnreadableFileError as exc:

@@ -15,9 +15,8 @@ and with the backends the plugin does not change::
       }
     }
 
-The top-level ``dp_ckpt`` section of earlier versions still works while the
-plugin is on (with a deprecation note): :func:`plugin_options` reads and
-removes it before DeePMD-kit's check, but DeePMD-kit alone rejects it.
+The top-level ``dp_ckpt`` section of 0.2 is refused in one line naming
+``training._dp_ckpt``.
 
 ``training.save_dir`` stays where DeePMD-kit defines it; :func:`check_save_dir`
 checks that it names a local directory that exists or can be created.
@@ -30,7 +29,6 @@ module imports neither torch nor deepmd-kit.
 from __future__ import annotations
 
 import difflib
-import logging
 import os
 import re
 import signal
@@ -46,21 +44,18 @@ from ..errors import ConfigError, UnreadableFileError
 from ..storage import default_storage, entry_or_none
 from .retention_args import retention_args
 
-log = logging.getLogger("dp_ckpt_plugin")
-
 #: Key of the plugin's options inside the ``training`` section.
 SECTION = "_dp_ckpt"
 #: Where the options are, as error messages spell key paths.
 SECTION_PATH = f"training/{SECTION}"
-#: The top-level section of dp_ckpt_plugin 0.2 (deprecated, plugin on only).
+#: The top-level section of dp_ckpt_plugin 0.2, refused since 0.3.
 OLD_SECTION = "dp_ckpt"
 #: Ways a checkpoint can be checked before it is used.
-VERIFY_CHOICES = ("size", "digest", "sha256")
+VERIFY_CHOICES = ("size", "digest")
 #: Signals that stop training with a checkpoint, unless the input says others.
 DEFAULT_STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
 
 _KEY_IN_MESSAGE = re.compile(r"key `([^`]+)`")
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 #: Marks "no value" where ``None`` is a valid value.
 _MISSING = object()
 
@@ -73,8 +68,7 @@ DOC_SECTION = (
     "runs unchanged with ``DP_CKPT_DISABLE=1`` and with backends the plugin "
     "does not change. Every option is optional; leave the section out to get "
     "the defaults. The top-level ``dp_ckpt`` section of dp_ckpt_plugin 0.2 "
-    "still works while the plugin is on, with a deprecation note; DeePMD-kit "
-    "alone rejects it, so move it here."
+    "is refused since 0.3: move it here."
 )
 DOC_VERIFY = (
     "How a checkpoint is checked before ``--restart``, ``--init-model`` or "
@@ -85,8 +79,7 @@ DOC_VERIFY = (
     "catches corruption that keeps the size (bad disk, partial copy). "
     "``size`` skips the hash, which saves one read of the file. The default is "
     "``digest``: ``--restart latest`` hashes the checkpoint by default because "
-    "the file is about to be read in full anyway. ``sha256``, the name of "
-    "``digest`` before 0.2, is still accepted. A checkpoint that fails the "
+    "the file is about to be read in full anyway. A checkpoint that fails the "
     "check is treated as corrupt (see ``quarantine``)."
 )
 DOC_LOCK = (
@@ -388,7 +381,7 @@ class PluginOptions:
     Attributes
     ----------
     verify : str
-        ``"size"`` or ``"digest"`` (``"sha256"``, its old name, means the same).
+        ``"size"`` or ``"digest"``.
     lock : bool
         Refuse a second writer on the same ``save_dir``.
     fsync : bool
@@ -433,10 +426,8 @@ class PluginOptions:
 def plugin_options(config: dict) -> PluginOptions:
     """Read and validate the plugin's options from a whole training input.
 
-    The options are ``training._dp_ckpt``. The top-level ``dp_ckpt`` section
-    of dp_ckpt_plugin 0.2 is still read, with a deprecation note, and removed
-    from ``config`` once valid, so that DeePMD-kit's strict check accepts the
-    rest (``training._dp_ckpt`` needs no removal: DeePMD-kit drops it).
+    The options are ``training._dp_ckpt`` (DeePMD-kit drops it itself); the
+    top-level ``dp_ckpt`` section of dp_ckpt_plugin 0.2 is refused.
 
     Parameters
     ----------
@@ -451,7 +442,7 @@ def plugin_options(config: dict) -> PluginOptions:
     Raises
     ------
     ConfigError
-        If the options are misplaced, given twice, not a dict, or have an
+        If the options are misplaced, not a dict, or have an
         unknown key or a bad value; the message names the key path, such as
         ``training/_dp_ckpt/verify``, and the closest known key for a typo.
     """
@@ -462,40 +453,21 @@ def plugin_options(config: dict) -> PluginOptions:
     training = config.get("training")
     training = training if isinstance(training, dict) else {}
     check_placement(config, training)
-    if OLD_SECTION in config:
-        if SECTION in training:
-            raise ConfigError(
-                f"the plugin's options are given twice, in `{SECTION_PATH}` and in "
-                f"the deprecated top-level `{OLD_SECTION}`; keep `{SECTION_PATH}` only"
-            )
-        options = _read_section(config[OLD_SECTION], OLD_SECTION)
-        config.pop(OLD_SECTION)
-        log.warning(
-            "the top-level `%s` section is deprecated and works only while "
-            "dp_ckpt_plugin is on; move it into the training section as `%s` "
-            "(DeePMD-kit accepts it there, also with DP_CKPT_DISABLE=1 and other "
-            "backends)",
-            OLD_SECTION,
-            SECTION_PATH.replace("/", "."),
-        )
-        return options
     return _read_section(training.get(SECTION, {}), SECTION_PATH)
-
-
-def strip_old_section(config: dict) -> dict:
-    """Remove the deprecated top-level ``dp_ckpt`` section (validated earlier)."""
-    if isinstance(config, dict):
-        config.pop(OLD_SECTION, None)
-    return config
 
 
 def check_placement(config: dict, training: dict) -> None:
     """Refuse the plugin's options where nobody would read them.
 
-    ``training.dp_ckpt`` (DeePMD-kit rejects it), a top-level ``_dp_ckpt``
+    A top-level ``dp_ckpt`` (the section of 0.2), ``training.dp_ckpt``
+    (DeePMD-kit rejects it), a top-level ``_dp_ckpt``
     (DeePMD-kit and the plugin would both ignore it) and a ``training`` key
     one typo away from ``_dp_ckpt`` holding options.
     """
+    if OLD_SECTION in config:
+        raise ConfigError(
+            f"the top-level `{OLD_SECTION}` section is `training.{SECTION}` since 0.3"
+        )
     if OLD_SECTION in training:
         raise ConfigError(
             f"invalid input at `training/{OLD_SECTION}`: DeePMD-kit does not accept "
@@ -527,6 +499,8 @@ def _read_section(section: Any, root: str) -> PluginOptions:
             f"`{root}` must be a JSON object of options, "
             f"got {type(section).__name__} {section!r}"
         )
+    if section.get("verify") == "sha256":
+        raise ConfigError(f"`{root}/verify`: 'sha256' is 'digest' since 0.3")
     values = normalize_section(section, root=root)
     names = (_signal_or_none(name).name for name in values["stop_signals"])
     values["stop_signals"] = tuple(dict.fromkeys(names))
@@ -680,17 +654,19 @@ def check_save_dir(value: Any, key: str = "training.save_dir") -> Path | str | N
         raise ConfigError(f"`{key}` must not be empty; give a directory path or null")
     if "\0" in value:
         raise ConfigError(f"`{key}` contains a NUL character: {value!r}")
-    if value.strip().lower().startswith("file://"):
-        value = value.strip()[len("file://") :]  # a local directory, by URL
-    elif _URL.match(value.strip()):
-        return check_save_url(value.strip(), key)
-    from ..storage.registry import check_not_mistyped
+    from ..storage.registry import check_not_mistyped, local_path
 
+    try:
+        found = local_path(value)
+    except ConfigError as exc:
+        raise ConfigError(f"`{key}`: {exc}") from None
+    if found is None:
+        return check_save_url(value.strip(), key)
     try:
         check_not_mistyped(value)
     except ConfigError as exc:
         raise ConfigError(f"`{key}` is {exc}") from None
-    path = Path(value)
+    path = Path(found)
     _check_directory_usable(Path(os.path.abspath(path)), key)
     return path
 

@@ -63,11 +63,6 @@ class RunSettings:
     save_url: str | None = None
 
     @property
-    def shown_save_dir(self) -> str:
-        """``save_dir`` as the user gave it (the URL of a remote store)."""
-        return self.save_url or str(self.save_dir)
-
-    @property
     def family(self) -> Family:
         """The periodic family (the one ``latest`` means)."""
         return Family(self.save_ckpt.name, self.suffix)
@@ -154,9 +149,6 @@ def read_settings(
     config: dict[str, Any], *, suffix: str, cwd: Path | None = None
 ) -> RunSettings:
     """Validate and take out the plugin's part of a loaded training input.
-
-    The deprecated top-level ``dp_ckpt`` section, if any, is removed from
-    ``config`` (deepmd-kit's strict check would reject it).
 
     Raises
     ------
@@ -261,13 +253,9 @@ def resolve_for_reading(pm, spec: str, *, suffix: str, cwd: Path | None = None):
 def for_deepmd(config: dict[str, Any], settings: RunSettings) -> dict[str, Any]:
     """The training input as deepmd-kit is handed it.
 
-    The deprecated top-level ``dp_ckpt`` section goes (it was validated), and
-    a ``save_dir`` on object storage becomes its local staging directory:
+    A ``save_dir`` on object storage becomes its local staging directory:
     deepmd-kit's own checkpoint code only ever sees a local path.
     """
-    from .argcheck import strip_old_section
-
-    strip_old_section(config)
     training = config.get("training")
     if settings.save_url is not None and isinstance(training, dict):
         training["save_dir"] = str(settings.save_dir)

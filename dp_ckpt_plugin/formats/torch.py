@@ -39,7 +39,6 @@ from . import FormatInfo, reading
 NAME = "torch"
 SUFFIX = ".pt"
 
-_CONTAINERS = (dict, collections.OrderedDict, list, tuple, set, frozenset)
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, bytearray)
 
 

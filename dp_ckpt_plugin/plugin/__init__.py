@@ -60,12 +60,18 @@ def get_plugin_manager(
     pm.add_hookspecs(hookspecs)
     for name in blocked_names():
         pm.set_blocked(name)
-    if entry_points:
-        pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
-    for name, module in {**CORE_PLUGINS, **(host_plugins or {})}.items():
-        if not pm.is_blocked(name):
-            pm.register(importlib.import_module(module), name=name)
-    for plugin in extra:
-        pm.register(plugin)
+    try:
+        if entry_points:
+            pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+        for name, module in {**CORE_PLUGINS, **(host_plugins or {})}.items():
+            if not pm.is_blocked(name):
+                pm.register(importlib.import_module(module), name=name)
+        for plugin in extra:
+            pm.register(plugin)
+    except pluggy.PluginValidationError as exc:
+        if "on_commit(" in str(exc) and "'store'" in str(exc):  # a 0.2 observer
+            message = "on_commit(store=) is on_commit(commit=) since 0.3"
+            raise pluggy.PluginValidationError(exc.plugin, message) from None
+        raise
     pm.check_pending()
     return pm

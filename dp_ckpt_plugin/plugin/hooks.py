@@ -132,7 +132,7 @@ class Hooks:
             others = [o.plugin for o in observers if o is not impl]
             caller = self.pm.subset_hook_caller("on_commit", others) if others else hook
             try:
-                caller(commit=commit, checkpoint=commit.checkpoint, store=commit)
+                caller(commit=commit, checkpoint=commit.checkpoint)
             except Exception as exc:
                 log.warning(
                     "on_commit observer %r failed for %s: %s: %s",

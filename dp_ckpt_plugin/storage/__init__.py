@@ -196,14 +196,3 @@ def entry_or_none(
         return (storage or default_storage()).entry(path, follow=follow)
     except UnreadableFileError:
         return None
-
-
-def text_of(data: bytes | None) -> str | None:
-    """Decode a small file as UTF-8; ``None`` stays ``None``.
-
-    Raises
-    ------
-    UnicodeDecodeError
-        When it is not UTF-8.
-    """
-    return None if data is None else data.decode("utf-8")

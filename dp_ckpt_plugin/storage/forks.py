@@ -45,11 +45,6 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
-def process_id() -> int:
-    """This process's id (a forked child's differs from its parent's)."""
-    return os.getpid()
-
-
 class OwnedLock:
     """A (reentrant) lock that belongs to the process that made it.
 

@@ -796,10 +796,6 @@ class LocalStorage:
             return False
         return (found.st_dev, found.st_ino) == (now.st_dev, now.st_ino)
 
-    def holds(self, held: _HeldLock) -> bool:
-        """Whether the lock file at its path is still the one ``held`` locked."""
-        return held.fallback is not None or self._names(held.path, held.fd)
-
     # -- the object protocol: keys relative to ``root`` ---------------------------
     #: What the POSIX storage enforces as an object storage.
     capabilities = Capabilities(

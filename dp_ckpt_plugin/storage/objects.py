@@ -44,7 +44,6 @@ naming the URL and the cause.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -275,14 +274,3 @@ def check_prefix(prefix: str) -> str:
 def join_key(*parts: str) -> str:
     """Join key parts with ``/`` (empty parts are dropped)."""
     return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
-
-
-def source_size(data: Source) -> int | None:
-    """The size of what ``put`` is given, when it can be told without reading."""
-    if isinstance(data, (bytes, bytearray)):
-        return len(data)
-    if isinstance(data, memoryview):
-        return data.nbytes
-    if isinstance(data, Path):
-        return os.stat(data).st_size
-    return None

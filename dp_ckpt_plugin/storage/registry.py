@@ -53,17 +53,7 @@ _VALID_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")
 def _local(url: str, **options) -> ObjectStorage:
     from .local import LocalStorage
 
-    if scheme_of(url) == "file":
-        parts = urlsplit(url)
-        if parts.netloc not in ("", "localhost") or parts.query or parts.fragment:
-            raise ConfigError(
-                f"{url}: a file URL names a local path (file:///path), with no "
-                "host, query or fragment"
-            )
-        url = unquote(parts.path)
-        if not url:
-            raise ConfigError(f"{url!r}: a file URL names a path (file:///path)")
-    return LocalStorage(url, **options)
+    return LocalStorage(local_path(url), **options)
 
 
 def _memory(url: str, **options) -> ObjectStorage:
@@ -113,6 +103,44 @@ def scheme_of(text: str | os.PathLike) -> str:
         return ""
     found = _SCHEME.match(text)
     return found.group(1).lower() if found else ""
+
+
+def local_path(text: str | os.PathLike) -> str | None:
+    """The local path a location names, or ``None`` for an object store's URL.
+
+    The one parser of a ``save_dir``, a store argument or a storage's URL: a
+    plain path is itself, spaces kept (``file:x`` too: without ``//`` it is
+    no URL); a URL's scheme is read past surrounding spaces;
+    ``file:///x`` and ``file://localhost/x`` are ``/x``, percent-escapes
+    decoded.
+
+    Raises
+    ------
+    ConfigError
+        In one line, for a file URL naming another host, a query, a fragment,
+        a control character or no path.
+    """
+    if not isinstance(text, str):
+        return os.fspath(text)
+    scheme = scheme_of(text.strip())
+    if not scheme:
+        return text
+    if scheme != "file":
+        return None
+    if any(not c.isprintable() for c in text):
+        raise ConfigError(
+            f"{shown(text)}: a URL holds no control character (a newline, a tab, "
+            "an escape)"
+        )
+    parts = urlsplit(text.strip())
+    if parts.netloc.lower() not in ("", "localhost") or parts.query or parts.fragment:
+        raise ConfigError(
+            f"{shown(text)}: a file URL names a path of this machine (file:///path), "
+            "with no host, query or fragment"
+        )
+    if not parts.path:
+        raise ConfigError(f"{shown(text)}: a file URL names a path (file:///path)")
+    return unquote(parts.path)
 
 
 def check_not_mistyped(text: str | os.PathLike) -> None:
@@ -180,19 +208,6 @@ def _installed() -> dict[str, metadata.EntryPoint]:
     return _entry_points
 
 
-def forget_entry_points() -> None:
-    """Read the entry points again when next needed (after an install)."""
-    global _entry_points
-    with _lock:
-        _entry_points = None
-        for scheme in [s for s, f in _factories.items() if _from_entry_point(f)]:
-            del _factories[scheme]
-
-
-def _from_entry_point(factory: Factory) -> bool:
-    return getattr(factory, "_dp_ckpt_entry_point", False)
-
-
 def _factory(scheme: str) -> Factory | None:
     with _lock:
         found = _factories.get(scheme)
@@ -212,13 +227,8 @@ def _factory(scheme: str) -> Factory | None:
             raise ConfigError(
                 f"the storage for {scheme}:// ({ep.value}) is not a callable factory"
             )
-
-        def factory(url: str, **options) -> ObjectStorage:
-            return loaded(url, **options)
-
-        factory._dp_ckpt_entry_point = True
-        _factories[scheme] = factory
-        return factory
+        _factories[scheme] = loaded
+        return loaded
 
 
 def known_schemes() -> list[str]:
@@ -236,17 +246,16 @@ def storage_for(url_or_path: str | os.PathLike, **options) -> ObjectStorage:
         In one line, for a scheme no storage serves (listing the known ones)
         or a URL its storage refuses.
     """
-    if isinstance(url_or_path, os.PathLike):
-        return _local(os.fspath(url_or_path), **options)
-    scheme = scheme_of(url_or_path)
-    if not scheme:
-        check_not_mistyped(url_or_path)
+    check_not_mistyped(url_or_path)
+    if local_path(url_or_path) is not None:
         return _local(url_or_path, **options)
     if any(not c.isprintable() for c in url_or_path):
         raise ConfigError(
             f"{shown(url_or_path)}: a URL holds no control character (a "
             "newline, a tab, an escape)"
         )
+    url_or_path = url_or_path.strip()
+    scheme = scheme_of(url_or_path)
     factory = _factory(scheme)
     if factory is None:
         known = ", ".join(f"{s}://" for s in known_schemes())

@@ -195,8 +195,8 @@ class Committer:
 
 def serializer(hooks, format: str, step: int, state) -> Callable[[BinaryIO], object]:
     """What writes ``state``: the format's ``on_save_step``, or, for a snapshot
-    in shared memory, the writer process (it has ``write_remotely``)."""
-    if hasattr(state, "write_remotely"):
+    in shared memory, the writer process (it has ``write_in_process``)."""
+    if hasattr(state, "write_in_process"):
         return state
     return functools.partial(hooks.save_step, format, step, state)
 
@@ -261,7 +261,7 @@ def write_new(
 def _overlaps(serialize, storage: Storage) -> bool:
     """Whether a first save can overlap its fsyncs (see :func:`write_new`)."""
     return (
-        not hasattr(serialize, "write_remotely")
+        not hasattr(serialize, "write_in_process")
         and hasattr(storage, "write_payload")
         and hasattr(storage, "sync_file")
     )

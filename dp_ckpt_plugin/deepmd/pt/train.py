@@ -8,8 +8,8 @@ overridable steps as pt_expt's is; it is called as it is, with:
   deepmd-kit's ``torch.load`` of them reads the bytes the preflight verified
   (:mod:`..loading`);
 - ``training.Trainer`` replaced by :func:`.trainer.make_trainer_class`;
-- its ``j_loader`` removing the deprecated top-level ``dp_ckpt`` section
-  before deepmd-kit's strict check (``training._dp_ckpt`` needs nothing);
+- its ``j_loader`` handing deepmd-kit a ``save_dir`` on object storage as its
+  local staging directory (:func:`~..settings.for_deepmd`);
 - under ``torchrun``, the process group started first (gloo without a GPU)
   and deepmd-kit's own ``init_process_group`` keeping it
   (:class:`~..runtime.GroupAlreadyUp`);

@@ -13,8 +13,8 @@ overridden; the rest is inherited:
     ``torch.load`` of them reads the bytes the preflight verified
     (:mod:`..loading`).
 ``load_config``
-    Removes the deprecated top-level ``dp_ckpt`` section before deepmd-kit's
-    strict check (``training._dp_ckpt`` needs nothing: deepmd-kit drops it).
+    Hands deepmd-kit a ``save_dir`` on object storage as its local staging
+    directory (:func:`~..settings.for_deepmd`).
 ``setup_run`` / ``teardown_run``
     Keep the process group made above; close the store at the end.
 ``run_training``

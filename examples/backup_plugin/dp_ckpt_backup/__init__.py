@@ -57,12 +57,12 @@ def copy_atomic(source: Path, target: Path) -> None:
 
 
 @hookimpl
-def on_commit(store, checkpoint):
+def on_commit(commit, checkpoint):
     """Copy a committed checkpoint and its record into the backup directory."""
     root = backup_root()
     if root is None:
         return
-    folder = root / store.directory.name
+    folder = root / commit.directory.name
     folder.mkdir(parents=True, exist_ok=True)
     copy = folder / checkpoint.name
     copy_atomic(checkpoint.path, copy)
