@@ -524,7 +524,8 @@ class RemoteStore:
         for prefix, (_, entry) in entries.items():
             resumed = self._resumed.get(prefix)
             if resumed is not None and entry.step >= resumed.step:
-                # this swap commits a step at or past the start (rule 12)
+                # the checkpoint this run resumed from is protected until one of
+                # the same or a later step is committed: this swap commits it (rule 12)
                 del self._resumed[prefix]
         doomed: list[str] = []
 
