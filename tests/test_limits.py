@@ -21,6 +21,7 @@ import pytest
 from dp_ckpt_plugin import CheckpointStore
 from dp_ckpt_plugin.checkpoint import limits
 from dp_ckpt_plugin.checkpoint.layout import Family
+from dp_ckpt_plugin.checkpoint.lineage import Lineage, Link
 from dp_ckpt_plugin.checkpoint.manifest import (
     FamilyInfo,
     Manifest,
@@ -117,6 +118,13 @@ RECORD_CASES = {
         limits.MAX_METRICS,
         limits.MAX_METRICS + 1,
     ),
+    "record.lineage": (
+        _record_round_trip(
+            lambda v: _record(lineage=_lineage(v)), lambda r: len(r.lineage.chain)
+        ),
+        limits.MAX_LINEAGE,
+        limits.MAX_LINEAGE + 1,
+    ),
     "record.metrics.name": (
         _record_round_trip(
             lambda v: _record(metrics={"n" * v: 1.0}),
@@ -126,6 +134,10 @@ RECORD_CASES = {
         limits.MAX_TEXT + 1,
     ),
 }
+
+
+def _lineage(n: int) -> Lineage:
+    return Lineage(2, tuple(Link(1, i, DIGEST) for i in range(n)))
 
 
 def _largest(fits: Callable[[int], bool], high: int) -> int:
@@ -364,6 +376,17 @@ HEAD_CASES = {
         limits.MAX_METRICS,
         limits.MAX_METRICS + 1,
     ),
+    "head.lineage": (
+        _head_round_trip(
+            None,
+            change=lambda h, v: _with(lambda v: _entry())(h, v).with_lineage(
+                "m", _lineage(v).chain
+            ),
+            read=lambda h, v: len(h.family("m").lineage),
+        ),
+        limits.MAX_LINEAGE,
+        limits.MAX_LINEAGE + 1,
+    ),
     "head.format": (
         _head_round_trip(
             None,
@@ -532,6 +555,7 @@ def test_every_bound_of_the_table_has_a_case():
         "MAX_METRICS": "record.metrics.count",
         "MAX_DIGEST_TEXT": None,  # no digest the writer makes comes near it
         "MAX_FAMILIES": "manifest.families",
+        "MAX_LINEAGE": "record.lineage",
         "MAX_FILE_NAME": "manifest.prefix",
         "MAX_FORMAT_NAME": "manifest.format",
         "MAX_REASON": None,  # cut, never refused (informative text)

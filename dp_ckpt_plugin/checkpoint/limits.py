@@ -27,6 +27,8 @@ MAX_TEXT = 4096
 MAX_METRICS = 256
 #: Longest ``"<algorithm>:<hex>"`` digest text.
 MAX_DIGEST_TEXT = 200
+#: Most segments (one per run) a checkpoint's lineage keeps, in a record and in HEAD.
+MAX_LINEAGE = 64
 #: Most families a store's manifest describes.
 MAX_FAMILIES = 64
 #: Longest prefix, suffix or pointer name in a manifest (a file name).

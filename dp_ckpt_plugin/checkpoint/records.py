@@ -32,6 +32,7 @@ from .limits import (
     MAX_DIGEST_TEXT,
     MAX_HEAD_BYTES,
     MAX_INT,
+    MAX_LINEAGE,
     MAX_METRICS,
     MAX_RECORD_BYTES,
     MAX_TEXT,
@@ -44,6 +45,7 @@ from .limits import (
     is_time,
     shorten,
 )
+from .lineage import Lineage, Link
 
 #: Version of the record format this package writes; it reads 1 and 2.
 FORMAT_VERSION = 2
@@ -81,6 +83,9 @@ class CommitRecord:
         say), metric name to value; ``None`` (a value that was not a finite
         number) stands for no value. ``None`` when nothing was reported.
         Retention's :class:`~dp_ckpt_plugin.retention.KeepBest` ranks by it.
+    lineage : (epoch, chain) or None
+        What it continued from (``checkpoint/lineage.py``);
+        ``None`` in records written before lineage was recorded.
     """
 
     name: str
@@ -93,6 +98,7 @@ class CommitRecord:
     format_version: int = FORMAT_VERSION
     replaces: tuple[int, str] | None = None
     metrics: dict[str, float | None] | None = field(default=None, hash=False)
+    lineage: Lineage | None = field(default=None, hash=False)
 
     def to_json(self) -> str:
         """Serialize to the text stored on disk.
@@ -111,6 +117,10 @@ class CommitRecord:
             data["replaces"] = {"size": self.replaces[0], "digest": self.replaces[1]}
         if self.metrics is None:
             del data["metrics"]
+        if self.lineage is None:
+            del data["lineage"]
+        else:
+            data["lineage"] = self.lineage.to_dict()
         text = json.dumps(data, indent=1, sort_keys=True) + "\n"
         check_size(
             text.encode("utf-8"), f"the commit record of {self.name}", MAX_RECORD_BYTES
@@ -130,6 +140,8 @@ class CommitRecord:
             check_int(self.replaces[0], "the size a re-save replaces")
             _check_digest(self.replaces[1], "a new commit record", ValueError)
         check_metrics(self.metrics)
+        if self.lineage is not None:
+            self.lineage.check()
 
     @property
     def algorithm(self) -> str:
@@ -215,6 +227,7 @@ class CommitRecord:
             format_version=data["format_version"],
             replaces=replaces,
             metrics=_metrics_from_json(data.get("metrics"), source),
+            lineage=_lineage_from_json(data.get("lineage"), source),
         )
 
     def describes(self, name: str) -> bool:
@@ -300,6 +313,7 @@ def make_record(
     size: int | None = None,
     metrics: Mapping[str, float] | None = None,
     payload: PayloadBytes | None = None,
+    lineage: Lineage | None = None,
 ) -> CommitRecord:
     """Describe a durable payload.
 
@@ -329,6 +343,7 @@ def make_record(
         digest=digest or digest_of(checkpoint, DEFAULT_ALGORITHM, storage=storage),
         created=time.time(),
         metrics=check_metrics(metrics),
+        lineage=lineage,
     )
 
 
@@ -365,6 +380,7 @@ def check_fits(
         created=_WIDEST_TIME,
         replaces=(MAX_INT, widest),
         metrics=metrics,
+        lineage=Lineage(MAX_INT, (Link(MAX_INT, MAX_INT, widest),) * MAX_LINEAGE),
     ).to_json()
 
 
@@ -602,3 +618,16 @@ def _metrics_from_json(value: object, source: Path) -> dict[str, float | None] |
             f"commit record {source}: 'metrics' must map names to finite numbers or null"
         )
     return {k: None if v is None else float(v) for k, v in value.items()} or None
+
+
+def _lineage_from_json(value: object, source: Path) -> Lineage | None:
+    """Read the ``lineage`` of a record strictly (absent: ``None``)."""
+    if value is None:
+        return None
+    lineage = Lineage.parse(value)
+    if lineage is None:
+        raise InvalidRecordError(
+            f"commit record {source}: 'lineage' must hold an epoch and at most "
+            f"{MAX_LINEAGE} [epoch, step, digest] links"
+        )
+    return lineage

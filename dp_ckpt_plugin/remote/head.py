@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from ..checkpoint.limits import (
     MAX_HEAD_BYTES,
     MAX_INT,
+    MAX_LINEAGE,
     MAX_TEXT,
     check_int,
     check_size,
@@ -41,6 +42,7 @@ from ..checkpoint.limits import (
     check_time,
     is_time,
 )
+from ..checkpoint.lineage import Link
 from ..checkpoint.records import (
     _check_digest,
     check_metrics,
@@ -137,12 +139,26 @@ class Entry:
 
 @dataclass(frozen=True)
 class FamilyState:
-    """A family in HEAD: what it keeps (by step), what it publishes, and the
-    name of its pointer in a local copy of the store."""
+    """A family in HEAD: what it keeps (by step), what it publishes, the
+    name of its pointer in a local copy of the store, and the lineage of its
+    newest entry (the segments of its chain, itself last; empty when unknown:
+    ``checkpoint/lineage.py``)."""
 
     kept: tuple[Entry, ...] = ()
     latest: str | None = None
     pointer: str | None = None
+    lineage: tuple[Link, ...] = ()
+
+    @property
+    def tip(self) -> Link | None:
+        """The newest entry as a lineage names it, when HEAD knows its lineage."""
+        newest = self.newest()
+        if not self.lineage or newest is None:
+            return None
+        last = self.lineage[-1]
+        if (last.step, last.digest) != (newest.step, newest.digest):
+            return None
+        return last
 
     def entry(self, key: str | None) -> Entry | None:
         """The kept entry of ``key``, or ``None``."""
@@ -212,15 +228,22 @@ class Head:
         kept.sort(key=lambda e: e.step)
         latest = publish if publish is not None else state.latest
         return self._with(
-            prefix, FamilyState(tuple(kept), latest, pointer or state.pointer)
+            prefix,
+            replace(
+                state, kept=tuple(kept), latest=latest, pointer=pointer or state.pointer
+            ),
         )
+
+    def with_lineage(self, prefix: str, chain: tuple[Link, ...]) -> Head:
+        """Say ``chain`` is the lineage of ``prefix``'s newest entry."""
+        return self._with(prefix, replace(self.family(prefix), lineage=chain))
 
     def without(self, prefix: str, keys: Iterable[str]) -> Head:
         """Drop the entries of ``keys`` from ``prefix`` (never its published one)."""
         state = self.family(prefix)
         doomed = set(keys) - {state.latest}
         kept = tuple(e for e in state.kept if e.key not in doomed)
-        return self._with(prefix, FamilyState(kept, state.latest, state.pointer))
+        return self._with(prefix, _lineage_kept(state, replace(state, kept=kept)))
 
     def archived(self, archive: str, keep: Callable[[str, Entry], bool]) -> Head:
         """Move what ``keep`` refuses out of every family into ``archive``."""
@@ -230,7 +253,8 @@ class Head:
             latest = state.latest if any(e.key == state.latest for e in kept) else None
             if latest is None and kept:
                 latest = kept[-1].key
-            families[prefix] = FamilyState(kept, latest, state.pointer)
+            changed = FamilyState(kept, latest, state.pointer, state.lineage)
+            families[prefix] = _lineage_kept(state, changed)
         archives = (
             self.archives if archive in self.archives else (*self.archives, archive)
         )
@@ -279,6 +303,7 @@ class Head:
                     "latest": state.latest,
                     "pointer": state.pointer,
                     "kept": [e.to_dict() for e in state.kept],
+                    "lineage": [link.to_list() for link in state.lineage],
                 }
                 for prefix, state in self.families.items()
             },
@@ -307,6 +332,10 @@ class Head:
                 check_int(entry.size, "a checkpoint's size")
                 _check_digest(entry.digest, "HEAD", ValueError)
                 check_metrics(entry.metrics)
+            if len(state.lineage) > MAX_LINEAGE:
+                raise ValueError(f"a lineage in HEAD holds at most {MAX_LINEAGE} links")
+            for link in state.lineage:
+                link.check()
         for archive in self.archives:
             if not _archive_key(check_text(archive, "an archive of HEAD")):
                 raise ValueError(f"{shown(archive)} is not an archive key")
@@ -438,7 +467,23 @@ def _family(raw: Mapping, prefix: str, source: str) -> FamilyState:
         raise InvalidRecordError(
             f"HEAD {source}: family {prefix!r} publishes {shown(latest)}, which it does not keep"
         )
-    return FamilyState(tuple(kept), latest, pointer)
+    lineage_raw = raw.get("lineage", [])
+    links = (
+        [Link.parse(i) for i in lineage_raw] if type(lineage_raw) is list else [None]
+    )
+    if len(links) > MAX_LINEAGE or any(link is None for link in links):
+        raise InvalidRecordError(
+            f"HEAD {source}: the lineage of family {prefix!r} must be at most "
+            f"{MAX_LINEAGE} [epoch, step, digest] links"
+        )
+    return FamilyState(tuple(kept), latest, pointer, tuple(links))
+
+
+def _lineage_kept(before: FamilyState, after: FamilyState) -> FamilyState:
+    """``after``, its lineage forgotten when its newest entry is another than before."""
+    if before.newest() == after.newest():
+        return after
+    return replace(after, lineage=())
 
 
 def read(storage: ObjectStorage) -> tuple[Head | None, str | None]:

@@ -26,7 +26,8 @@ pause, the checkpoint staying committed in the staging directory; a newer
 writer taking the store over, or HEAD turning out malformed, stops the run at
 its next save with one line. :meth:`RemoteStore.close` waits a bounded time
 for the uploads in flight, then says what did not make it and how to send it
-(``dp-ckpt sync``).
+(``dp-ckpt sync``), unless a newer run took the store over (then they are a
+branch it does not continue: ``branches.py``).
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ from ..storage.objects import (
     ObjectStorage,
     StorageUnavailableError,
 )
+from ..store.archive import archive
+from . import branches
 from . import head as heads
 from .head import Entry, FencedError, Head, say_once
 from .keys import archive_key, owned, payload_key, record_key
@@ -157,12 +160,12 @@ class RemoteStore:
         catalogue = store.catalogue
         jobs = []
         for cfg in store.families.values():
-            newest = catalogue.newest(cfg.family)
-            published = self.head.family(cfg.family.prefix).newest()
-            if newest is not None and (
-                published is None or newest.step > published.step
-            ):
-                jobs.append((cfg, newest))
+            state = self.head.family(cfg.family.prefix)
+            staged = branches.sort(state, catalogue.of(cfg.family).values())
+            if staged.dead:
+                self._set_aside(store, cfg.family, state, staged.dead)
+            if staged.newest is not None:
+                jobs.append((cfg, staged.newest))
         if jobs:
             log.warning(
                 "%s holds committed checkpoints newer than %s (%s): uploading them",
@@ -171,6 +174,18 @@ class RemoteStore:
                 ", ".join(f"{c.family.prefix} step {cp.step}" for c, cp in jobs),
             )
             self.submit(jobs)
+
+    def _set_aside(self, store, family, state, dead) -> None:
+        """Archive a dead branch in the staging directory, with its one line."""
+        dest = archive(
+            store.directory, dead, storage=store.storage, durable=store.durable
+        )
+        for checkpoint in dead:
+            store.catalogue.discard(family, checkpoint.name)
+        where = f"kept in {dest}"
+        log.warning(
+            "%s", branches.dead_line(self.url, family.prefix, state, dead, where)
+        )
 
     def _begin(self) -> None:
         if self.epoch is not None:
@@ -212,6 +227,15 @@ class RemoteStore:
         if self.epoch is None:
             return
         left = self.close()
+        if left and self.lease.lost is not None:
+            # a newer run went on from HEAD: what is left is a branch it does not
+            # continue, which no sync may publish (rule 60)
+            raise CheckpointWriteError(
+                f"{len(left)} checkpoint(s) of this run stay committed in {staging} "
+                f"only ({', '.join(c.name for c in left)}): {self.url} was taken "
+                "over by a newer run, which does not continue them; they are not "
+                "to be sent there"
+            )
         if left:
             names = ", ".join(str(c.path) for c in left)
             raise CheckpointWriteError(
@@ -510,10 +534,11 @@ class RemoteStore:
             self._lock.notify_all()
 
     def _upload(self, batch: dict[str, list[_Job]], *, delete: bool = True) -> None:
-        entries = {}
+        entries, chains = {}, {}
         for prefix, jobs in batch.items():
             for job in jobs:
                 entries[prefix] = (job.config, self._send(job.checkpoint))
+                chains[prefix] = branches.chain(job.checkpoint)
         self.lease.check()
         self.lease.renew_if_due()
         for prefix, (_, entry) in entries.items():
@@ -531,6 +556,8 @@ class RemoteStore:
                 head = head.with_entry(
                     prefix, entry, publish=self._chosen(config, head, entry)
                 )
+                if head.family(prefix).newest() == entry:
+                    head = head.with_lineage(prefix, chains[prefix])
                 gone = self._retained(config, head, entry)
                 doomed.extend(k for e in gone for k in e.keys)
                 head = head.without(prefix, [e.key for e in gone])

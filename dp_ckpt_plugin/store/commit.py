@@ -34,6 +34,7 @@ from ..checkpoint import Checkpoint
 from ..checkpoint.catalogue import Catalogue, read_record_or_none
 from ..checkpoint.digests import digest_of_view, write_hashed
 from ..checkpoint.layout import Family
+from ..checkpoint.lineage import Lineage
 from ..checkpoint.records import CommitRecord, make_record, record_path, write_record
 from ..errors import CheckpointWriteError
 from ..storage import Storage
@@ -95,8 +96,9 @@ class Committer:
         family: Family,
         format: str,
         metrics: Mapping[str, float] | None,
+        lineage: Lineage | None = None,
     ) -> CommitRecord:
-        """Write and commit ``path``; return its record."""
+        """Write and commit ``path``; return its record (carrying ``lineage``)."""
         self._check_space(family, path)
         details = {
             "step": step,
@@ -105,6 +107,7 @@ class Committer:
             "durable": self.durable,
             "storage": self.storage,
             "metrics": metrics,
+            "lineage": lineage,
         }
         # publication, next, fsyncs the directory after the pointer and alias
         # moved: the payload's name is made durable with them
@@ -158,6 +161,7 @@ def write_new(
     metrics: Mapping[str, float] | None = None,
     sync_name: bool = True,
     overlap: bool = True,
+    lineage: Lineage | None = None,
 ) -> CommitRecord:
     """Write and commit the first checkpoint of a step at ``path`` (absent).
 
@@ -179,7 +183,13 @@ def write_new(
     record, one not yet named) names no file and is swept. Without
     ``overlap`` the three run one after the other on this thread.
     """
-    fields = {"step": step, "family": family, "format": format, "metrics": metrics}
+    fields = {
+        "step": step,
+        "family": family,
+        "format": format,
+        "metrics": metrics,
+        "lineage": lineage,
+    }
     beside = durable and overlap and _overlaps(serialize, storage)
     if beside:
         tmp, record = _recorded_payload(path, serialize, storage, fields)
@@ -288,6 +298,7 @@ def rewrite(
     durable: bool,
     storage: Storage,
     metrics: Mapping[str, float] | None = None,
+    lineage: Lineage | None = None,
 ) -> CommitRecord:
     """Re-save a step whose committed checkpoint (``old``) is at ``path``."""
     tmp, new = _described_payload(
@@ -299,6 +310,7 @@ def rewrite(
         family=family,
         format=format,
         metrics=metrics,
+        lineage=lineage,
     )
     try:
         both = dataclasses.replace(new, replaces=(old.size, old.digest))
