@@ -29,6 +29,8 @@ MAX_METRICS = 256
 MAX_DIGEST_TEXT = 200
 #: Most segments (one per run) a checkpoint's lineage keeps, in a record and in HEAD.
 MAX_LINEAGE = 64
+#: Most catalogue segments HEAD names per family (of a remote store).
+MAX_SEGMENTS = 4096
 #: Most families a store's manifest describes.
 MAX_FAMILIES = 64
 #: Longest prefix, suffix or pointer name in a manifest (a file name).
@@ -49,6 +51,7 @@ MAX_RECORD_BYTES = 64 * 1024
 MAX_MANIFEST_BYTES = 256 * 1024
 MAX_POINTER_BYTES = 4096
 MAX_HEAD_BYTES = 16 << 20
+MAX_SEGMENT_BYTES = 16 << 20
 MAX_LEASE_BYTES = 64 * 1024
 
 

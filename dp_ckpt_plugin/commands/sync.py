@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ..checkpoint.layout import POINTER_NAME, Family
 from ..errors import CheckpointError, CheckpointWriteError
+from ..remote.catalogue import expand
 from ..retention import KeepAll
 from ..storage.local import LocalStorage
 from ..storage.registry import storage_for
@@ -109,7 +110,7 @@ def upload(directory: Path, url: str) -> tuple[list[dict], list[str]]:
         _another_run(remote, inventory, directory, dead)
         held = {
             (p, e.name, e.digest)
-            for p, s in remote.head.families.items()
+            for p, s in expand(storage, remote.head).families.items()
             for e in s.kept
         }
         for view in inventory.families:
@@ -197,7 +198,7 @@ def _another_run(remote, inventory, directory: Path, dead=frozenset()) -> None:
     nothing deleted). A step both hold with different bytes is another
     branch: refused, nothing copied.
     """
-    head = remote.head
+    head = expand(remote.storage, remote.head)  # its segments' entries too
     held = {(p, e.step): e for p, s in head.families.items() for e in s.kept}
     if not held:
         return

@@ -50,7 +50,7 @@ from ..storage.objects import (
     StorageUnavailableError,
 )
 from ..store.archive import archive
-from . import branches
+from . import branches, catalogue
 from . import head as heads
 from .head import Entry, FencedError, Head, say_once
 from .keys import archive_key, owned, payload_key, record_key
@@ -140,6 +140,8 @@ class RemoteStore:
         self.notes: list[str] = []
         #: Entries uploaded by this run, newest last (for the closing line).
         self.uploaded: list[Entry] = []
+        #: Set once the start's recovery is over.
+        self.recovered = threading.Event()
 
     # -- lifecycle -----------------------------------------------------------
     def start(self, store=None) -> None:
@@ -359,20 +361,27 @@ class RemoteStore:
         self.check()
         continues_from = self._continues_from
         if continues_from is None:
-            keep = lambda prefix, e: False  # noqa: E731
-        else:
-            keep = lambda prefix, e: e.step <= continues_from.step  # noqa: E731
-        return self.archive(keep)
+            return self.archive(lambda prefix, e: False)
+        step = continues_from.step
+        return self.archive(
+            lambda prefix, e: e.step <= step, lambda prefix, s: s.last <= step
+        )
 
-    def archive(self, keep) -> str | None:
+    def archive(self, keep, keep_segment=lambda p, s: False) -> str | None:
         """Move the entries of HEAD ``keep(prefix, entry)`` refuses into an archive.
 
-        The archive (``U/archive/<UTC>.json``) names them, so nothing is
-        deleted; returns its key, or ``None`` when nothing was to move.
+        So too its catalogue segments ``keep_segment(prefix, segment)``
+        refuses (whole: a segment is never rewritten). The archive
+        (``U/archive/<UTC>.json``) names them, so nothing is deleted; returns
+        its key, or ``None`` when nothing was to move.
         """
         head = self.head
         doomed = [e for p, s in head.families.items() for e in s.kept if not keep(p, e)]
-        if not doomed:
+        moved = {
+            p: tuple(g for g in s.segments if not keep_segment(p, g))
+            for p, s in head.families.items()
+        }
+        if not doomed and not any(moved.values()):
             return None
         gone = {e.key for e in doomed}
         archived = Head(
@@ -383,6 +392,7 @@ class RemoteStore:
                 p: heads.FamilyState(
                     tuple(e for e in s.kept if e.key in gone),
                     s.latest if s.latest in gone else None,
+                    segments=moved[p],
                 )
                 for p, s in head.families.items()
             },
@@ -405,17 +415,18 @@ class RemoteStore:
         swap = heads.update(
             self.storage,
             self.epoch,
-            lambda h: h.archived(key, keep),
+            lambda h: h.archived(key, keep, keep_segment),
             known=self._head,
             format=self.format,
         )
         self._head = (swap.head, swap.version)
         steps = sorted({e.step for e in doomed})
+        spans = [f"{g.first}-{g.last}" for gs in moved.values() for g in gs]
         log.info(
             "archived %d checkpoint(s) of an earlier run of %s (steps %s) in %s",
-            len(doomed),
+            len(doomed) + sum(g.count for gs in moved.values() for g in gs),
             self.url,
-            ", ".join(map(str, steps)),
+            ", ".join([*spans, *map(str, steps)]),
             self.storage.url_of(key),
         )
         return key
@@ -426,6 +437,8 @@ class RemoteStore:
             recover(self.storage, self.head, self.epoch, held_for=self.lease.held_for)
         except CheckpointError as exc:
             log.warning("%s: recovery skipped: %s", self.url, exc)
+        finally:
+            self.recovered.set()
         pause = self.first_pause
         while True:
             with self._lock:
@@ -587,6 +600,57 @@ class RemoteStore:
                 )
         for _, entry in entries.values():
             self.uploaded.append(entry)
+        self._spill(entries)
+
+    def _spill(self, entries) -> None:
+        """Move the settled older entries of the families just saved into a segment.
+
+        At most one segment per family and save, and only once :data:`~.catalogue.SPILL`
+        such entries are in HEAD: HEAD's size stays bounded (rule 61).
+        """
+        for prefix, (config, _) in entries.items():
+            resumed = self._resumed.get(prefix)
+            protected = {resumed.name} if resumed is not None else set()
+            moving = catalogue.spill_plan(
+                self.head.family(prefix), config.policy, protected
+            )
+            if not moving:
+                continue
+            segment = catalogue.write_segment(
+                self.storage, self.epoch, self.head.seq + 1, prefix, moving
+            )
+            keys = [e.key for e in moving]
+            swap = heads.update(
+                self.storage,
+                self.epoch,
+                lambda h, p=prefix, g=segment, k=keys: h.spilled(p, g, k),
+                known=self._head,
+                format=self.format,
+            )
+            self._head = (swap.head, swap.version)
+            if segment not in swap.head.family(prefix).segments:
+                self.storage.delete(segment.key)  # nothing names it
+                continue
+            merging = catalogue.merge_plan(self.head.family(prefix))
+            if merging:
+                self._merge(prefix, merging)
+
+    def _merge(self, prefix: str, merging) -> None:
+        """Name ``merging`` (segments of one level) by one segment of the next."""
+        parent = catalogue.write_segment(
+            self.storage, self.epoch, self.head.seq + 1, prefix, children=merging
+        )
+        old = [s.key for s in merging]
+        swap = heads.update(
+            self.storage,
+            self.epoch,
+            lambda h: h.resegmented(prefix, old, [parent]),
+            known=self._head,
+            format=self.format,
+        )
+        self._head = (swap.head, swap.version)
+        if parent not in swap.head.family(prefix).segments:
+            self.storage.delete(parent.key)  # nothing names it
 
     def _send(self, checkpoint: Checkpoint) -> Entry:
         """Upload one staged checkpoint and its record; return its HEAD entry."""
