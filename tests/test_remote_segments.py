@@ -241,6 +241,25 @@ def test_a_save_that_fills_a_level_names_it_by_one_segment_of_the_next(
     assert [s.level for s in state.segments] == [1]
     assert state.segments[0].count == catalogue.SPILL * catalogue.FANOUT
     assert expanded_steps(mem) == [*range(1, newest), newest, newest + 1]
+    # a later writer's recovery keeps every segment a segment names
+    with remote_store(pm, tmp_path / "later", mem, keep=0) as store:
+        store.open()
+        assert store.remote.recovered.wait(60)
+    assert all(mem.head(s.key) is not None for s in segments)
+    assert expanded_steps(mem) == [*range(1, newest), newest, newest + 1]
+
+
+def test_recovery_removes_an_older_writers_segment_nothing_names(pm, tmp_path, mem):
+    with remote_store(pm, tmp_path / "w", mem, keep=0) as store:
+        store.save(1, make_payload(1))
+        store.remote.flush(30)
+        # a segment written, its swap never made (the writer was cut off)
+        stray = catalogue.write_segment(mem, 1, 7, PREFIX, [_entry(0)])
+    with remote_store(pm, tmp_path / "n", mem, keep=0) as store:
+        store.open()
+        assert store.remote.recovered.wait(60)
+    assert mem.head(stray.key) is None
+    assert expanded_steps(mem) == [1]
 
 
 def test_a_keep_last_store_makes_no_segment(pm, tmp_path, mem):
