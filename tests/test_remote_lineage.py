@@ -231,3 +231,40 @@ def test_on_s3_a_fenced_nodes_branch_stays_local(pm, tmp_path, s3_bucket, caplog
     said = [r.getMessage() for r in caplog.records if DEAD in r.getMessage()]
     assert len(said) == 1 and "step 2 (epoch 1)" in said[0]
     assert "step 4 (epoch 2)" in said[0]
+
+
+def test_a_fenced_writers_end_does_not_advise_a_sync(pm, tmp_path, mem):
+    """Its last upload meets the takeover while a newer save waits: what is left
+    is named, with no `dp-ckpt sync` to send it."""
+    import threading
+    import time
+
+    zombie = remote_store(pm, tmp_path / "z", mem, keep=0, ttl=0.6)
+    _train(zombie, [1])
+    lease = zombie.remote.lease
+    lease._stop.set()  # paused: it renews no more
+    lease._thread.join()
+    lease._thread = None
+    sending, go = threading.Event(), threading.Event()
+
+    def hold(key):
+        if key.endswith("model.ckpt-2.h5"):
+            sending.set()
+            go.wait(30)
+
+    mem.before("put", hold)
+    zombie.save(2, make_payload(2))
+    assert sending.wait(30)
+    zombie.save(3, make_payload(3))  # queued behind step 2
+    newer = remote_store(pm, tmp_path / "n", mem, keep=0, ttl=0.6)
+    newer.remote.lease._wall = lambda: time.time() + 60
+    assert newer.resolve("latest").step == 1
+    go.set()
+    with pytest.raises(CheckpointWriteError) as ended:
+        zombie.close()
+    said = str(ended.value)
+    assert "dp-ckpt sync" not in said and "taken over by a newer run" in said
+    assert "model.ckpt-3.h5" in said
+    mem.clear_hooks()
+    newer.close()
+    assert _state(mem).published.step == 1

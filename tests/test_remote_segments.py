@@ -268,3 +268,25 @@ def test_a_keep_last_store_makes_no_segment(pm, tmp_path, mem):
             store.save(step, make_payload(step))
             store.remote.flush(30)
     assert heads.read(mem)[0].family(PREFIX).segments == ()
+
+
+def test_a_fresh_run_archives_the_segments_and_recovery_keeps_them(pm, tmp_path, mem):
+    with remote_store(pm, tmp_path / "w", mem, keep=0) as store:
+        store.save(300, make_payload(300))
+        store.remote.flush(30)
+    _grow(mem, 300)
+    _commit(mem, _entry(5))  # an entry in a segment, with its objects
+    before = heads.read(mem)[0].family(PREFIX).segments
+    assert before
+    with remote_store(pm, tmp_path / "fresh", mem, keep=0) as store:
+        store.save(1, make_payload(1))  # not a restart: the earlier run is archived
+        store.remote.flush(30)
+    head, _ = heads.read(mem)
+    assert head.family(PREFIX).segments == () and expanded_steps(mem) == [1]
+    archived = heads.Head.parse(mem.get(head.archives[-1])[0], "archive")
+    assert archived.family(PREFIX).segments == before
+    with remote_store(pm, tmp_path / "later", mem, keep=0) as store:
+        store.open()
+        assert store.remote.recovered.wait(60)
+    assert mem.head(_entry(5).key) is not None
+    assert all(mem.head(s.key) is not None for s in before)
