@@ -1029,6 +1029,7 @@ def _write_new_named_first(
     metrics=None,
     sync_name=True,
     overlap=True,
+    lineage=None,
 ):
     """:func:`commit.write_new` giving the payload its name before its record.
 
@@ -1045,6 +1046,7 @@ def _write_new_named_first(
         digest=digest,
         metrics=metrics,
         storage=storage,
+        lineage=lineage,
     )
     storage.move_into_place(tmp, path, durable=False)
     write_record(path, record, durable=durable, storage=storage)
@@ -1078,7 +1080,17 @@ def _remove_records_with_payloads(paths, *, durable, storage, left):
 
 
 def _rewrite_record_first(
-    path, serialize, *, old, step, family, format, durable, storage, metrics=None
+    path,
+    serialize,
+    *,
+    old,
+    step,
+    family,
+    format,
+    durable,
+    storage,
+    metrics=None,
+    lineage=None,
 ):
     """:func:`commit.rewrite` writing the final record before moving the payload.
 
@@ -1095,6 +1107,7 @@ def _rewrite_record_first(
         digest=digest,
         metrics=metrics,
         storage=storage,
+        lineage=lineage,
     )
     write_record(path, new, durable=durable, storage=storage)
     storage.move_into_place(tmp, path, durable=durable)
