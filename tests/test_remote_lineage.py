@@ -27,7 +27,7 @@ from dp_ckpt_plugin.storage.memory import MemoryStorage, forget
 
 PREFIX = "model.ckpt"
 B_SALT = 100_000  # B's payloads differ from A's at the same step
-DEAD = "a branch"
+DEAD = "a dead branch"
 
 
 @pytest.fixture
@@ -268,3 +268,69 @@ def test_a_fenced_writers_end_does_not_advise_a_sync(pm, tmp_path, mem):
     mem.clear_hooks()
     newer.close()
     assert _state(mem).published.step == 1
+
+
+def _run_node(pm, staging, storage, event, k, salt):
+    """One event of a node: train ``k`` steps, be cut off after ``k`` more,
+    only read latest, or sync its staging directory."""
+    if event == "sync":
+        main(["sync", str(staging), storage.url])
+        return
+    store = remote_store(pm, staging, storage, keep=0, upload_wait=0.3)
+    try:
+        head, _ = heads.read(storage)
+        start = 0
+        if head is not None and not head.empty:
+            start = store.resolve("latest").step
+        if event == "train":
+            _train(store, range(start + 1, start + k + 1), salt=salt)
+        elif event == "cut":
+            storage.fail("put", times=10_000)
+            for step in range(start + 1, start + k + 1):
+                store.save(step, make_payload(step + salt))
+    finally:
+        try:
+            store.close()
+        except CheckpointWriteError:
+            assert event == "cut"
+        storage.clear_hooks()
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_cuts_restarts_and_syncs_on_two_nodes_never_fork_latest(
+    pm, tmp_path, mem, seed
+):
+    """A random walk of trains, cuts, reads of latest and syncs on two nodes:
+    each new latest of HEAD continues the one before (never another branch),
+    and no committed checkpoint is lost (each is in HEAD or in its staging)."""
+    from dp_ckpt_plugin.checkpoint.lineage import on_chain
+
+    rng = random.Random(1000 + seed)
+    nodes = {"a": tmp_path / "a", "b": tmp_path / "b"}
+    salts = {"a": 0, "b": B_SALT}
+    tip, seen = None, set()
+    for turn in range(8):
+        node = rng.choice(sorted(nodes))
+        event = rng.choice(["train", "cut", "cut", "latest", "sync"])
+        if turn == 0 or (not nodes[node].exists() and event == "sync"):
+            event = "train"
+        _run_node(pm, nodes[node], mem, event, rng.randint(1, 3), salts[node] + turn)
+        seen |= {read_record(p).digest for s in nodes.values() for p in _staged(s)}
+        state = _state(mem)
+        if state.published is None:
+            continue
+        now = state.lineage[-1]
+        assert (now.step, now.digest) == (state.published.step, state.published.digest)
+        if tip is not None:
+            assert on_chain(state.lineage, tip), (turn, node, event, tip, now)
+        tip = now
+    staged = [p for s in nodes.values() for p in _staged(s)]
+    assert all(read_record(p).lineage is not None for p in staged)
+    held = {e.digest for e in _state(mem).kept} | {
+        read_record(p).digest for p in staged
+    }
+    assert seen <= held  # nothing committed was lost: in HEAD, staged or archived
+
+
+def _staged(staging):
+    return [p for p in staging.rglob("model.ckpt-*.h5") if "quarantine" not in str(p)]

@@ -35,6 +35,11 @@ def chain(checkpoint: Checkpoint) -> tuple[Link, ...]:
     return chain_of(record.lineage, record.step, record.digest)
 
 
+def chain_of_entry(entry, record) -> tuple[Link, ...]:
+    """The chain of a remote entry from its commit record; ``()`` when unknown."""
+    return chain_of(record.lineage, entry.step, entry.digest)
+
+
 def judge(state: FamilyState, checkpoint: Checkpoint) -> str:
     """Whether ``checkpoint`` continues the family's latest in HEAD (``state``)."""
     newest = state.newest()
@@ -89,8 +94,9 @@ def dead_line(url: str, prefix: str, state: FamilyState, dead, where: str) -> st
     newest = max(dead, key=lambda c: c.step)
     steps = ", ".join(str(c.step) for c in sorted(dead, key=lambda c: c.step))
     return (
-        f"{prefix} step(s) {steps} committed in {newest.path.parent} are a branch "
-        f"{url} does not continue (their newest: {describe(chain(newest))}; "
-        f"{url}'s latest: {describe(state.lineage)}, another run went on from "
-        f"there): NOT uploaded, never published; {where}"
+        f"{prefix} step(s) {steps} committed in {newest.path.parent} are a dead "
+        f"branch: {url} does not continue them (this branch's newest: "
+        f"{describe(chain(newest))}; {url}'s latest, on the branch another run "
+        f"went on with: {describe(state.lineage)}); NOT uploaded, never "
+        f"published; {where}"
     )

@@ -133,6 +133,7 @@ class RemoteStore:
         self._uploads: dict[str, int] = {}
         self._resumed: dict[str, Entry] = {}
         self._continues_from: Entry | None = None
+        self._continues_chain: tuple = ()
         self._published: dict[str, int] = {}
         self._behind_said = 0.0
         self._sending: dict[str, set[str]] = {}
@@ -176,6 +177,9 @@ class RemoteStore:
                 ", ".join(f"{c.family.prefix} step {cp.step}" for c, cp in jobs),
             )
             self.submit(jobs)
+            # resolution, next, must see them in HEAD: a run resuming from an
+            # older latest would fork what it then publishes (rule 60)
+            self.flush(self.upload_wait)
 
     def _set_aside(self, store, family, state, dead) -> None:
         """Archive a dead branch in the staging directory, with its one line."""
@@ -348,6 +352,8 @@ class RemoteStore:
         if ours:
             self._resumed[found.source.family] = found.source.entry
             self._continues_from = found.source.entry if continues else None
+            record = found.source.record
+            self._continues_chain = branches.chain_of_entry(found.source.entry, record)
             store.catalogue.invalidate()
         return found
 
@@ -415,7 +421,7 @@ class RemoteStore:
         swap = heads.update(
             self.storage,
             self.epoch,
-            lambda h: h.archived(key, keep, keep_segment),
+            lambda h: self._relinked(h.archived(key, keep, keep_segment)),
             known=self._head,
             format=self.format,
         )
@@ -430,6 +436,17 @@ class RemoteStore:
             self.storage.url_of(key),
         )
         return key
+
+    def _relinked(self, head: Head) -> Head:
+        """``head`` knowing the lineage of a family's newest again when it is the
+        entry this run continues from (archiving above it forgot it)."""
+        entry, chain = self._continues_from, self._continues_chain
+        if entry is None or not chain:
+            return head
+        for prefix, state in head.families.items():
+            if state.newest() == entry and not state.lineage:
+                head = head.with_lineage(prefix, chain)
+        return head
 
     # -- the uploader thread ----------------------------------------------------
     def _run(self) -> None:
