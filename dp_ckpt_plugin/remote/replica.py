@@ -160,11 +160,11 @@ class RemoteStore:
         self.notes.clear()
         if store is None:
             return
-        catalogue = store.catalogue
+        local = store.catalogue
         jobs = []
         for cfg in store.families.values():
             state = self.head.family(cfg.family.prefix)
-            staged = branches.sort(state, catalogue.of(cfg.family).values())
+            staged = branches.sort(state, local.of(cfg.family).values())
             if staged.dead:
                 self._set_aside(store, cfg.family, state, staged.dead)
             if staged.newest is not None:
@@ -172,7 +172,7 @@ class RemoteStore:
         if jobs:
             log.warning(
                 "%s holds committed checkpoints newer than %s (%s): uploading them",
-                catalogue.directory,
+                local.directory,
                 self.url,
                 ", ".join(f"{c.family.prefix} step {cp.step}" for c, cp in jobs),
             )
