@@ -408,6 +408,23 @@ HEAD_CASES = {
         limits.MAX_SEGMENTS,
         limits.MAX_SEGMENTS + 1,
     ),
+    "head.segment.level": (
+        _head_round_trip(
+            None,
+            change=lambda h, v: dataclasses.replace(
+                _with(lambda v: _entry())(h, v),
+                families={
+                    "m": dataclasses.replace(
+                        _with(lambda v: _entry())(h, v).family("m"),
+                        segments=(heads.Segment(segment_key(1, 0), 1, 1, 1, v),),
+                    )
+                },
+            ),
+            read=lambda h, v: h.family("m").segments[0].level,
+        ),
+        limits.MAX_SEGMENT_LEVEL,
+        limits.MAX_SEGMENT_LEVEL + 1,
+    ),
     "head.format": (
         _head_round_trip(
             None,
@@ -602,6 +619,7 @@ def test_every_bound_of_the_table_has_a_case():
         "MAX_FAMILIES": "manifest.families",
         "MAX_LINEAGE": "record.lineage",
         "MAX_SEGMENTS": "head.segments",
+        "MAX_SEGMENT_LEVEL": "head.segment.level",
         "MAX_SEGMENT_BYTES": "segment.bytes",
         "MAX_FILE_NAME": "manifest.prefix",
         "MAX_FORMAT_NAME": "manifest.format",

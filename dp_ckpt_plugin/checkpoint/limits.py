@@ -31,6 +31,8 @@ MAX_DIGEST_TEXT = 200
 MAX_LINEAGE = 64
 #: Most catalogue segments HEAD names per family (of a remote store).
 MAX_SEGMENTS = 4096
+#: Deepest level of a catalogue segment (one of level ``n`` names those of ``n - 1``).
+MAX_SEGMENT_LEVEL = 8
 #: Most families a store's manifest describes.
 MAX_FAMILIES = 64
 #: Longest prefix, suffix or pointer name in a manifest (a file name).

@@ -35,6 +35,7 @@ from ..checkpoint.limits import (
     MAX_HEAD_BYTES,
     MAX_INT,
     MAX_LINEAGE,
+    MAX_SEGMENT_LEVEL,
     MAX_SEGMENTS,
     MAX_TEXT,
     check_int,
@@ -60,8 +61,6 @@ from .keys import ARCHIVE, HEAD_KEY, PAYLOAD, SEGMENT, parse_key, record_key
 
 #: Version of the HEAD format this package writes and reads.
 HEAD_FORMAT_VERSION = 1
-#: Deepest level of a catalogue segment (one of level ``n`` names those of ``n - 1``).
-MAX_SEGMENT_LEVEL = 8
 #: Times a swap is tried again after HEAD changed under it.
 SWAP_ATTEMPTS = 8
 
