@@ -99,6 +99,14 @@ class RetentionPolicy(Protocol):
         """
         return False
 
+    def settles(self, step: int) -> bool:
+        """Whether a checkpoint of ``step``, once kept, is kept for good.
+
+        A remote store moves such checkpoints out of HEAD into immutable
+        catalogue segments. ``False`` by default (retention may still remove it).
+        """
+        return False
+
     def leader(self, candidates: Iterable[Candidate]) -> Candidate | None:
         """The candidate a :attr:`ranked` family publishes in place of the newest.
 
@@ -169,6 +177,10 @@ class KeepAll(RetentionPolicy):
         """Always."""
         return True
 
+    def settles(self, step: int) -> bool:
+        """Always."""
+        return True
+
     def to_dict(self) -> dict[str, Any]:
         """The keys of :func:`policy_from_dict` that build this policy."""
         return {"keep_last": 0}
@@ -198,6 +210,10 @@ class KeepLast(RetentionPolicy):
     def keeps_all(self, count: int) -> bool:
         """Whether ``count`` checkpoints fit in the window."""
         return self.window is None or count <= self.window
+
+    def settles(self, step: int) -> bool:
+        """Without a window, always."""
+        return self.window is None
 
     def keeps(self, candidates, protected):
         """The newest ``count`` minus the protected ones among the candidates."""
@@ -232,6 +248,10 @@ class KeepEveryNSteps(RetentionPolicy):
     def keeps(self, candidates, protected):
         """The candidates whose step is a multiple of ``n``."""
         return {name for name, step in candidates if step % self.n == 0}
+
+    def settles(self, step: int) -> bool:
+        """A milestone is kept for good."""
+        return step % self.n == 0
 
     def to_dict(self) -> dict[str, Any]:
         """The keys of :func:`policy_from_dict` that build this policy."""
@@ -342,6 +362,10 @@ class AnyOf(RetentionPolicy):
     def keeps_all(self, count: int) -> bool:
         """Whether one of the policies keeps a family of ``count`` whole."""
         return any(p.keeps_all(count) for p in self.policies)
+
+    def settles(self, step: int) -> bool:
+        """Whether one of the policies keeps ``step`` for good."""
+        return any(getattr(p, "settles", lambda s: False)(step) for p in self.policies)
 
     def keeps(self, candidates, protected):
         """The union of what each policy keeps."""

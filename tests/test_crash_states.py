@@ -1030,6 +1030,7 @@ def _write_new_named_first(
     sync_name=True,
     overlap=True,
     provenance=None,
+    lineage=None,
 ):
     """:func:`commit.write_new` giving the payload its name before its record.
 
@@ -1047,6 +1048,7 @@ def _write_new_named_first(
         metrics=metrics,
         storage=storage,
         provenance=provenance,
+        lineage=lineage,
     )
     storage.move_into_place(tmp, path, durable=False)
     write_record(path, record, durable=durable, storage=storage)
@@ -1091,6 +1093,7 @@ def _rewrite_record_first(
     storage,
     metrics=None,
     provenance=None,
+    lineage=None,
 ):
     """:func:`commit.rewrite` writing the final record before moving the payload.
 
@@ -1108,6 +1111,7 @@ def _rewrite_record_first(
         metrics=metrics,
         storage=storage,
         provenance=provenance,
+        lineage=lineage,
     )
     write_record(path, new, durable=durable, storage=storage)
     storage.move_into_place(tmp, path, durable=durable)

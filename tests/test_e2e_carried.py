@@ -1,4 +1,4 @@
-"""End to end, rule 48: a checkpoint without a commit record is checked by its own checksums.
+"""End to end, rule 50: a checkpoint without a commit record is checked by its own checksums.
 
 dflow-based tools hand a model to the next iteration by ``os.link`` of a
 checkpoint of a trained store into another directory, where it has no

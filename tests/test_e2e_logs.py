@@ -13,7 +13,7 @@ Only what legitimately differs between two runs is normalized: the
 timestamps, wall-clock times and the ``eta`` clock, and the working
 directory (a temporary path). ``dp --pt-expt``'s loss values differ between
 two plain runs (plain deepmd-kit makes ``dp_random``, which picks each
-batch, from the operating system's entropy; the plugin seeds it, rule 47),
+batch, from the operating system's entropy; the plugin seeds it, rule 49),
 so for that backend only the numbers of the per-step lines are masked;
 ``dp --pt`` keeps them, exact resume on, and they must match.
 """

@@ -214,7 +214,7 @@ def test_without_save_dir_a_restart_does_not_blame_the_plugin(base, data):
     assert (
         "--restart latest: model.ckpt-4.pt (step 4), through the pointer checkpoint; "
         "no commit record; the CRC32 of all "
-    ) in out  # rule 48
+    ) in out  # rule 50
     assert "could not be verified" not in out
     assert resumed_from(out, workdir) == [(workdir / "model.ckpt-4.pt").resolve()]
     assert steps(workdir, "model.ckpt") == [4, 6]  # deepmd-kit's own window of 2

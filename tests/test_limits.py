@@ -21,6 +21,7 @@ import pytest
 from dp_ckpt_plugin import CheckpointStore
 from dp_ckpt_plugin.checkpoint import limits
 from dp_ckpt_plugin.checkpoint.layout import Family
+from dp_ckpt_plugin.checkpoint.lineage import Lineage, Link
 from dp_ckpt_plugin.checkpoint.manifest import (
     FamilyInfo,
     Manifest,
@@ -41,7 +42,9 @@ from dp_ckpt_plugin.checkpoint.records import (
     read_record,
 )
 from dp_ckpt_plugin.errors import CheckpointWriteError
+from dp_ckpt_plugin.remote import catalogue
 from dp_ckpt_plugin.remote import head as heads
+from dp_ckpt_plugin.remote.keys import segment_key
 from dp_ckpt_plugin.remote.lease import Holder, Lease
 from dp_ckpt_plugin.storage import default_storage
 from dp_ckpt_plugin.storage.memory import MemoryStorage, forget
@@ -126,6 +129,13 @@ RECORD_CASES = {
         limits.MAX_METRICS,
         limits.MAX_METRICS + 1,
     ),
+    "record.lineage": (
+        _record_round_trip(
+            lambda v: _record(lineage=_lineage(v)), lambda r: len(r.lineage.chain)
+        ),
+        limits.MAX_LINEAGE,
+        limits.MAX_LINEAGE + 1,
+    ),
     "record.metrics.name": (
         _record_round_trip(
             lambda v: _record(metrics={"n" * v: 1.0}),
@@ -135,6 +145,10 @@ RECORD_CASES = {
         limits.MAX_TEXT + 1,
     ),
 }
+
+
+def _lineage(n: int) -> Lineage:
+    return Lineage(2, tuple(Link(1, i, DIGEST) for i in range(n)))
 
 
 def _origin(**over) -> Provenance:
@@ -438,6 +452,53 @@ HEAD_CASES = {
         limits.MAX_METRICS,
         limits.MAX_METRICS + 1,
     ),
+    "head.lineage": (
+        _head_round_trip(
+            None,
+            change=lambda h, v: _with(lambda v: _entry())(h, v).with_lineage(
+                "m", _lineage(v).chain
+            ),
+            read=lambda h, v: len(h.family("m").lineage),
+        ),
+        limits.MAX_LINEAGE,
+        limits.MAX_LINEAGE + 1,
+    ),
+    "head.segments": (
+        _head_round_trip(
+            None,
+            change=lambda h, v: dataclasses.replace(
+                _with(lambda v: _entry())(h, v),
+                families={
+                    "m": dataclasses.replace(
+                        _with(lambda v: _entry())(h, v).family("m"),
+                        segments=tuple(
+                            heads.Segment(segment_key(1, i), 1, i, i) for i in range(v)
+                        ),
+                    )
+                },
+            ),
+            read=lambda h, v: len(h.family("m").segments),
+        ),
+        limits.MAX_SEGMENTS,
+        limits.MAX_SEGMENTS + 1,
+    ),
+    "head.segment.level": (
+        _head_round_trip(
+            None,
+            change=lambda h, v: dataclasses.replace(
+                _with(lambda v: _entry())(h, v),
+                families={
+                    "m": dataclasses.replace(
+                        _with(lambda v: _entry())(h, v).family("m"),
+                        segments=(heads.Segment(segment_key(1, 0), 1, 1, 1, v),),
+                    )
+                },
+            ),
+            read=lambda h, v: h.family("m").segments[0].level,
+        ),
+        limits.MAX_SEGMENT_LEVEL,
+        limits.MAX_SEGMENT_LEVEL + 1,
+    ),
     "head.format": (
         _head_round_trip(
             None,
@@ -596,6 +657,30 @@ def test_the_largest_head_round_trips_and_one_entry_more_is_refused(place):
     _check_case(place, "head.bytes", write, largest, past)
 
 
+def _segment_round_trip(n: int):
+    def write(tmp_path: Path, value) -> Callable[[], object]:
+        entries = [_entry(step=i, metrics=_WIDE) for i in range(value)]
+        segment = catalogue.write_segment(tmp_path.storage, 1, 0, "m", entries)
+        return lambda: len(catalogue.read_segment(tmp_path.storage, "m", segment))
+
+    return write
+
+
+def _segment_fits(n: int) -> bool:
+    try:
+        catalogue.segment_bytes("m", [_entry(step=i, metrics=_WIDE) for i in range(n)])
+    except ValueError:
+        return False
+    return True
+
+
+def test_the_largest_segment_round_trips_and_one_entry_more_is_refused(place):
+    """A catalogue segment's size: the most entries that fit its bytes, and one more."""
+    most = _largest(_segment_fits, 1000)
+    assert 100 < most < 1000
+    _check_case(place, "segment.bytes", _segment_round_trip(most), most, most + 1)
+
+
 def test_every_bound_of_the_table_has_a_case():
     """A bound added to the table without a case here fails."""
     covered = {
@@ -607,6 +692,10 @@ def test_every_bound_of_the_table_has_a_case():
         "MAX_METRICS": "record.metrics.count",
         "MAX_DIGEST_TEXT": None,  # no digest the writer makes comes near it
         "MAX_FAMILIES": "manifest.families",
+        "MAX_LINEAGE": "record.lineage",
+        "MAX_SEGMENTS": "head.segments",
+        "MAX_SEGMENT_LEVEL": "head.segment.level",
+        "MAX_SEGMENT_BYTES": "segment.bytes",
         "MAX_FILE_NAME": "manifest.prefix",
         "MAX_FORMAT_NAME": "manifest.format",
         "MAX_REASON": None,  # cut, never refused (informative text)
@@ -628,7 +717,7 @@ def test_every_bound_of_the_table_has_a_case():
     table = {name for name in vars(limits) if name.startswith("MAX_")}
     assert table == set(covered)
     for case in covered.values():
-        assert case is None or case in CASES or case == "head.bytes"
+        assert case is None or case in CASES or case in ("head.bytes", "segment.bytes")
 
 
 def test_a_step_of_0_2_above_the_bound_is_still_read(tmp_path):

@@ -1,4 +1,4 @@
-"""Provenance in commit records and the restart's account of what changed (rules 49, 50).
+"""Provenance in commit records and the restart's account of what changed (rules 51, 52).
 
 A record carries where its checkpoint came from; the training input is kept
 once per digest beside the checkpoints and outlives retention while a kept

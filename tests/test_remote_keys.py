@@ -32,6 +32,7 @@ from dp_ckpt_plugin.remote.keys import (
     PAYLOAD,
     PROBE,
     RECORD,
+    SEGMENT,
     parse_key,
 )
 from dp_ckpt_plugin.remote.recovery import recover
@@ -51,6 +52,8 @@ OURS = {
     "e000002/v12/.model.ckpt-0.pt.commit.json": RECORD,
     "e1234567/best.ckpt-9.pt": PAYLOAD,
     "e000001/modèle.ckpt-3.h5": PAYLOAD,
+    "catalogue/e000001-0.json": SEGMENT,
+    "catalogue/e000003-17.json": SEGMENT,
 }
 
 #: Foreign keys an object store can hold under ``U`` (and the memory storage
@@ -112,6 +115,14 @@ FOREIGN_OBJECTS = {
         "archive/sub/20260101T000000Z.json",
         ".probe/x",
     ],
+    "almost a catalogue segment": [
+        "catalogue/e000001-01.json",
+        "catalogue/e1-0.json",
+        "catalogue/e000001-0.json.bak",
+        "catalogue/sub/e000001-0.json",
+        "catalogue/x.json",
+        "e000001/catalogue/e000001-0.json",
+    ],
 }
 FOREIGN = [k for keys in FOREIGN_OBJECTS.values() for k in keys]
 
@@ -141,6 +152,7 @@ NOT_PAYLOADS = [
     "archive/20261203T101500Z.json",
     ".probe/123-0a1b2c3d",
     "e000001/.model.ckpt-1.h5.commit.json",
+    "catalogue/e000001-0.json",
 ]
 
 

@@ -221,7 +221,7 @@ def test_unrecorded_checkpoint_accepted_when_named_or_pointed_at(tmp_path):
     found = resolve(str(d / "model.ckpt-5.h5"), ctx(tmp_path))
     assert found.checked == "unverified" and found.step == 5
     # the rule says nothing of it: the front door checks it by its own
-    # checksums (rule 48, test_carried_checksums.py)
+    # checksums (rule 50, test_carried_checksums.py)
     assert found.warnings == []
     # found by its directory's pointer: accepted the same way
     (d / "checkpoint").write_text("model.ckpt-5.h5")

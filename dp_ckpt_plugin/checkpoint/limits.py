@@ -27,6 +27,12 @@ MAX_TEXT = 4096
 MAX_METRICS = 256
 #: Longest ``"<algorithm>:<hex>"`` digest text.
 MAX_DIGEST_TEXT = 200
+#: Most segments (one per run) a checkpoint's lineage keeps, in a record and in HEAD.
+MAX_LINEAGE = 64
+#: Most catalogue segments HEAD names per family (of a remote store).
+MAX_SEGMENTS = 4096
+#: Deepest level of a catalogue segment (one of level ``n`` names those of ``n - 1``).
+MAX_SEGMENT_LEVEL = 8
 #: Most families a store's manifest describes.
 MAX_FAMILIES = 64
 #: Longest prefix, suffix or pointer name in a manifest (a file name).
@@ -55,6 +61,7 @@ MAX_RECORD_BYTES = 64 * 1024
 MAX_MANIFEST_BYTES = 256 * 1024
 MAX_POINTER_BYTES = 4096
 MAX_HEAD_BYTES = 16 << 20
+MAX_SEGMENT_BYTES = 16 << 20
 MAX_LEASE_BYTES = 64 * 1024
 #: Most bytes of a stored training input (``D/inputs/<digest>.json``).
 MAX_INPUT_BYTES = 1 << 20

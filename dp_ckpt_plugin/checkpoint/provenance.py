@@ -13,7 +13,7 @@ of URLs is removed (:func:`scrubbed`).
 
 Every field is bounded in ``checkpoint/limits.py``; records without provenance
 (written before it existed) are read as before. See ``docs/guarantees.md``
-(rules 49 to 51).
+(rules 51 to 53).
 """
 
 from __future__ import annotations

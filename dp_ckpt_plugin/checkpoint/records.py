@@ -32,6 +32,7 @@ from .limits import (
     MAX_DIGEST_TEXT,
     MAX_HEAD_BYTES,
     MAX_INT,
+    MAX_LINEAGE,
     MAX_METRICS,
     MAX_RECORD_BYTES,
     MAX_TEXT,
@@ -44,6 +45,7 @@ from .limits import (
     is_time,
     shorten,
 )
+from .lineage import Lineage, Link
 from .provenance import Provenance
 
 #: Version of the record format this package writes; it reads 1 and 2.
@@ -86,6 +88,9 @@ class CommitRecord:
         Where the checkpoint came from
         (:mod:`dp_ckpt_plugin.checkpoint.provenance`); ``None`` in
         records written before it was kept, or by a caller that gave none.
+    lineage : (epoch, chain) or None
+        What it continued from (``checkpoint/lineage.py``);
+        ``None`` in records written before lineage was recorded.
     """
 
     name: str
@@ -99,6 +104,7 @@ class CommitRecord:
     replaces: tuple[int, str] | None = None
     metrics: dict[str, float | None] | None = field(default=None, hash=False)
     provenance: Provenance | None = field(default=None, hash=False, compare=False)
+    lineage: Lineage | None = field(default=None, hash=False)
 
     def to_json(self) -> str:
         """Serialize to the text stored on disk.
@@ -121,6 +127,10 @@ class CommitRecord:
             del data["provenance"]
         else:
             data["provenance"] = self.provenance.to_dict()
+        if self.lineage is None:
+            del data["lineage"]
+        else:
+            data["lineage"] = self.lineage.to_dict()
         text = json.dumps(data, indent=1, sort_keys=True) + "\n"
         check_size(
             text.encode("utf-8"), f"the commit record of {self.name}", MAX_RECORD_BYTES
@@ -142,6 +152,8 @@ class CommitRecord:
         check_metrics(self.metrics)
         if self.provenance is not None:
             self.provenance.check()
+        if self.lineage is not None:
+            self.lineage.check()
 
     @property
     def algorithm(self) -> str:
@@ -230,6 +242,7 @@ class CommitRecord:
             provenance=None
             if data.get("provenance") is None
             else Provenance.from_dict(data["provenance"], source),
+            lineage=_lineage_from_json(data.get("lineage"), source),
         )
 
     def describes(self, name: str) -> bool:
@@ -316,6 +329,7 @@ def make_record(
     metrics: Mapping[str, float] | None = None,
     payload: PayloadBytes | None = None,
     provenance: Provenance | None = None,
+    lineage: Lineage | None = None,
 ) -> CommitRecord:
     """Describe a durable payload.
 
@@ -346,6 +360,7 @@ def make_record(
         created=time.time(),
         metrics=check_metrics(metrics),
         provenance=provenance,
+        lineage=lineage,
     )
 
 
@@ -384,6 +399,7 @@ def check_fits(
         replaces=(MAX_INT, widest),
         metrics=metrics,
         provenance=provenance,
+        lineage=Lineage(MAX_INT, (Link(MAX_INT, MAX_INT, widest),) * MAX_LINEAGE),
     ).to_json()
 
 
@@ -622,3 +638,16 @@ def _metrics_from_json(value: object, source: Path) -> dict[str, float | None] |
             f"commit record {source}: 'metrics' must map names to finite numbers or null"
         )
     return {k: None if v is None else float(v) for k, v in value.items()} or None
+
+
+def _lineage_from_json(value: object, source: Path) -> Lineage | None:
+    """Read the ``lineage`` of a record strictly (absent: ``None``)."""
+    if value is None:
+        return None
+    lineage = Lineage.parse(value)
+    if lineage is None:
+        raise InvalidRecordError(
+            f"commit record {source}: 'lineage' must hold an epoch and at most "
+            f"{MAX_LINEAGE} [epoch, step, digest] links"
+        )
+    return lineage

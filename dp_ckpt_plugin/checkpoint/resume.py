@@ -4,7 +4,9 @@ A run that restarts from (or is initialized from) a checkpoint of its own
 store directory must not lose that checkpoint to retention before it has
 committed a newer one (rule 12), and a run that *continues* from one keeps
 the store's checkpoints up to that step in place while archiving those above
-it (rule 14). :class:`ResumeState` holds those two facts, and nothing else.
+it (rule 14). :class:`ResumeState` holds those two facts, and the lineage
+the run's next checkpoint of each family continues
+(``lineage.py``).
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from .catalogue import read_record_or_none
 from .layout import Family
+from .lineage import Lineage, Link, chain_of
+from .records import CommitRecord
 
 
 class ResumeState:
@@ -35,6 +40,7 @@ class ResumeState:
         self.start: Path | None = None
         self.continues = False
         self._protected: dict[str, Path] = {}
+        self._chains: dict[str, tuple[Link, ...]] = {}
 
     def start_from(self, path, directory, families, storage, continues: bool) -> None:
         """The run starts from ``path``; only a checkpoint of ``directory`` is noted."""
@@ -82,3 +88,33 @@ class ResumeState:
         for prefix, path in list(self._protected.items()):
             if path.name in names:
                 self._protected[prefix] = dest / path.name
+
+    def lineage(self, family: Family, epoch: int | None, storage) -> Lineage | None:
+        """What the run's next checkpoint of ``family`` continues from.
+
+        Its previous checkpoint of the family, else the checkpoint the run
+        continues from (read from its record in ``storage``), else nothing.
+        ``None`` for a run of no remote store (``epoch`` ``None``).
+        """
+        if epoch is None:
+            return None
+        chain = self._chains.get(family.prefix)
+        if chain is None:
+            start = self.continues_from
+            record = (
+                None if start is None else read_record_or_none(start, storage=storage)
+            )
+            chain = () if record is None else chain_of_record(record)
+        return Lineage(epoch, chain)
+
+    def made(self, family: Family, record: CommitRecord) -> CommitRecord:
+        """The run committed ``record`` in ``family``: its next one continues it."""
+        self._chains[family.prefix] = chain_of_record(record)
+        return record
+
+
+def chain_of_record(record: CommitRecord) -> tuple[Link, ...]:
+    """The chain of a committed checkpoint (one exact link when it has no lineage)."""
+    if record.lineage is None:
+        return (Link(0, record.step, record.digest),)
+    return chain_of(record.lineage, record.step, record.digest)

@@ -20,8 +20,9 @@ from typing import Any
 from ..checkpoint.digests import hasher
 from ..errors import CheckpointError, RestartNotFoundError
 from ..remote import head as heads
+from ..remote.catalogue import SPILL, expand, leaves, write_segment
 from ..remote.fetch import LATEST, RemoteSource, candidates, fell_back, fetch_first
-from ..remote.keys import owned
+from ..remote.keys import owned, parse_key
 from ..remote.lease import Lease
 from ..retention import KeepLast, plan_prune
 from ..storage.registry import storage_for
@@ -142,8 +143,11 @@ def _lease(storage) -> dict[str, Any] | None:
 
 
 def _head(storage):
+    """HEAD with its catalogue segments' entries (every kept entry), or one line."""
     try:
         head, _ = heads.read(storage)
+        if head is not None:
+            head = expand(storage, head)
     except CheckpointError as exc:
         raise RestartNotFoundError(str(exc)) from None
     if head is None:
@@ -378,11 +382,13 @@ def prune(args: argparse.Namespace) -> int:
         )
     head = _head(storage)
     doomed = {
-        prefix: plan_prune(
-            {e.name: e.step for e in state.kept},
-            current_step=max((e.step for e in state.kept), default=0),
-            protected={state.published.name} if state.published else set(),
-            policy=KeepLast(keep),
+        prefix: set(
+            plan_prune(
+                {e.name: e.step for e in state.kept},
+                current_step=max((e.step for e in state.kept), default=0),
+                protected={state.published.name} if state.published else set(),
+                policy=KeepLast(keep),
+            )
         )
         for prefix, state in _families(head, getattr(args, "family", None), storage.url)
     }
@@ -398,20 +404,47 @@ def prune(args: argparse.Namespace) -> int:
     lease = Lease(storage)
     epoch = lease.acquire(min_epoch=head.epoch + 1)
     try:
-
-        def change(current):
-            for prefix, entry in gone:
-                current = current.without(prefix, [entry.key])
-            return current
-
-        swap = heads.update(storage, epoch, change)
-        for key in sorted(swap.unnamed(k for _, e in gone for k in e.keys)):
+        swap = heads.update(storage, epoch, _pruned(storage, epoch, head, gone))
+        # every key the store named before, and does not now (segments read)
+        before = head.referenced()
+        after = expand(storage, swap.head).referenced()
+        for key in sorted(before - after):
             if owned(key):  # HEAD's entries are of the grammar; checked again
                 storage.delete(key)
     finally:
         lease.release()
     _report(storage, gone, args, removed=True)
     return 0
+
+
+def _pruned(storage, epoch: int, head, gone):
+    """The change of HEAD that drops ``gone``: from its entries, and from its
+    catalogue segments by writing each touched one anew without them (a
+    segment is never rewritten)."""
+    doomed = {e.key for _, e in gone}
+    swaps, n = [], head.seq + 1
+    for prefix, state in head.families.items():
+        for top in state.segments:
+            entries = [e for _, got in leaves(storage, prefix, top) for e in got]
+            if not doomed & {e.key for e in entries}:
+                continue
+            rest = [e for e in entries if e.key not in doomed]
+            new = []
+            for at in range(0, len(rest), SPILL):
+                new.append(
+                    write_segment(storage, epoch, n, prefix, rest[at : at + SPILL])
+                )
+                n = parse_key(new[-1].key).upload + 1
+            swaps.append((prefix, top.key, new))
+
+    def change(current):
+        for prefix, entry in gone:
+            current = current.without(prefix, [entry.key])
+        for prefix, old, new in swaps:
+            current = current.resegmented(prefix, [old], new)
+        return current
+
+    return change
 
 
 def _report(storage, gone, args, *, removed: bool) -> None:

@@ -9,7 +9,9 @@
   their records name go to ``inputs/``. The staging directory a run left
   checkpoints in that it could not upload is a local store too. Another
   run's store at the URL is archived first; a step held there with other
-  bytes is refused (:func:`_another_run`, rule 46).
+  bytes is refused (:func:`_another_run`, rule 46). Checkpoints that are a
+  branch the URL's latest does not continue (a node cut off while another
+  went on) are never sent (:func:`_dead_branches`, rule 47).
 - A remote store to a directory (``dp-ckpt sync s3://bucket/run models``):
   every checkpoint HEAD keeps is downloaded, hashed on the way and committed
   with its record; the pointer and alias of each family then name what HEAD
@@ -32,6 +34,7 @@ from ..checkpoint.layout import POINTER_NAME, Family
 from ..checkpoint.limits import MAX_INPUT_BYTES
 from ..checkpoint.provenance import INPUTS_DIR, input_path, parse_input
 from ..errors import CheckpointError, CheckpointWriteError
+from ..remote.catalogue import expand
 from ..retention import KeepAll
 from ..storage.local import LocalStorage
 from ..storage.registry import storage_for
@@ -107,17 +110,18 @@ def upload(directory: Path, url: str) -> tuple[list[dict], list[str]]:
     remote.start()
     copied, problems = [], []
     try:
-        _another_run(remote, inventory, directory)
+        dead = _dead_branches(remote, inventory, directory, local)
+        _another_run(remote, inventory, directory, dead)
         held = {
             (p, e.name, e.digest)
-            for p, s in remote.head.families.items()
+            for p, s in expand(storage, remote.head).families.items()
             for e in s.kept
         }
         for view in inventory.families:
             config = FamilyConfig(view.family, KeepAll())
             for checkpoint in view.checkpoints:
                 key = (view.family.prefix, checkpoint.name, checkpoint.record.digest)
-                if key in held:
+                if key in held or checkpoint.path in dead:
                     continue
                 job = _Job(config, checkpoint, time.monotonic())
                 try:
@@ -138,7 +142,7 @@ def upload(directory: Path, url: str) -> tuple[list[dict], list[str]]:
                 if problem is not None:
                     problems.append(f"{storage.url_of(entry.key)}: {problem}")
             pointed = view.pointer
-            if pointed is not None:
+            if pointed is not None and directory / pointed not in dead:
                 state = remote.head.family(view.family.prefix)
                 chosen = next((e for e in state.kept if e.name == pointed), None)
                 published = state.published
@@ -153,7 +157,42 @@ def upload(directory: Path, url: str) -> tuple[list[dict], list[str]]:
     return copied, problems
 
 
-def _another_run(remote, inventory, directory: Path) -> None:
+def _dead_branches(remote, inventory, directory: Path, local) -> set[Path]:
+    """The source's checkpoints that are a branch ``U`` does not continue (rule 47).
+
+    Each family's are judged as a run's start judges its staging directory
+    (:mod:`~dp_ckpt_plugin.remote.branches`); those that are dead are never
+    sent, and are moved into an archive of the source (unless a run holds its
+    lock), with one line naming both branches.
+    """
+    from ..remote import branches
+    from ..store.archive import archive
+    from ..store.lock import StoreLock
+
+    dead: set[Path] = set()
+    for view in inventory.families:
+        state = remote.head.family(view.family.prefix)
+        found = branches.sort(state, view.checkpoints).dead
+        if not found:
+            continue
+        dead |= {c.path for c in found}
+        lock = StoreLock(directory, storage=local)
+        try:
+            lock.acquire()
+        except CheckpointError as exc:
+            where = f"left where they are ({exc})"
+        else:
+            try:
+                dest = archive(directory, found, storage=local, durable=True)
+                where = f"kept in {dest}"
+            finally:
+                lock.release()
+        line = branches.dead_line(remote.url, view.family.prefix, state, found, where)
+        sys.stderr.write(f"dp-ckpt: {line}\n")
+    return dead
+
+
+def _another_run(remote, inventory, directory: Path, dead=frozenset()) -> None:
     """Archive the destination's store first when it is another run's (rule 46).
 
     The destination holds another run when it shares no checkpoint with the
@@ -163,7 +202,7 @@ def _another_run(remote, inventory, directory: Path) -> None:
     nothing deleted). A step both hold with different bytes is another
     branch: refused, nothing copied.
     """
-    head = remote.head
+    head = expand(remote.storage, remote.head)  # its segments' entries too
     held = {(p, e.step): e for p, s in head.families.items() for e in s.kept}
     if not held:
         return
@@ -171,6 +210,7 @@ def _another_run(remote, inventory, directory: Path) -> None:
         (view.family.prefix, c.step): c
         for view in inventory.families
         for c in view.checkpoints
+        if c.path not in dead
     }
     for (prefix, step), checkpoint in sorted(ours.items()):
         entry = held.get((prefix, step))

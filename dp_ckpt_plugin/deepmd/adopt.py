@@ -4,7 +4,7 @@ deepmd-kit 3.2 alone writes numbered checkpoints into ``save_dir`` without
 commit records (and its ``checkpoint`` pointer into the working directory).
 When a run of the plugin opens such a directory as its writer, each numbered
 file of the run's families that has no record is read once, checked by
-the checksums it carries (rule 48) and by loading those bytes with
+the checksums it carries (rule 50) and by loading those bytes with
 ``torch.load(weights_only=True)`` and, if they pass and load,
 given the commit record that describes them: from then on ``latest`` and
 ``--restart <save_dir>`` find it, retention counts it, and a run that starts
@@ -36,7 +36,7 @@ log = logging.getLogger("dp_ckpt_plugin")
 
 
 def loads_with_torch(payload: PayloadBytes) -> None:
-    """Raise unless a file's bytes pass their own checksums (rule 48) and load
+    """Raise unless a file's bytes pass their own checksums (rule 50) and load
     with ``torch.load(weights_only=True)`` as a dict."""
     import torch
 

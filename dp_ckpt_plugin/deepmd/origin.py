@@ -1,6 +1,6 @@
 """Where a run comes from, and what changed since the checkpoint it restarts from.
 
-:func:`run_origin` makes the provenance of a deepmd-kit run (rule 49): the
+:func:`run_origin` makes the provenance of a deepmd-kit run (rule 51): the
 training input as deepmd-kit normalizes it (``update_deepmd_input`` and
 ``normalize``, no file written), its digest, and the identity of every
 training and validation system: its path and a cheap fingerprint, the
@@ -8,7 +8,7 @@ names and sizes of its files and the digests of its small ones
 (``type.raw``, ``type_map.raw``, ``nopbc``), read through the storage.
 
 :func:`changes_since` compares a checkpoint's provenance and input with this
-run's, before anything is built (rule 50): one line per change, saying what
+run's, before anything is built (rule 52): one line per change, saying what
 it means; a change of the data means the data position cannot be restored.
 Keys that do not change the trajectory (display, saving, logging) are not
 changes.

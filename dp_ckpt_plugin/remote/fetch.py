@@ -7,13 +7,16 @@ step, size, digest). :func:`fetch` then downloads the payload into a local
 directory under a temporary name, hashes it as it is written, and gives it
 its name (with its record beside it) only when size and digest match; a
 copy already there with the same record is used as it is. No listing is made,
-so finding ``latest`` costs three requests whatever the store holds.
+so finding ``latest`` costs three requests whatever the store holds (its
+older entries, in catalogue segments, are read only when everything newer
+is unusable, or for a checkpoint named by its file name).
 """
 
 from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, replace
+from itertools import chain
 from pathlib import Path
 
 from ..checkpoint import Checkpoint
@@ -29,6 +32,8 @@ from ..storage import Storage
 from ..storage.objects import KeyMissingError, ObjectStorage, ObjectTooLargeError
 from ..store.archive import archive
 from . import head as heads
+from .catalogue import find as find_entry
+from .catalogue import older
 from .head import Entry, Head
 from .keys import record_key
 
@@ -157,13 +162,14 @@ def candidates(
     if spec in LATEST or spec == "best":
         prefix = family if spec != "best" else (best_family or "best.ckpt")
         state = head.family(prefix)
-        if not state.kept:
+        if not state.kept and not state.segments:
             kept = ", ".join(sorted(p for p, s in head.families.items() if s.kept))
             raise RestartNotFoundError(
                 f"{storage.url} keeps no checkpoint of {prefix} (it keeps {kept})"
             )
         order = [state.published] if state.published is not None else []
         order += [e for e in reversed(state.kept) if e is not state.published]
+        order = chain(order, older(storage, prefix, state))  # read only if reached
         how = f"{'the best' if spec == 'best' else 'the latest'} {prefix} of HEAD"
         warnings: list[str] = []
         yielded = False
@@ -183,7 +189,7 @@ def candidates(
                 + "; ".join(warnings)
             )
         return
-    found = head.find(spec)
+    found = find_entry(storage, head, spec)
     if found is None:
         names = [e.name for s in head.families.values() for e in s.kept]
         close = difflib.get_close_matches(spec, names, n=1)

@@ -34,6 +34,9 @@ from dataclasses import dataclass, field, replace
 from ..checkpoint.limits import (
     MAX_HEAD_BYTES,
     MAX_INT,
+    MAX_LINEAGE,
+    MAX_SEGMENT_LEVEL,
+    MAX_SEGMENTS,
     MAX_TEXT,
     check_int,
     check_size,
@@ -41,6 +44,7 @@ from ..checkpoint.limits import (
     check_time,
     is_time,
 )
+from ..checkpoint.lineage import Link
 from ..checkpoint.records import (
     _check_digest,
     check_metrics,
@@ -53,7 +57,7 @@ from ..storage.objects import (
     VersionMismatchError,
 )
 from ..text import shown
-from .keys import ARCHIVE, HEAD_KEY, PAYLOAD, parse_key, record_key
+from .keys import ARCHIVE, HEAD_KEY, PAYLOAD, SEGMENT, parse_key, record_key
 
 #: Version of the HEAD format this package writes and reads.
 HEAD_FORMAT_VERSION = 1
@@ -136,13 +140,88 @@ class Entry:
 
 
 @dataclass(frozen=True)
+class Segment:
+    """A catalogue segment HEAD names: an object of older kept entries.
+
+    Attributes
+    ----------
+    key : str
+        Its key (``catalogue/e<epoch>-<n>.json``), written once, never rewritten.
+    count : int
+        How many entries it holds (with the segments it names).
+    first, last : int
+        The lowest and highest step among them.
+    level : int
+        0 for a segment of entries; ``n`` > 0 for one naming segments of
+        level ``n - 1``.
+    """
+
+    key: str
+    count: int
+    first: int
+    last: int
+    level: int = 0
+
+    def to_dict(self) -> dict:
+        data = {
+            "key": self.key,
+            "count": self.count,
+            "first": self.first,
+            "last": self.last,
+        }
+        if self.level:
+            data["level"] = self.level
+        return data
+
+    @classmethod
+    def parse(cls, item: object) -> Segment | None:
+        """A segment's description read from HEAD or a segment, or ``None``."""
+        fields = {"key", "count", "first", "last"}
+        if type(item) is not dict or set(item) not in (fields, fields | {"level"}):
+            return None
+        segment = cls(
+            item["key"],
+            item["count"],
+            item["first"],
+            item["last"],
+            item.get("level", 0),
+        )
+        try:
+            _check_segments([segment])
+        except ValueError:
+            return None
+        return segment
+
+    def holds(self, step: int) -> bool:
+        """Whether an entry of ``step`` may be in it."""
+        return self.first <= step <= self.last
+
+
+@dataclass(frozen=True)
 class FamilyState:
-    """A family in HEAD: what it keeps (by step), what it publishes, and the
-    name of its pointer in a local copy of the store."""
+    """A family in HEAD: what it keeps (by step), what it publishes, the
+    name of its pointer in a local copy of the store, and the lineage of its
+    newest entry (the segments of its chain, itself last; empty when unknown:
+    ``checkpoint/lineage.py``). ``kept`` holds what retention may still
+    delete, the published entry and the recent ones; ``segments`` name the
+    catalogue segments holding the older kept entries (``catalogue.py``)."""
 
     kept: tuple[Entry, ...] = ()
     latest: str | None = None
     pointer: str | None = None
+    lineage: tuple[Link, ...] = ()
+    segments: tuple[Segment, ...] = ()
+
+    @property
+    def tip(self) -> Link | None:
+        """The newest entry as a lineage names it, when HEAD knows its lineage."""
+        newest = self.newest()
+        if not self.lineage or newest is None:
+            return None
+        last = self.lineage[-1]
+        if (last.step, last.digest) != (newest.step, newest.digest):
+            return None
+        return last
 
     def entry(self, key: str | None) -> Entry | None:
         """The kept entry of ``key``, or ``None``."""
@@ -168,6 +247,11 @@ class Head:
     families: Mapping[str, FamilyState] = field(default_factory=dict)
     archives: tuple[str, ...] = ()
     updated: float = 0.0
+    #: Whether its families' ``kept`` hold their segments' entries too (read
+    #: by ``catalogue.expand`` for a reader; never written), and the keys of
+    #: the segments its segments name.
+    expanded: bool = field(default=False, compare=False)
+    nested: frozenset[str] = field(default=frozenset(), compare=False)
 
     # -- reading ---------------------------------------------------------------
     def family(self, prefix: str) -> FamilyState:
@@ -183,9 +267,14 @@ class Head:
         return None
 
     def referenced(self) -> set[str]:
-        """Every key HEAD names: kept payloads and their records, archives."""
-        keys = set(self.archives)
+        """Every key HEAD names: kept payloads and their records, segments, archives.
+
+        Of a HEAD not :attr:`expanded`, the entries its segments hold are not
+        among them.
+        """
+        keys = set(self.archives) | self.nested
         for state in self.families.values():
+            keys.update(s.key for s in state.segments)
             for entry in state.kept:
                 keys.update(entry.keys)
         return keys
@@ -193,7 +282,7 @@ class Head:
     @property
     def empty(self) -> bool:
         """Whether it names no checkpoint."""
-        return not any(s.kept for s in self.families.values())
+        return not any(s.kept or s.segments for s in self.families.values())
 
     # -- changing (each change idempotent) ---------------------------------------
     def with_entry(
@@ -212,29 +301,68 @@ class Head:
         kept.sort(key=lambda e: e.step)
         latest = publish if publish is not None else state.latest
         return self._with(
-            prefix, FamilyState(tuple(kept), latest, pointer or state.pointer)
+            prefix,
+            replace(
+                state, kept=tuple(kept), latest=latest, pointer=pointer or state.pointer
+            ),
         )
+
+    def with_lineage(self, prefix: str, chain: tuple[Link, ...]) -> Head:
+        """Say ``chain`` is the lineage of ``prefix``'s newest entry."""
+        return self._with(prefix, replace(self.family(prefix), lineage=chain))
 
     def without(self, prefix: str, keys: Iterable[str]) -> Head:
         """Drop the entries of ``keys`` from ``prefix`` (never its published one)."""
         state = self.family(prefix)
         doomed = set(keys) - {state.latest}
         kept = tuple(e for e in state.kept if e.key not in doomed)
-        return self._with(prefix, FamilyState(kept, state.latest, state.pointer))
+        return self._with(prefix, _lineage_kept(state, replace(state, kept=kept)))
 
-    def archived(self, archive: str, keep: Callable[[str, Entry], bool]) -> Head:
-        """Move what ``keep`` refuses out of every family into ``archive``."""
+    def archived(
+        self,
+        archive: str,
+        keep: Callable[[str, Entry], bool],
+        keep_segment: Callable[[str, Segment], bool] = lambda p, s: False,
+    ) -> Head:
+        """Move what ``keep`` (``keep_segment``) refuses out of every family into ``archive``."""
         families = {}
         for prefix, state in self.families.items():
             kept = tuple(e for e in state.kept if keep(prefix, e))
             latest = state.latest if any(e.key == state.latest for e in kept) else None
             if latest is None and kept:
                 latest = kept[-1].key
-            families[prefix] = FamilyState(kept, latest, state.pointer)
+            segments = tuple(s for s in state.segments if keep_segment(prefix, s))
+            changed = replace(state, kept=kept, latest=latest, segments=segments)
+            families[prefix] = _lineage_kept(state, changed)
         archives = (
             self.archives if archive in self.archives else (*self.archives, archive)
         )
         return replace(self, families=families, archives=archives)
+
+    def spilled(self, prefix: str, segment: Segment, keys: Iterable[str]) -> Head:
+        """Move the entries of ``keys`` from ``prefix``'s kept into ``segment``.
+
+        All or none: unchanged when one of them is not kept (or is published).
+        """
+        state = self.family(prefix)
+        keys = set(keys)
+        if not keys <= {e.key for e in state.kept} or state.latest in keys:
+            return self
+        kept = tuple(e for e in state.kept if e.key not in keys)
+        segments = (*state.segments, segment)
+        return self._with(prefix, replace(state, kept=kept, segments=segments))
+
+    def resegmented(
+        self, prefix: str, old: Iterable[str], new: Iterable[Segment]
+    ) -> Head:
+        """Put the segments ``new`` in place of those keyed ``old`` (all or none)."""
+        state = self.family(prefix)
+        old = set(old)
+        if not old <= {s.key for s in state.segments}:
+            return self
+        segments = [s for s in state.segments if s.key not in old]
+        segments = sorted([*segments, *new], key=lambda s: (s.first, -s.level))
+        return self._with(prefix, replace(state, segments=tuple(segments)))
 
     def without_archive(self, archive: str) -> Head:
         """Forget an archive (its objects become unnamed)."""
@@ -263,9 +391,10 @@ class Head:
         ------
         ValueError
             When a field, or the whole of HEAD, is beyond what readers accept
-            (``checkpoint/limits.py``; about 60,000 kept
-            checkpoints fit).
+            (``checkpoint/limits.py``), or HEAD was :attr:`expanded`.
         """
+        if self.expanded:
+            raise ValueError("an expanded HEAD is read, never written")
         self.check()
         data = {
             "what": "dp_ckpt_plugin remote store",
@@ -279,6 +408,8 @@ class Head:
                     "latest": state.latest,
                     "pointer": state.pointer,
                     "kept": [e.to_dict() for e in state.kept],
+                    "lineage": [link.to_list() for link in state.lineage],
+                    "segments": [s.to_dict() for s in state.segments],
                 }
                 for prefix, state in self.families.items()
             },
@@ -307,6 +438,11 @@ class Head:
                 check_int(entry.size, "a checkpoint's size")
                 _check_digest(entry.digest, "HEAD", ValueError)
                 check_metrics(entry.metrics)
+            if len(state.lineage) > MAX_LINEAGE:
+                raise ValueError(f"a lineage in HEAD holds at most {MAX_LINEAGE} links")
+            for link in state.lineage:
+                link.check()
+            _check_segments(state.segments)
         for archive in self.archives:
             if not _archive_key(check_text(archive, "an archive of HEAD")):
                 raise ValueError(f"{shown(archive)} is not an archive key")
@@ -400,8 +536,28 @@ def _family(raw: Mapping, prefix: str, source: str) -> FamilyState:
         raise InvalidRecordError(
             f"HEAD {source}: the pointer of family {prefix!r} must be a file name"
         )
+    kept = parse_entries(kept_raw, prefix, source)
+    if latest is not None and all(e.key != latest for e in kept):
+        raise InvalidRecordError(
+            f"HEAD {source}: family {prefix!r} publishes {shown(latest)}, which it does not keep"
+        )
+    lineage_raw = raw.get("lineage", [])
+    links = (
+        [Link.parse(i) for i in lineage_raw] if type(lineage_raw) is list else [None]
+    )
+    if len(links) > MAX_LINEAGE or any(link is None for link in links):
+        raise InvalidRecordError(
+            f"HEAD {source}: the lineage of family {prefix!r} must be at most "
+            f"{MAX_LINEAGE} [epoch, step, digest] links"
+        )
+    segments = parse_segments(raw.get("segments", []), prefix, source)
+    return FamilyState(tuple(kept), latest, pointer, tuple(links), segments)
+
+
+def parse_entries(items: list, prefix: str, source: str) -> list[Entry]:
+    """The entries of family ``prefix`` read strictly (from HEAD or a segment), by step."""
     kept = []
-    for item in kept_raw:
+    for item in items:
         if type(item) is not dict:
             raise InvalidRecordError(
                 f"HEAD {source}: an entry of {prefix!r} is not an object"
@@ -434,11 +590,44 @@ def _family(raw: Mapping, prefix: str, source: str) -> FamilyState:
         _check_digest(entry.digest, source)
         kept.append(entry)
     kept.sort(key=lambda e: e.step)
-    if latest is not None and all(e.key != latest for e in kept):
+    return kept
+
+
+def _check_segments(segments) -> None:
+    """Refuse (``ValueError``) segments beyond what readers accept."""
+    if len(segments) > MAX_SEGMENTS:
+        raise ValueError(f"HEAD names at most {MAX_SEGMENTS} segments of a family")
+    for segment in segments:
+        if not _segment_key(segment.key):
+            raise ValueError(f"{shown(segment.key)} is not a segment key")
+        for value in (segment.count, segment.first, segment.last):
+            check_int(value, "a segment's count or step")
+        check_int(segment.level, "a segment's level", MAX_SEGMENT_LEVEL)
+
+
+def parse_segments(raw: object, prefix: str, source: str) -> tuple[Segment, ...]:
+    """Segment descriptions read strictly (from HEAD or a segment)."""
+    ok = type(raw) is list and len(raw) <= MAX_SEGMENTS
+    found = [Segment.parse(item) for item in raw] if ok else []
+    if not ok or None in found:
         raise InvalidRecordError(
-            f"HEAD {source}: family {prefix!r} publishes {shown(latest)}, which it does not keep"
+            f"HEAD {source}: the segments of family {prefix!r} must be at most "
+            f"{MAX_SEGMENTS} objects naming a segment key "
+            "(catalogue/e<epoch>-<n>.json), a count, two steps and a level"
         )
-    return FamilyState(tuple(kept), latest, pointer)
+    return tuple(found)
+
+
+def _segment_key(key: object) -> bool:
+    parsed = parse_key(key)
+    return parsed is not None and parsed.kind == SEGMENT
+
+
+def _lineage_kept(before: FamilyState, after: FamilyState) -> FamilyState:
+    """``after``, its lineage forgotten when its newest entry is another than before."""
+    if before.newest() == after.newest():
+        return after
+    return replace(after, lineage=())
 
 
 def read(storage: ObjectStorage) -> tuple[Head | None, str | None]:

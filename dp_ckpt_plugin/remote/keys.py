@@ -11,6 +11,9 @@ relative to ``U``:
 ``e<epoch>/v<n>/<name>``                    a re-save of it in the same run
 ``e<epoch>[/v<n>]/.<name>.commit.json``     its commit record
 ``archive/<YYYYmmddTHHMMSSZ>[-<n>].json``  an archived HEAD
+``catalogue/e<epoch>-<n>.json``             a catalogue segment: older kept
+                                            entries HEAD names (written
+                                            once, never rewritten)
 ``.probe/<pid>-<hex>``                      the probe of conditional writes
 ==========================================  ======================================
 
@@ -39,20 +42,24 @@ LEASE_KEY = "LEASE"
 ARCHIVE_PREFIX = "archive/"
 #: Key of the object the probe of conditional writes creates and removes.
 PROBE_PREFIX = ".probe/"
+#: Key prefix of catalogue segments.
+SEGMENT_PREFIX = "catalogue/"
 
 _EPOCH_DIR = re.compile(r"e(?P<epoch>[0-9]{6,})")
 _UPLOAD_DIR = re.compile(r"v(?P<upload>[1-9][0-9]*)")
 _ARCHIVE = re.compile(r"archive/[0-9]{8}T[0-9]{6}Z(-[1-9][0-9]{0,3})?\.json")
 _PROBE = re.compile(r"\.probe/[0-9]+-[0-9a-f]{8}")
+_SEGMENT = re.compile(r"catalogue/e(?P<epoch>[0-9]{6,})-(?P<n>0|[1-9][0-9]*)\.json")
 
 #: The kinds of key a store writes.
-HEAD, LEASE, ARCHIVE, PAYLOAD, RECORD, PROBE = (
+HEAD, LEASE, ARCHIVE, PAYLOAD, RECORD, PROBE, SEGMENT = (
     "head",
     "lease",
     "archive",
     "payload",
     "record",
     "probe",
+    "segment",
 )
 
 
@@ -65,13 +72,14 @@ class StoreKey:
     text : str
         The key, relative to the store's URL.
     kind : str
-        ``head``, ``lease``, ``archive``, ``payload``, ``record`` or ``probe``.
+        ``head``, ``lease``, ``archive``, ``payload``, ``record``, ``probe``
+        or ``segment``.
     epoch : int or None
-        The epoch of a payload or record.
+        The epoch of a payload, record or segment.
     name : str or None
         The checkpoint a payload is, or a record describes.
     upload : int
-        0, or ``n`` of a re-save under ``v<n>/``.
+        0, or ``n`` of a re-save under ``v<n>/`` (of a segment: its number).
     """
 
     text: str
@@ -148,6 +156,12 @@ def parse_key(text: object) -> StoreKey | None:
         return StoreKey(text, ARCHIVE)
     if _PROBE.fullmatch(text):
         return StoreKey(text, PROBE)
+    found = _SEGMENT.fullmatch(text)
+    if found is not None:
+        epoch = int(found.group("epoch"))
+        if segment_key(epoch, int(found.group("n"))) != text:
+            return None
+        return StoreKey(text, SEGMENT, epoch, upload=int(found.group("n")))
     parts = text.split("/")
     if len(parts) not in (2, 3):
         return None
@@ -170,9 +184,14 @@ def parse_key(text: object) -> StoreKey | None:
 
 
 def owned(text: object) -> bool:
-    """Whether a store may ever delete ``text``: a payload or record of its grammar."""
+    """Whether a store may ever delete ``text``: a payload, record or segment of its grammar."""
     key = parse_key(text)
-    return key is not None and key.kind in (PAYLOAD, RECORD)
+    return key is not None and key.kind in (PAYLOAD, RECORD, SEGMENT)
+
+
+def segment_key(epoch: int, n: int) -> str:
+    """The key of catalogue segment ``n`` written by a writer of ``epoch``."""
+    return f"{SEGMENT_PREFIX}{epoch_dir(epoch)}-{n}.json"
 
 
 def payload_key(epoch: int, name: str, upload: int = 0) -> str:

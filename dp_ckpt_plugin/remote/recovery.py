@@ -10,7 +10,8 @@ wrote under its own epoch, and an older writer can no longer swap HEAD), so
 (``U/e<epoch>/``, epoch below the writer's) and nothing else, and removes
 there exactly the payloads and records of the store's key grammar
 (:func:`~dp_ckpt_plugin.remote.keys.parse_key`) that neither HEAD nor an
-archive it lists names. Anything else there (a nested store, a user's
+archive it lists names (their catalogue segments read), and, under
+``U/catalogue/``, the segments of older epochs nothing names. Anything else there (a nested store, a user's
 object) is not ours and stays. Of the incomplete uploads, only those whose
 key is a payload or record of an older epoch and that began before this
 writer took the lease are aborted. It runs on the uploader thread, so the
@@ -31,8 +32,18 @@ from ..storage.objects import (
     ObjectStorage,
     StorageUnavailableError,
 )
+from .catalogue import expand
 from .head import MAX_HEAD_BYTES, Head
-from .keys import PAYLOAD, PROBE, PROBE_PREFIX, RECORD, parse_epoch_dir, parse_key
+from .keys import (
+    PAYLOAD,
+    PROBE,
+    PROBE_PREFIX,
+    RECORD,
+    SEGMENT,
+    SEGMENT_PREFIX,
+    parse_epoch_dir,
+    parse_key,
+)
 
 log = logging.getLogger("dp_ckpt_plugin")
 
@@ -52,15 +63,21 @@ class Recovered:
 def named(storage: ObjectStorage, head: Head) -> set[str] | None:
     """Every key HEAD names and every key an archive it lists names.
 
-    ``None`` when an archive cannot be read (then nothing may be removed).
+    Their catalogue segments' entries included. ``None`` when an archive or
+    a segment cannot be read (then nothing may be removed).
     """
-    keys = head.referenced()
+    try:
+        keys = expand(storage, head).referenced()
+    except CheckpointError as exc:
+        log.warning("%s: what HEAD names is kept anyway", exc)
+        return None
     for archive in head.archives:
         found = storage.get(archive, MAX_HEAD_BYTES)
         if found is None:
             continue
         try:
-            keys |= Head.parse(found[0], storage.url_of(archive)).referenced()
+            archived = Head.parse(found[0], storage.url_of(archive))
+            keys |= expand(storage, archived).referenced()
         except CheckpointError:
             log.warning(
                 "%s is unreadable: what it names is kept anyway",
@@ -97,6 +114,10 @@ def leftovers(storage: ObjectStorage, head: Head, epoch: int):
                 continue  # not ours: a nested store, a user's object
             if key.epoch < epoch and key.text not in keep:
                 found.append(info)
+    for info in storage.list(SEGMENT_PREFIX):
+        key = parse_key(info.key)
+        if key is not None and key.kind == SEGMENT and key.epoch < epoch:
+            found += [info] if key.text not in keep else []
     now = time.time()
     for info in storage.list(PROBE_PREFIX):
         key = parse_key(info.key)

@@ -26,7 +26,8 @@ pause, the checkpoint staying committed in the staging directory; a newer
 writer taking the store over, or HEAD turning out malformed, stops the run at
 its next save with one line. :meth:`RemoteStore.close` waits a bounded time
 for the uploads in flight, then says what did not make it and how to send it
-(``dp-ckpt sync``).
+(``dp-ckpt sync``), unless a newer run took the store over (then they are a
+branch it does not continue: ``branches.py``).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ from ..storage.objects import (
     ObjectStorage,
     StorageUnavailableError,
 )
+from ..store.archive import archive
+from . import branches, catalogue
 from . import head as heads
 from .head import Entry, FencedError, Head, say_once
 from .keys import archive_key, owned, payload_key, record_key
@@ -134,6 +137,7 @@ class RemoteStore:
         self._uploads: dict[str, int] = {}
         self._resumed: dict[str, Entry] = {}
         self._continues_from: Entry | None = None
+        self._continues_chain: tuple = ()
         self._published: dict[str, int] = {}
         self._behind_said = 0.0
         self._sending: dict[str, set[str]] = {}
@@ -142,6 +146,8 @@ class RemoteStore:
         self.notes: list[str] = []
         #: Entries uploaded by this run, newest last (for the closing line).
         self.uploaded: list[Entry] = []
+        #: Set once the start's recovery is over.
+        self.recovered = threading.Event()
 
     # -- lifecycle -----------------------------------------------------------
     def start(self, store=None) -> None:
@@ -159,23 +165,38 @@ class RemoteStore:
         self.notes.clear()
         if store is None:
             return
-        catalogue = store.catalogue
+        local = store.catalogue
         jobs = []
         for cfg in store.families.values():
-            newest = catalogue.newest(cfg.family)
-            published = self.head.family(cfg.family.prefix).newest()
-            if newest is not None and (
-                published is None or newest.step > published.step
-            ):
-                jobs.append((cfg, newest))
+            state = self.head.family(cfg.family.prefix)
+            staged = branches.sort(state, local.of(cfg.family).values())
+            if staged.dead:
+                self._set_aside(store, cfg.family, state, staged.dead)
+            if staged.newest is not None:
+                jobs.append((cfg, staged.newest))
         if jobs:
             log.warning(
                 "%s holds committed checkpoints newer than %s (%s): uploading them",
-                catalogue.directory,
+                local.directory,
                 self.url,
                 ", ".join(f"{c.family.prefix} step {cp.step}" for c, cp in jobs),
             )
             self.submit(jobs)
+            # resolution, next, must see them in HEAD: a run resuming from an
+            # older latest would fork what it then publishes (rule 47)
+            self.flush(self.upload_wait)
+
+    def _set_aside(self, store, family, state, dead) -> None:
+        """Archive a dead branch in the staging directory, with its one line."""
+        dest = archive(
+            store.directory, dead, storage=store.storage, durable=store.durable
+        )
+        for checkpoint in dead:
+            store.catalogue.discard(family, checkpoint.name)
+        where = f"kept in {dest}"
+        log.warning(
+            "%s", branches.dead_line(self.url, family.prefix, state, dead, where)
+        )
 
     def _begin(self) -> None:
         if self.epoch is not None:
@@ -217,6 +238,15 @@ class RemoteStore:
         if self.epoch is None:
             return
         left = self.close()
+        if left and self.lease.lost is not None:
+            # a newer run went on from HEAD: what is left is a branch it does not
+            # continue, which no sync may publish (rule 47)
+            raise CheckpointWriteError(
+                f"{len(left)} checkpoint(s) of this run stay committed in {staging} "
+                f"only ({', '.join(c.name for c in left)}): {self.url} was taken "
+                "over by a newer run, which does not continue them; they are not "
+                "to be sent there"
+            )
         if left:
             names = ", ".join(str(c.path) for c in left)
             raise CheckpointWriteError(
@@ -327,6 +357,8 @@ class RemoteStore:
         if ours:
             self._resumed[found.source.family] = found.source.entry
             self._continues_from = found.source.entry if continues else None
+            record = found.source.record
+            self._continues_chain = branches.chain_of_entry(found.source.entry, record)
             store.catalogue.invalidate()
         return found
 
@@ -340,20 +372,27 @@ class RemoteStore:
         self.check()
         continues_from = self._continues_from
         if continues_from is None:
-            keep = lambda prefix, e: False  # noqa: E731
-        else:
-            keep = lambda prefix, e: e.step <= continues_from.step  # noqa: E731
-        return self.archive(keep)
+            return self.archive(lambda prefix, e: False)
+        step = continues_from.step
+        return self.archive(
+            lambda prefix, e: e.step <= step, lambda prefix, s: s.last <= step
+        )
 
-    def archive(self, keep) -> str | None:
+    def archive(self, keep, keep_segment=lambda p, s: False) -> str | None:
         """Move the entries of HEAD ``keep(prefix, entry)`` refuses into an archive.
 
-        The archive (``U/archive/<UTC>.json``) names them, so nothing is
-        deleted; returns its key, or ``None`` when nothing was to move.
+        So too its catalogue segments ``keep_segment(prefix, segment)``
+        refuses (whole: a segment is never rewritten). The archive
+        (``U/archive/<UTC>.json``) names them, so nothing is deleted; returns
+        its key, or ``None`` when nothing was to move.
         """
         head = self.head
         doomed = [e for p, s in head.families.items() for e in s.kept if not keep(p, e)]
-        if not doomed:
+        moved = {
+            p: tuple(g for g in s.segments if not keep_segment(p, g))
+            for p, s in head.families.items()
+        }
+        if not doomed and not any(moved.values()):
             return None
         gone = {e.key for e in doomed}
         archived = Head(
@@ -364,6 +403,7 @@ class RemoteStore:
                 p: heads.FamilyState(
                     tuple(e for e in s.kept if e.key in gone),
                     s.latest if s.latest in gone else None,
+                    segments=moved[p],
                 )
                 for p, s in head.families.items()
             },
@@ -386,20 +426,32 @@ class RemoteStore:
         swap = heads.update(
             self.storage,
             self.epoch,
-            lambda h: h.archived(key, keep),
+            lambda h: self._relinked(h.archived(key, keep, keep_segment)),
             known=self._head,
             format=self.format,
         )
         self._head = (swap.head, swap.version)
         steps = sorted({e.step for e in doomed})
+        spans = [f"{g.first}-{g.last}" for gs in moved.values() for g in gs]
         log.info(
             "archived %d checkpoint(s) of an earlier run of %s (steps %s) in %s",
-            len(doomed),
+            len(doomed) + sum(g.count for gs in moved.values() for g in gs),
             self.url,
-            ", ".join(map(str, steps)),
+            ", ".join([*spans, *map(str, steps)]),
             self.storage.url_of(key),
         )
         return key
+
+    def _relinked(self, head: Head) -> Head:
+        """``head`` knowing the lineage of a family's newest again when it is the
+        entry this run continues from (archiving above it forgot it)."""
+        entry, chain = self._continues_from, self._continues_chain
+        if entry is None or not chain:
+            return head
+        for prefix, state in head.families.items():
+            if state.newest() == entry and not state.lineage:
+                head = head.with_lineage(prefix, chain)
+        return head
 
     # -- the uploader thread ----------------------------------------------------
     def _run(self) -> None:
@@ -407,6 +459,8 @@ class RemoteStore:
             recover(self.storage, self.head, self.epoch, held_for=self.lease.held_for)
         except CheckpointError as exc:
             log.warning("%s: recovery skipped: %s", self.url, exc)
+        finally:
+            self.recovered.set()
         pause = self.first_pause
         while True:
             with self._lock:
@@ -515,10 +569,11 @@ class RemoteStore:
             self._lock.notify_all()
 
     def _upload(self, batch: dict[str, list[_Job]], *, delete: bool = True) -> None:
-        entries = {}
+        entries, chains = {}, {}
         for prefix, jobs in batch.items():
             for job in jobs:
                 entries[prefix] = (job.config, self._send(job.checkpoint))
+                chains[prefix] = branches.chain(job.checkpoint)
         self.lease.check()
         self.lease.renew_if_due()
         for prefix, (_, entry) in entries.items():
@@ -537,6 +592,8 @@ class RemoteStore:
                 head = head.with_entry(
                     prefix, entry, publish=self._chosen(config, head, entry)
                 )
+                if head.family(prefix).newest() == entry:
+                    head = head.with_lineage(prefix, chains[prefix])
                 gone = self._retained(config, head, entry)
                 doomed.extend(k for e in gone for k in e.keys)
                 head = head.without(prefix, [e.key for e in gone])
@@ -566,6 +623,57 @@ class RemoteStore:
                 )
         for _, entry in entries.values():
             self.uploaded.append(entry)
+        self._spill(entries)
+
+    def _spill(self, entries) -> None:
+        """Move the settled older entries of the families just saved into a segment.
+
+        At most one segment per family and save, and only once :data:`~.catalogue.SPILL`
+        such entries are in HEAD: HEAD's size stays bounded (rule 48).
+        """
+        for prefix, (config, _) in entries.items():
+            resumed = self._resumed.get(prefix)
+            protected = {resumed.name} if resumed is not None else set()
+            moving = catalogue.spill_plan(
+                self.head.family(prefix), config.policy, protected
+            )
+            if not moving:
+                continue
+            segment = catalogue.write_segment(
+                self.storage, self.epoch, self.head.seq + 1, prefix, moving
+            )
+            keys = [e.key for e in moving]
+            swap = heads.update(
+                self.storage,
+                self.epoch,
+                lambda h, p=prefix, g=segment, k=keys: h.spilled(p, g, k),
+                known=self._head,
+                format=self.format,
+            )
+            self._head = (swap.head, swap.version)
+            if segment not in swap.head.family(prefix).segments:
+                self.storage.delete(segment.key)  # nothing names it
+                continue
+            merging = catalogue.merge_plan(self.head.family(prefix))
+            if merging:
+                self._merge(prefix, merging)
+
+    def _merge(self, prefix: str, merging) -> None:
+        """Name ``merging`` (segments of one level) by one segment of the next."""
+        parent = catalogue.write_segment(
+            self.storage, self.epoch, self.head.seq + 1, prefix, children=merging
+        )
+        old = [s.key for s in merging]
+        swap = heads.update(
+            self.storage,
+            self.epoch,
+            lambda h: h.resegmented(prefix, old, [parent]),
+            known=self._head,
+            format=self.format,
+        )
+        self._head = (swap.head, swap.version)
+        if parent not in swap.head.family(prefix).segments:
+            self.storage.delete(parent.key)  # nothing names it
 
     def _send(self, checkpoint: Checkpoint) -> Entry:
         """Upload one staged checkpoint and its record; return its HEAD entry."""
@@ -609,7 +717,7 @@ class RemoteStore:
         """The training input a record names, once per digest: ``inputs/<name>``.
 
         Content-addressed, outside every epoch's folder: recovery leaves it,
-        and no swap of HEAD deletes it (rule 49).
+        and no swap of HEAD deletes it (rule 51).
         """
         origin = checkpoint.record.provenance
         digest = origin.input if origin is not None else None

@@ -9,7 +9,7 @@ proposed a checkpoint, a link is followed to the file it names and that file
 is checked against its commit record at the level the context asks for
 (rule 32 of ``docs/guarantees.md``); a :class:`Verifier` shared with the rules
 hashes each file once. A file without a record is checked by the checksums
-its own format carries (:mod:`dp_ckpt_plugin.formats.checksums`, rule 48),
+its own format carries (:mod:`dp_ckpt_plugin.formats.checksums`, rule 50),
 over the bytes read for it.
 
 A caller that will load the checkpoint asks for its bytes

@@ -35,6 +35,7 @@ from ..checkpoint.catalogue import Catalogue, read_record_or_none
 from ..checkpoint.digests import digest_of_view, write_hashed
 from ..checkpoint.layout import Family
 from ..checkpoint.limits import MAX_INPUT_BYTES
+from ..checkpoint.lineage import Lineage
 from ..checkpoint.provenance import Provenance, input_digest, input_fits, write_input
 from ..checkpoint.records import (
     CommitRecord,
@@ -100,7 +101,7 @@ class Committer:
     def describe_origin(
         self, provenance: Provenance, training_input: Mapping[str, Any] | None = None
     ) -> None:
-        """What every record says of where it came from (rule 49).
+        """What every record says of where it came from (rule 51).
 
         ``training_input`` is kept in ``D/inputs/`` before the first record,
         once per distinct digest (:func:`~dp_ckpt_plugin.checkpoint.provenance.write_input`);
@@ -138,8 +139,9 @@ class Committer:
         family: Family,
         format: str,
         metrics: Mapping[str, float] | None,
+        lineage: Lineage | None = None,
     ) -> CommitRecord:
-        """Write and commit ``path``; return its record."""
+        """Write and commit ``path``; return its record (carrying ``lineage``)."""
         self._check_space(family, path)
         if self._input is not None:  # kept once, before the first record names it
             try:
@@ -160,6 +162,7 @@ class Committer:
             "storage": self.storage,
             "metrics": metrics,
             "provenance": self.provenance,
+            "lineage": lineage,
         }
         # publication, next, fsyncs the directory after the pointer and alias
         # moved: the payload's name is made durable with them
@@ -214,6 +217,7 @@ def write_new(
     sync_name: bool = True,
     overlap: bool = True,
     provenance: Provenance | None = None,
+    lineage: Lineage | None = None,
 ) -> CommitRecord:
     """Write and commit the first checkpoint of a step at ``path`` (absent).
 
@@ -241,6 +245,7 @@ def write_new(
         "format": format,
         "metrics": metrics,
         "provenance": provenance,
+        "lineage": lineage,
     }
     beside = durable and overlap and _overlaps(serialize, storage)
     if beside:
@@ -351,6 +356,7 @@ def rewrite(
     storage: Storage,
     metrics: Mapping[str, float] | None = None,
     provenance: Provenance | None = None,
+    lineage: Lineage | None = None,
 ) -> CommitRecord:
     """Re-save a step whose committed checkpoint (``old``) is at ``path``."""
     tmp, new = _described_payload(
@@ -363,6 +369,7 @@ def rewrite(
         format=format,
         metrics=metrics,
         provenance=provenance,
+        lineage=lineage,
     )
     try:
         both = dataclasses.replace(new, replaces=(old.size, old.digest))

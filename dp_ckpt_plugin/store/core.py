@@ -330,9 +330,7 @@ class CheckpointStore:
         cfg = self.family(family)
         self.open()
         self.start_run()
-
         serialize = serializer(self.hooks, self.format.name, step, state)
-
         fam = cfg.family
         record = self.committer.commit(
             path,
@@ -341,8 +339,9 @@ class CheckpointStore:
             family=fam,
             format=self.format.name,
             metrics=metrics.get(fam.prefix),
+            lineage=self.resume.lineage(fam, self.remote.epoch, self.storage),
         )
-        checkpoint = Checkpoint(path, step, fam.prefix, record)
+        checkpoint = Checkpoint(path, step, fam.prefix, self.resume.made(fam, record))
         self.catalogue.add(fam, checkpoint)
         published = self.publisher.publish(
             cfg, checkpoint, lambda: self.catalogue.candidates(fam, up_to=step)

@@ -13,6 +13,7 @@ class LocalOnly:
 
     url = None
     staging = None
+    epoch = None  # no writer epoch: its checkpoints record no lineage
 
     def start(self, store=None) -> None:
         """Nothing to take or send."""
