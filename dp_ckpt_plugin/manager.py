@@ -186,7 +186,7 @@ class CheckpointManager:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait for the uploads to a remote store; ``False`` on timeout."""
-        if self.store.remote.url is None:
+        if self.store.remote is None:
             return True
         return self.store.remote.flush(timeout)
 
@@ -247,9 +247,7 @@ def remote_url_or_none(directory) -> str | None:
 
 def staged(url: str, format: str, staging):
     """The staging directory and the :class:`~dp_ckpt_plugin.remote.replica.RemoteStore` of ``url``."""
-    from .remote.replica import RemoteStore
-    from .storage.registry import storage_for
-    from .storage.staging import staging_dir
+    from .remote.factory import open_remote
 
     base = Path(os.path.abspath(staging)) if staging is not None else None
-    return staging_dir(url, base=base), RemoteStore(storage_for(url), format=format)
+    return open_remote(url, format=format, staging_root=base)

@@ -151,7 +151,6 @@ def rendered() -> list[str]:
     from dp_ckpt_plugin.deepmd.takeover import unsupported_note
     from dp_ckpt_plugin.resolution import ResolveContext
     from dp_ckpt_plugin.resolution.builtin import resolve
-    from dp_ckpt_plugin.store.local_only import LocalOnly
 
     cwd = Path("/work/run")
     models = cwd / "models"
@@ -172,7 +171,7 @@ def rendered() -> list[str]:
     )
     report = SimpleNamespace(last=(20, models / "model.ckpt-20.pt"))
     store = SimpleNamespace(
-        directory=models, primary=Family("model.ckpt", ".pt"), remote=LocalOnly()
+        directory=models, primary=Family("model.ckpt", ".pt"), remote=None
     )
     older = SimpleNamespace(
         fell_back=True, step=15, path=models / "model.ckpt-15.pt", warnings=[]

@@ -483,3 +483,24 @@ def test_a_fenced_writer_says_its_line_once(pm, tmp_path, mem, caplog, monkeypat
     assert "another run took the store over" in said[0]
     newer.close()
     zombie.close()
+
+
+def test_a_remote_store_is_the_replica_a_store_takes_and_a_local_one_has_none(
+    pm, tmp_path, mem
+):
+    from dp_ckpt_plugin.remote.factory import open_remote
+    from dp_ckpt_plugin.remote.fetch import Found
+    from dp_ckpt_plugin.resolution.sources import Origin
+    from dp_ckpt_plugin.store.core import CheckpointStore
+    from dp_ckpt_plugin.store.replica import Replica
+
+    directory, remote = open_remote(mem.url, format="hdf5", directory=tmp_path / "s")
+    assert isinstance(remote, Replica) and directory == tmp_path / "s"
+    assert remote.url == mem.url and remote.epoch is None
+    assert CheckpointStore(tmp_path / "local", format="hdf5", pm=pm).remote is None
+    with remote_store(pm, tmp_path / "a", mem) as store:
+        save_steps(store, [1])
+    with remote_store(pm, tmp_path / "b", mem) as store:
+        found = store.resolve("latest")
+        assert isinstance(found.source, Found) and isinstance(found.source, Origin)
+        assert store.context().remote.storage.url == mem.url

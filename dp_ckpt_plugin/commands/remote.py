@@ -21,9 +21,10 @@ from ..checkpoint.digests import hasher
 from ..errors import CheckpointError, RestartNotFoundError
 from ..remote import head as heads
 from ..remote.catalogue import SPILL, expand, leaves, write_segment
-from ..remote.fetch import LATEST, RemoteSource, candidates, fell_back, fetch_first
+from ..remote.fetch import LATEST, candidates, fell_back, fetch_first
 from ..remote.keys import owned, parse_key
 from ..remote.lease import Lease
+from ..resolution.sources import RemoteSource
 from ..retention import KeepLast, plan_prune
 from ..storage.registry import storage_for
 from ..text import MAX_LOG_LINE, shown

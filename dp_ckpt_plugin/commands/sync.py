@@ -98,15 +98,18 @@ def run(args: argparse.Namespace) -> int:
 
 def upload(directory: Path, url: str) -> tuple[list[dict], list[str]]:
     """Send the committed checkpoints of a local store to the store at ``url``."""
-    from ..remote.replica import RemoteStore, _Job, _Skip
+    from ..remote.factory import open_remote
+    from ..remote.replica import _Job, _Skip
     from .inventory import read_inventory
 
     inventory = read_inventory(directory)
     if not inventory.checkpoints():
         raise UsageError(f"{directory} holds no committed checkpoint to send")
-    storage = storage_for(url)
     local = LocalStorage(directory)
-    remote = RemoteStore(storage, format=inventory.format or "torch", staging=local)
+    _, remote = open_remote(
+        url, format=inventory.format or "torch", directory=directory, local=local
+    )
+    storage = remote.storage
     remote.start()
     copied, problems = [], []
     try:

@@ -237,7 +237,7 @@ class HostRun:
             return
         self.store.wait()
         remote = self.store.remote
-        if chief and remote.url is not None:  # the end waits for the uploads
+        if chief and remote is not None:  # the end waits for the uploads
             remote.flush(remote.upload_wait)
         if chief:
             log.info("%s", finished_line(self.report, self.store, self.cwd))

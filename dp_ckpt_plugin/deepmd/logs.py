@@ -273,7 +273,7 @@ def finished_line(report: SaveReport | None, store, cwd: Path | None = None) -> 
     """Where the latest checkpoint is, for the end of a run with ``save_dir``."""
     pointer = shown(store.directory / store.primary.pointer, cwd)
     remote = store.remote
-    if remote.url is not None and report is not None and report.last is not None:
+    if remote is not None and report is not None and report.last is not None:
         step, path = report.last
         sent = [e for e in remote.uploaded if e.name == Path(path).name]
         where = (

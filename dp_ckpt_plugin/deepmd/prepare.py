@@ -269,7 +269,8 @@ def _changes(found: Resolved, origin, store: CheckpointStore | None) -> Changes:
     if old is not None and old.input is not None:
         storage = store.storage if store is not None else default_storage()
         old_input = read_input(found.path.parent, old.input, storage=storage)
-        if old_input is None and store is not None:  # another node staged it
+        if old_input is None and store is not None and store.remote is not None:
+            # another node staged it
             old_input = store.remote.read_input(old.input)
     try:
         new = replace(provenance, input=input_digest(normalized))
@@ -328,17 +329,18 @@ def build_store(
     """The store of ``save_dir``, with the families :class:`RunSettings` describes.
 
     A ``save_dir`` on object storage is staged in a local directory and
-    uploaded by a :class:`~dp_ckpt_plugin.remote.replica.RemoteStore`.
+    uploaded by a :class:`~dp_ckpt_plugin.remote.replica.RemoteStore`
+    (:func:`~dp_ckpt_plugin.remote.factory.open_remote`).
     """
     remote = None
     if settings.save_url is not None:
-        from ..remote.replica import RemoteStore
-        from ..storage.registry import storage_for
+        from ..remote.factory import open_remote
 
         opts = settings.options.remote
-        remote = RemoteStore(
-            storage_for(settings.save_url),
+        _, remote = open_remote(
+            settings.save_url,
             format=descriptor(host).format,
+            directory=settings.save_dir,  # its staging directory, chosen by settings
             ttl=float(opts.get("lease_seconds", 60)),
             upload_wait=float(opts.get("upload_wait", 300)),
         )

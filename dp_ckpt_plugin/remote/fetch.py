@@ -28,6 +28,7 @@ from ..checkpoint.records import (
     write_record,
 )
 from ..errors import CorruptCheckpointError, InvalidRecordError, RestartNotFoundError
+from ..resolution.sources import RemoteSource
 from ..storage import Storage
 from ..storage.objects import KeyMissingError, ObjectStorage, ObjectTooLargeError
 from ..store.archive import archive
@@ -39,31 +40,6 @@ from .keys import record_key
 
 #: Specifications that mean "the published checkpoint of the family".
 LATEST = ("latest", "")
-
-
-@dataclass(frozen=True)
-class RemoteSource:
-    """A remote store as resolution reads it.
-
-    Attributes
-    ----------
-    storage : dp_ckpt_plugin.storage.objects.ObjectStorage
-        Where it is.
-    staging : Path
-        The local directory its checkpoints are fetched into.
-    local : dp_ckpt_plugin.storage.Storage
-        The local storage of ``staging``.
-    durable : bool
-        Whether fetched copies are fsynced.
-    best_family : str or None
-        The family ``best`` means, if the store has one.
-    """
-
-    storage: ObjectStorage
-    staging: Path
-    local: Storage
-    durable: bool = True
-    best_family: str | None = None
 
 
 @dataclass(frozen=True)

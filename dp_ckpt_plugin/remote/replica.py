@@ -36,8 +36,10 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..checkpoint import Checkpoint
 from ..checkpoint.digests import digest_of_handle
@@ -45,6 +47,8 @@ from ..checkpoint.limits import MAX_INPUT_BYTES
 from ..checkpoint.provenance import INPUTS_DIR, input_path, parse_input
 from ..checkpoint.records import CommitRecord
 from ..errors import CheckpointError, CheckpointWriteError, UnreadableFileError
+from ..resolution import Resolved
+from ..resolution.sources import RemoteSource
 from ..retention import plan_prune
 from ..storage import Storage
 from ..storage.forks import OwnedLock
@@ -54,13 +58,18 @@ from ..storage.objects import (
     StorageUnavailableError,
 )
 from ..store.archive import archive
+from ..store.family import FamilyConfig
 from . import branches, catalogue
 from . import head as heads
+from .fetch import Found, copy_here
 from .head import Entry, FencedError, Head, say_once
 from .keys import archive_key, owned, payload_key, record_key
 from .lease import DEFAULT_TTL, Holder, Lease
 from .probe import probe
 from .recovery import recover
+
+if TYPE_CHECKING:
+    from ..store.core import CheckpointStore
 
 log = logging.getLogger("dp_ckpt_plugin")
 
@@ -82,7 +91,7 @@ class _Skip(Exception):
 class _Job:
     """A committed checkpoint of the staging store, to upload."""
 
-    config: object  # FamilyConfig
+    config: FamilyConfig
     checkpoint: Checkpoint
     since: float
 
@@ -150,7 +159,7 @@ class RemoteStore:
         self.recovered = threading.Event()
 
     # -- lifecycle -----------------------------------------------------------
-    def start(self, store=None) -> None:
+    def start(self, store: CheckpointStore | None = None) -> None:
         """Check the endpoint, take the lease and fence HEAD (once).
 
         Then what the staging store ``store`` holds newer than HEAD (a run
@@ -233,7 +242,7 @@ class RemoteStore:
         """HEAD as this writer last saw it."""
         return self._head[0] or Head()
 
-    def finish(self, staging) -> None:
+    def finish(self, staging: Path) -> None:
         """:meth:`close`, raising one line for what could not be uploaded."""
         if self.epoch is None:
             return
@@ -255,10 +264,8 @@ class RemoteStore:
                 f"{staging} {self.url}` uploads them"
             )
 
-    def source(self, store):
-        """What resolution reads this store as (a :class:`~.fetch.RemoteSource`)."""
-        from .fetch import RemoteSource
-
+    def source(self, store: CheckpointStore) -> RemoteSource:
+        """What resolution reads this store as."""
         ranked = next(
             (
                 c.family.prefix
@@ -304,7 +311,7 @@ class RemoteStore:
             raise self._fatal
         self.lease.check()
 
-    def submit(self, jobs: list[tuple[object, Checkpoint]]) -> None:
+    def submit(self, jobs: Sequence[tuple[FamilyConfig, Checkpoint]]) -> None:
         """Queue committed checkpoints of one step for upload (returns at once)."""
         self.check()
         now = time.monotonic()
@@ -337,7 +344,9 @@ class RemoteStore:
         self.check()
         return True
 
-    def staged(self, found, store, *, continues: bool):
+    def staged(
+        self, found: Resolved, store: CheckpointStore, *, continues: bool
+    ) -> Resolved:
         """A resolved checkpoint of a remote store: on this rank's disk, protected.
 
         On the chief, a checkpoint of this store is the one the run starts
@@ -345,20 +354,18 @@ class RemoteStore:
         above it is archived at the first save). On another rank, the same
         entry is fetched into this node's own directory.
         """
-        if found.source is None:
+        source = found.source
+        if not isinstance(source, Found):
             return found
-        ours = found.source.url == self.url
+        ours = source.url == self.url
         if not store.is_chief:
-            from .fetch import copy_here
-
             directory = store.directory if ours else found.path.parent
             storage = self.storage if ours else None
             return copy_here(found, directory, store.storage, storage, store.durable)
         if ours:
-            self._resumed[found.source.family] = found.source.entry
-            self._continues_from = found.source.entry if continues else None
-            record = found.source.record
-            self._continues_chain = branches.chain_of_entry(found.source.entry, record)
+            self._resumed[source.family] = source.entry
+            self._continues_from = source.entry if continues else None
+            self._continues_chain = branches.chain_of_entry(source.entry, source.record)
             store.catalogue.invalidate()
         return found
 

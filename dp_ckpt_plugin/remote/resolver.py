@@ -18,8 +18,9 @@ from pathlib import Path
 from ..checkpoint import Checkpoint
 from ..markers import hookimpl
 from ..resolution import Resolved
+from ..resolution.sources import RemoteSource
 from ..storage.staging import staging_dir
-from .fetch import LATEST, RemoteSource, fetch_first, read_head
+from .fetch import LATEST, fetch_first, read_head
 
 #: How many folders above a checkpoint's URL its store's HEAD is looked for.
 _LEVELS = 3

@@ -29,7 +29,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..checkpoint import Checkpoint
 from ..checkpoint.layout import Family, step_in_name
@@ -43,6 +43,7 @@ from ..errors import (
 from ..formats.checksums import Carried, check_carried
 from ..ranks import Ranks, SingleProcess
 from ..storage import PayloadBytes, Storage, default_storage
+from .sources import Origin, RemoteSource
 
 
 class Proposer(Protocol):
@@ -165,7 +166,7 @@ class ResolveContext:
     verifier : Verifier or None
         Shared by the rules and the front door so that a file is hashed
         once; made on first use.
-    remote : dp_ckpt_plugin.remote.fetch.RemoteSource or None
+    remote : dp_ckpt_plugin.resolution.sources.RemoteSource or None
         The remote store the run's ``save_dir`` names, when it is one:
         ``latest``, ``best`` and its checkpoints' names are read from its
         HEAD and fetched into the staging directory.
@@ -184,9 +185,7 @@ class ResolveContext:
     quarantine: bool = True
     storage: Storage | None = None
     verifier: Verifier | None = None
-    remote: Any = (
-        None  # a RemoteSource: carried for the remote resolver, never read here
-    )
+    remote: RemoteSource | None = None  # for the remote resolver, never read here
     load: bool = False
 
     def __post_init__(self) -> None:
@@ -215,7 +214,7 @@ class ResolveContext:
             quarantine=store.is_chief,
             storage=store.storage,
             load=load,
-            remote=store.remote.source(store),
+            remote=None if store.remote is None else store.remote.source(store),
         )
 
     @property
@@ -249,9 +248,10 @@ class Resolved:
         The pointer, alias, link or directory the rule read.
     fell_back : bool
         Whether newer candidates were unusable (corrupt, not committed).
-    source : dp_ckpt_plugin.remote.fetch.Found or None
-        For a checkpoint of a remote store: what HEAD and its record say of
-        it; ``path`` is then its verified local copy.
+    source : dp_ckpt_plugin.resolution.sources.Origin or None
+        For a checkpoint of a remote store, where it came from (a
+        :class:`dp_ckpt_plugin.remote.fetch.Found`: what HEAD and its record
+        say of it); ``path`` is then its verified local copy.
     payload : PayloadBytes or None
         The checkpoint's bytes, read from one opening and verified, when the
         context asked to load it (on the chief only: it is not broadcast).
@@ -268,7 +268,7 @@ class Resolved:
     rule: str = "plugin"
     via: Path | None = None
     fell_back: bool = False
-    source: Any = None
+    source: Origin | None = None
     payload: PayloadBytes | None = field(default=None, repr=False, compare=False)
     carried: Carried | None = None
 

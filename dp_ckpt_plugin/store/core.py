@@ -46,10 +46,10 @@ from ..storage.forks import OwnedLock
 from .archive import archive_earlier_run, prune_archives
 from .commit import Committer, serializer
 from .family import FamilyConfig
-from .local_only import LocalOnly
 from .lock import StoreLock
 from .pruning import Pruner
 from .publish import Publisher
+from .replica import Replica
 from .sweep import sweep
 
 __all__ = ["CheckpointStore", "FamilyConfig", "check_step"]
@@ -94,11 +94,16 @@ class CheckpointStore:
         thread, or a writer process fed from shared memory (``process``, torch
         format on the local storage); ``auto`` follows ``DP_CKPT_WRITER``, else
         the thread (``writer_process.uses_process``).
-    remote : dp_ckpt_plugin.remote.replica.RemoteStore, optional
-        The store on object storage this one stages for: ``directory`` is
+    remote : Replica, optional
+        The store on object storage this one stages for
+        (:func:`dp_ckpt_plugin.remote.factory.open_remote`): ``directory`` is
         then a local staging directory, every committed checkpoint is
         uploaded in the background (:mod:`dp_ckpt_plugin.remote.replica`),
-        and restarts read the remote store's HEAD.
+        and restarts read the remote store's HEAD. ``None`` (a local store)
+        by default.
+
+    Saves, resolutions and closing serialize on one mutex: several threads
+    (and the background writer) may share one store.
     """
 
     def __init__(
@@ -115,19 +120,16 @@ class CheckpointStore:
         storage: Storage | None = None,
         max_archives: int | None = None,
         writer: str = "auto",
-        remote=None,
+        remote: Replica | None = None,
     ) -> None:
         self.directory = Path(os.path.abspath(directory))
-        self.remote = remote or LocalOnly()
+        self.remote = remote
         self.max_archives = max_archives
         self.hooks = Hooks.of(pm)
         self.pm = self.hooks.pm
         self.format = self.hooks.format(format)
-        configs = (
-            list(families)
-            if families is not None
-            else [FamilyConfig(Family("model.ckpt", self.format.suffix))]
-        )
+        default = FamilyConfig(Family("model.ckpt", self.format.suffix))
+        configs = list(families) if families is not None else [default]
         if not configs:
             raise ValueError("a store needs at least one family")
         self.families = {c.family.prefix: c for c in configs}
@@ -153,10 +155,8 @@ class CheckpointStore:
         self.pruner = Pruner(
             self.directory, self.catalogue, self.resume, self.storage, durable=durable
         )
-        self.pruner.uploading = self.remote.protected  # kept until uploaded
+        self.pruner.uploading = remote.protected if remote is not None else None
         self.describer = Describer(self.directory, self.storage)
-        # saves, resolutions and closing serialize: several threads (and the
-        # background writer) may share one store
         self._mutex = OwnedLock(f"the checkpoint store of {self.directory}")
         self._background = BackgroundWriter.for_store(self, writer)
 
@@ -177,7 +177,8 @@ class CheckpointStore:
             mirrors = [m.path for c in self.families.values() for m in c.mirrors]
             families = [c.family for c in self.families.values()]
             sweep(self.directory, families, mirrors, storage=self.storage)
-            self.remote.start(self)
+            if self.remote is not None:
+                self.remote.start(self)
             self._ready = True
 
     def start_writer(self) -> None:
@@ -197,7 +198,8 @@ class CheckpointStore:
         finally:
             with self._mutex:
                 try:
-                    self.remote.finish(self.directory)  # uploads in flight, lease
+                    if self.remote is not None:  # uploads in flight, lease
+                        self.remote.finish(self.directory)
                     self.pruner.settle(synced=False)  # the last prune's records
                 finally:
                     if self._lock is not None:
@@ -315,11 +317,13 @@ class CheckpointStore:
         """
         with self._mutex:
             self.committer.overlap = self.publisher.overlap = overlap
-            self.remote.check()  # a run fenced off stops here, with one line
+            if self.remote is not None:
+                self.remote.check()  # a run fenced off stops here, with one line
             saved = [
                 self._save(step, s, f, paths[f], metrics) for f, s in states.items()
             ]
-            self.remote.submit(saved)
+            if self.remote is not None:
+                self.remote.submit(saved)
 
     def _save(self, step: int, state: Any, family: str, path: Path, metrics):
         """The straight line of :meth:`save`, on the chief, holding the mutex.
@@ -330,16 +334,16 @@ class CheckpointStore:
         cfg = self.family(family)
         self.open()
         self.start_run()
-        serialize = serializer(self.hooks, self.format.name, step, state)
         fam = cfg.family
+        epoch = self.remote.epoch if self.remote is not None else None
         record = self.committer.commit(
             path,
-            serialize,
+            serializer(self.hooks, self.format.name, step, state),
             step=step,
             family=fam,
             format=self.format.name,
             metrics=metrics.get(fam.prefix),
-            lineage=self.resume.lineage(fam, self.remote.epoch, self.storage),
+            lineage=self.resume.lineage(fam, epoch, self.storage),
         )
         checkpoint = Checkpoint(path, step, fam.prefix, self.resume.made(fam, record))
         self.catalogue.add(fam, checkpoint)
@@ -376,7 +380,8 @@ class CheckpointStore:
         )
         if dest is not None:
             self.resume.moved([c.name for c in doomed], dest)
-        self.remote.start_run()
+        if self.remote is not None:
+            self.remote.start_run()
         spare = {p.parent for p in self.resume.paths()}
         prune_archives(
             self.directory, self.max_archives, self.storage, spare, self.durable
@@ -419,16 +424,18 @@ class CheckpointStore:
         keeps its verified bytes for :meth:`load` (:attr:`Resolved.payload`).
         A host with a context of its own (fallback pointers, a family read
         from a directory) passes ``context``; it is read with this store's
-        storage, and ``digest``, ``cwd`` and ``load`` are then its own.
+        storage and remote (the chief's), and ``digest``, ``cwd`` and
+        ``load`` are then its own.
         """
         with self._mutex:
-            if self.remote.url is not None:
+            if self.remote is not None:
                 self.open()  # a remote store's HEAD is fenced before latest is read
             ctx = context or self.context(digest=digest, cwd=cwd, load=load)
-            src = self.remote.source(self)  # the chief's storage, this store's remote
+            src = None if self.remote is None else self.remote.source(self)
             ctx = replace(ctx, storage=self.storage, verifier=None, remote=src)
             found = resolve_restart(self.hooks, spec, ctx, self.ranks)
-            found = self.remote.staged(found, self, continues=continues)
+            if self.remote is not None:
+                found = self.remote.staged(found, self, continues=continues)
             for moved in found.moved_aside:  # corrupt files went to quarantine
                 for cfg in self.families.values():
                     self.catalogue.discard(cfg.family, moved.name)

@@ -1,0 +1,70 @@
+"""What a store needs of the remote store it stages for: the :class:`Replica` seam.
+
+A :class:`~dp_ckpt_plugin.store.core.CheckpointStore` with a local ``save_dir``
+has none (``remote=None``); one staging for a store on object storage holds a
+:class:`~dp_ckpt_plugin.remote.replica.RemoteStore`, built by
+:func:`dp_ckpt_plugin.remote.factory.open_remote`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from ..checkpoint import Checkpoint
+from ..resolution import Resolved
+from ..resolution.sources import RemoteSource
+from .family import FamilyConfig
+
+if TYPE_CHECKING:
+    from .core import CheckpointStore
+
+
+@runtime_checkable
+class Replica(Protocol):
+    """The remote side of a store, called by it on its save line and by resolution."""
+
+    @property
+    def url(self) -> str:
+        """The remote store's URL."""
+        ...
+
+    @property
+    def epoch(self) -> int | None:
+        """This writer's epoch once started (its checkpoints' lineage), else ``None``."""
+        ...
+
+    def start(self, store: CheckpointStore | None = None) -> None:
+        """Take the lease and fence HEAD; queue what ``store`` staged and never sent."""
+        ...
+
+    def finish(self, staging: Path) -> None:
+        """Wait (bounded) for uploads in flight, release the lease; raise what is left."""
+        ...
+
+    def check(self) -> None:
+        """Raise what stopped the uploads for good (fenced off, a malformed HEAD)."""
+        ...
+
+    def submit(self, jobs: Sequence[tuple[FamilyConfig, Checkpoint]]) -> None:
+        """Queue the checkpoints committed for one step; return at once."""
+        ...
+
+    def protected(self, prefix: str) -> set[str]:
+        """Names of staged checkpoints of ``prefix`` retention must keep (not sent yet)."""
+        ...
+
+    def start_run(self) -> str | None:
+        """Archive what an earlier run left in the remote store, once; its key."""
+        ...
+
+    def source(self, store: CheckpointStore) -> RemoteSource:
+        """What resolution reads the remote store as."""
+        ...
+
+    def staged(
+        self, found: Resolved, store: CheckpointStore, *, continues: bool
+    ) -> Resolved:
+        """``found`` on this rank's disk, protected when it is one of this store's."""
+        ...
