@@ -1,6 +1,6 @@
 """The one place a remote-backed store is put together: :func:`open_remote`.
 
-``dp train`` (:func:`dp_ckpt_plugin.deepmd.prepare.build_store`), the
+``dp train`` (``deepmd.prepare.build_store``), the
 :class:`~dp_ckpt_plugin.manager.CheckpointManager` and ``dp-ckpt sync`` all
 call it: the URL's storage comes from the registry, the local directory is
 the URL's private staging directory unless the caller has one, and the

@@ -3,7 +3,7 @@ checkpoint came from.
 
 :class:`RemoteSource` is what a store staging for a remote store puts into its
 :class:`~dp_ckpt_plugin.resolution.ResolveContext`; the remote resolver
-(:mod:`dp_ckpt_plugin.remote.resolver`) reads it, the front door never does.
+(``dp_ckpt_plugin.remote.resolver``) reads it, the front door never does.
 :class:`Origin` is what :attr:`~dp_ckpt_plugin.resolution.Resolved.source`
 holds for a checkpoint fetched from a remote store
 (:class:`dp_ckpt_plugin.remote.fetch.Found` is one).

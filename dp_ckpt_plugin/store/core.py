@@ -60,6 +60,9 @@ log = logging.getLogger("dp_ckpt_plugin")
 class CheckpointStore:
     """One checkpoint directory and the families saved in it.
 
+    Saves, resolutions and closing serialize on one mutex: several threads
+    (and the background writer) may share one store.
+
     Parameters
     ----------
     directory : str or Path
@@ -94,16 +97,13 @@ class CheckpointStore:
         thread, or a writer process fed from shared memory (``process``, torch
         format on the local storage); ``auto`` follows ``DP_CKPT_WRITER``, else
         the thread (``writer_process.uses_process``).
-    remote : Replica, optional
+    remote : dp_ckpt_plugin.store.replica.Replica, optional
         The store on object storage this one stages for
         (:func:`dp_ckpt_plugin.remote.factory.open_remote`): ``directory`` is
         then a local staging directory, every committed checkpoint is
         uploaded in the background (:mod:`dp_ckpt_plugin.remote.replica`),
         and restarts read the remote store's HEAD. ``None`` (a local store)
         by default.
-
-    Saves, resolutions and closing serialize on one mutex: several threads
-    (and the background writer) may share one store.
     """
 
     def __init__(
