@@ -896,7 +896,9 @@ def section_import(rounds: int) -> None:
 # -- object storage -------------------------------------------------------------------
 
 
-def section_remote(work: Path, mib: int, rounds: int, upload_mib: int) -> None:
+def section_remote(
+    work: Path, mib: int, rounds: int, upload_mib: int, timed: bool = True
+) -> None:
     """A remote ``save_dir`` on moto's S3 server, through ``CheckpointManager``.
 
     - upload throughput: :func:`bench_s3.section_s3` (the storage's put of a
@@ -905,14 +907,37 @@ def section_remote(work: Path, mib: int, rounds: int, upload_mib: int) -> None:
       local directory, interleaved (the remote one's upload is waited for
       outside the timed region);
     - remote calls of one steady save with retention, counted by the storage;
-    - ``latest`` with HEAD naming 2,000 entries against 10, counted.
+    - requests and bytes of ``latest`` and of a steady save of a keep-all
+      store of 10, 2,000 and 100,000 checkpoints, counted on the memory
+      storage (:mod:`bench_remote_counts`); only these with ``timed=False``
+      (``--counted``).
     """
     sys.path.insert(0, str(Path(__file__).parent))
+    import bench_remote_counts
     import bench_s3
 
     from dp_ckpt_plugin import CheckpointManager
-    from dp_ckpt_plugin.remote import head as heads
 
+    counted = bench_remote_counts.section_counts(work / "counted", make_state(1))
+    requests = {c: (len(f["latest"]), len(f["save"])) for c, f in counted.items()}
+    most = max(bench_remote_counts.COUNTS)
+    report(
+        "remote",
+        f"requests of latest and of a steady save, {most:,} kept / 10 (<= 1)",
+        sum(requests[most]) / sum(requests[10]),
+        "<= 1",
+        requests[most] == requests[10],
+    )
+    swap = {c: bench_remote_counts.swap_bytes(f["save"]) for c, f in counted.items()}
+    report(
+        "remote",
+        f"bytes of a steady save's swap of HEAD, {most:,} kept (< 100,000)",
+        swap[most],
+        "< 100000",
+        swap[most] < 100_000,
+    )
+    if not timed:
+        return
     figures = bench_s3.section_s3(work, mib=upload_mib, rounds=rounds)
     report(
         "remote",
@@ -989,54 +1014,6 @@ def section_remote(work: Path, mib: int, rounds: int, upload_mib: int) -> None:
         report("remote", "listings in a steady save (0)", listing, "0", listing == 0)
         local.close()
         remote.close()
-        counted = {}
-        for count in (10, 2000):
-            url = f"s3://bench-remote/count{count}"
-            with CheckpointManager(
-                url, format="torch", max_keep=0, staging=work / f"c{count}"
-            ) as writer:
-                writer.save(1, make_state(1))
-                writer.flush(600)
-                store = writer.store.remote.storage
-                head, version = heads.read(store)
-                state_ = head.family("model.ckpt")
-                entry = state_.kept[0]
-                fake = tuple(
-                    heads.Entry(
-                        f"e000001/model.ckpt-{s}.pt",
-                        f"model.ckpt-{s}.pt",
-                        s,
-                        1,
-                        entry.digest,
-                    )
-                    for s in range(2, count + 1)
-                )
-                grown = head._with(
-                    "model.ckpt",
-                    heads.FamilyState(
-                        (*state_.kept, *fake), state_.latest, state_.pointer
-                    ),
-                )
-            store.put_if_match("HEAD", grown.to_bytes(), version)
-            with CheckpointManager(
-                url, format="torch", staging=work / f"r{count}"
-            ) as reader:
-                reader.store.open()
-                storage = reader.store.remote.storage
-                before = sum(v for k, v in storage.counts.items() if k != "requests")
-                reader.resolve("latest")
-                counted[count] = (
-                    sum(v for k, v in storage.counts.items() if k != "requests")
-                    - before
-                )
-        print(f"    remote calls of latest: {counted}")
-        report(
-            "remote",
-            "calls of latest, 2,000 kept / 10 (<= 1)",
-            counted[2000] / counted[10],
-            "<= 1",
-            counted[2000] <= counted[10],
-        )
 
 
 SECTIONS = [
@@ -1059,6 +1036,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7, help="rounds (at least 7)")
     parser.add_argument("--sizes", type=int, nargs="+", help="payload sizes, MiB")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--counted",
+        action="store_true",
+        help="the remote section's counted figures only (no moto server, no timing)",
+    )
     parser.add_argument(
         "--baseline",
         type=Path,
@@ -1099,7 +1081,8 @@ def main(argv: list[str] | None = None) -> int:
         if "import" in sections:
             section_import(rounds)
         if "remote" in sections:
-            section_remote(work, 64, rounds, 64 if args.quick else 256)
+            upload = 64 if args.quick else 256
+            section_remote(work, 64, rounds, upload, timed=not args.counted)
     if args.json:
         args.json.write_text(json.dumps(RESULTS, indent=1) + "\n")
     missed = [r["figure"] for r in RESULTS if not r["met"]]
