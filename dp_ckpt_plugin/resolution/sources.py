@@ -1,12 +1,12 @@
-"""What the front door carries for a remote store, typed: where it is, where a
-checkpoint came from.
+"""Typed values resolution carries for a remote store and its checkpoints.
 
-:class:`RemoteSource` is what a store staging for a remote store puts into its
-:class:`~dp_ckpt_plugin.resolution.ResolveContext`; the remote resolver
-(``dp_ckpt_plugin.remote.resolver``) reads it, the front door never does.
-:class:`Origin` is what :attr:`~dp_ckpt_plugin.resolution.Resolved.source`
-holds for a checkpoint fetched from a remote store
-(:class:`dp_ckpt_plugin.remote.fetch.Found` is one).
+:class:`RemoteSource` (where the store is) is what a store staging for a
+remote store puts into its :class:`~dp_ckpt_plugin.resolution.ResolveContext`;
+the remote resolver (``dp_ckpt_plugin.remote.resolver``) reads it, the front
+door never does. :class:`Origin` (where a checkpoint came from) is what
+:attr:`~dp_ckpt_plugin.resolution.Resolved.source` holds for a checkpoint
+fetched from a remote store (:class:`dp_ckpt_plugin.remote.fetch.Found` is
+one).
 """
 
 from __future__ import annotations
