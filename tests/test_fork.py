@@ -120,7 +120,7 @@ def op_inherited(where: dict) -> None:
             text = str(exc)
             assert "\n" not in text and "is a fork of it" in text, text
         else:
-            if name != "flush" or manager.store.remote.url is not None:
+            if name != "flush" or manager.store.remote is not None:
                 raise AssertionError(f"{name} was not refused in a forked child")
 
 
