@@ -159,7 +159,7 @@ def test_verify_and_prune_a_copy_of_a_real_run(trained, tmp_path, capsys):
         models,
         "--family",
         "model.ckpt",
-        "--max-ckpt-keep",
+        "--keep-last",
         "1",
         "--keep-best",
         "0",

@@ -67,10 +67,16 @@ def loads_with(
     return check
 
 
-def why_not(exc: BaseException) -> str:
-    """Why a file does not load, in one short line (its first sentence)."""
-    text = " ".join(str(exc).split()).split(". ")[0]
-    return f"{type(exc).__name__}: {text[:160]}"
+def why_not(exc: BaseException, path: Path | None = None) -> str:
+    """Why a file does not load, in one short line (its first sentence).
+
+    The file's own path, which the line around it names already, is cut to
+    its name, so that what is wrong fits whatever the folder's length.
+    """
+    text = " ".join(str(exc).split())
+    if path is not None:
+        text = text.replace(str(path), path.name)
+    return f"{type(exc).__name__}: {text.split('. ')[0][:160]}"
 
 
 def adopt_family(
@@ -109,7 +115,7 @@ def adopt_family(
             )
             record.check()  # a step above the bound: not a record to write
         except Exception as exc:
-            found.refused.append((path, why_not(exc)))
+            found.refused.append((path, why_not(exc, path)))
             continue
         if not dry_run:
             write_record(path, record, durable=durable, storage=storage)
