@@ -704,3 +704,43 @@ def wait_for(log: Path, pattern: str, proc: subprocess.Popen, timeout: float = 2
             )
         time.sleep(0.05)
     raise AssertionError(f"no {pattern!r} in {log} after {timeout} s")
+
+
+def lcurve_rows(workdir: Path) -> dict[int, str]:
+    """The rows of ``lcurve.out`` by step (headers, repeated at a restart, left out)."""
+    found = {}
+    for line in (workdir / "lcurve.out").read_text("utf-8").splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            found[int(line.split()[0])] = line
+    return found
+
+
+def payload_tensors(path: Path) -> dict[str, object]:
+    """Every tensor of a checkpoint's model and optimizer state, by key path."""
+    import torch
+
+    flat = {}
+
+    def walk(value, where):
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, f"{where}/{key}")
+        elif isinstance(value, (list, tuple)):
+            for index, item in enumerate(value):
+                walk(item, f"{where}/{index}")
+        elif isinstance(value, torch.Tensor):
+            flat[where] = value
+
+    payload = load_payload(path)
+    walk(payload["model"], "model")
+    walk(payload.get("optimizer"), "optimizer")
+    return flat
+
+
+def assert_same_tensors(first: Path, second: Path) -> None:
+    import torch
+
+    a, b = payload_tensors(first), payload_tensors(second)
+    assert a.keys() == b.keys()
+    differ = [key for key in a if not torch.equal(a[key], b[key])]
+    assert not differ, f"{len(differ)} of {len(a)} tensors differ, first {differ[:3]}"

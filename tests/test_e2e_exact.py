@@ -34,6 +34,7 @@ import pytest
 from e2e_support import (
     E2E_MARKS,
     TORCHRUN,
+    assert_same_tensors,
     copy_tree,
     dp,
     dp_env,
@@ -47,6 +48,9 @@ from e2e_support import (
     torchrun,
     wait_for,
     write_config,
+)
+from e2e_support import (
+    lcurve_rows as rows,
 )
 
 pytestmark = E2E_MARKS
@@ -66,46 +70,6 @@ def config(numb_steps: int = 20, **dp_ckpt):
         seed=7,
         dp_ckpt=dp_ckpt or None,
     )
-
-
-def rows(workdir: Path) -> dict[int, str]:
-    """The rows of ``lcurve.out`` by step (headers, repeated at a restart, left out)."""
-    found = {}
-    for line in (workdir / "lcurve.out").read_text("utf-8").splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            found[int(line.split()[0])] = line
-    return found
-
-
-def tensors(path: Path) -> dict[str, object]:
-    """Every tensor of a checkpoint's model and optimizer state, by key path."""
-    import torch
-
-    flat = {}
-
-    def walk(value, where):
-        if isinstance(value, dict):
-            for key, item in value.items():
-                walk(item, f"{where}/{key}")
-        elif isinstance(value, (list, tuple)):
-            for index, item in enumerate(value):
-                walk(item, f"{where}/{index}")
-        elif isinstance(value, torch.Tensor):
-            flat[where] = value
-
-    payload = load_payload(path)
-    walk(payload["model"], "model")
-    walk(payload.get("optimizer"), "optimizer")
-    return flat
-
-
-def assert_same_tensors(first: Path, second: Path) -> None:
-    import torch
-
-    a, b = tensors(first), tensors(second)
-    assert a.keys() == b.keys()
-    differ = [key for key in a if not torch.equal(a[key], b[key])]
-    assert not differ, f"{len(differ)} of {len(a)} tensors differ, first {differ[:3]}"
 
 
 def train(workdir: Path, backend: str, ranks: int, *args: str) -> str:

@@ -29,6 +29,7 @@ import pytest
 from e2e_support import (
     E2E_MARKS,
     TORCHRUN,
+    assert_same_tensors,
     dp,
     dp_env,
     example_config,
@@ -38,6 +39,9 @@ from e2e_support import (
     rank_logs,
     run,
     torchrun,
+)
+from e2e_support import (
+    lcurve_rows as rows,
 )
 from helpers import free_port
 
@@ -64,14 +68,6 @@ def config(save_dir: bool) -> dict:
     return cfg
 
 
-def rows(workdir: Path) -> dict[int, str]:
-    found = {}
-    for line in (workdir / "lcurve.out").read_text("utf-8").splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            found[int(line.split()[0])] = line
-    return found
-
-
 def final(workdir: Path) -> Path:
     (path,) = [
         p
@@ -81,36 +77,10 @@ def final(workdir: Path) -> Path:
     return path / f"model.ckpt-{STEPS}.pt"
 
 
-def tensors(path: Path) -> dict[str, object]:
-    import torch
-
-    flat = {}
-
-    def walk(value, where):
-        if isinstance(value, dict):
-            for key, item in value.items():
-                walk(item, f"{where}/{key}")
-        elif isinstance(value, (list, tuple)):
-            for index, item in enumerate(value):
-                walk(item, f"{where}/{index}")
-        elif isinstance(value, torch.Tensor):
-            flat[where] = value
-
-    payload = load_payload(path)
-    walk(payload["model"], "model")
-    walk(payload["optimizer"], "optimizer")
-    return flat
-
-
 def assert_identical(plain: Path, plugin: Path) -> None:
-    import torch
-
     assert sorted(rows(plugin)) == list(range(1, STEPS + 1))
     assert rows(plugin) == rows(plain)
-    a, b = tensors(final(plain)), tensors(final(plugin))
-    assert a.keys() == b.keys()
-    differ = [key for key in a if not torch.equal(a[key], b[key])]
-    assert not differ, f"{len(differ)} of {len(a)} tensors differ, first {differ[:3]}"
+    assert_same_tensors(final(plain), final(plugin))
 
 
 @pytest.fixture(scope="module")
