@@ -109,9 +109,17 @@ class Result:
     def describe(self) -> str:
         """A summary for assertion messages: the command, status and output tail."""
         tail = "\n".join(self.output.strip().splitlines()[-40:])
+        ranks = ""
+        for arg in self.args:  # torchrun's ranks write their output to files
+            if arg.startswith("--log-dir="):
+                for rank, text in rank_logs(
+                    self.cwd / arg[len("--log-dir=") :]
+                ).items():
+                    last = "\n".join(text.strip().splitlines()[-25:])
+                    ranks += f"\nrank {rank}'s last output:\n{last}"
         return (
             f"{self.label} in {self.cwd} exited {self.returncode} "
-            f"after {self.seconds:.1f} s; last output:\n{tail}"
+            f"after {self.seconds:.1f} s; last output:\n{tail}{ranks}"
         )
 
     def check(self) -> Result:
@@ -147,6 +155,7 @@ def dp_env(**extra: str) -> dict[str, str]:
         DP_INTER_OP_PARALLELISM_THREADS="1",
         DP_INFER_BATCH_SIZE="1024",
         CUDA_VISIBLE_DEVICES="",
+        PYTHONFAULTHANDLER="1",  # a rank that aborts says so in its log
     )
     env.update(extra)
     return env
@@ -536,6 +545,20 @@ def torchrun(
         "--redirects=3",
         *dp(*args, backend=backend),
     ]
+
+
+FATAL = "Fatal Python error"
+"""What a process says when it dies of a signal such as SIGABRT (faulthandler)."""
+
+
+def assert_no_rank_died(logs: dict[int, str]) -> None:
+    """No rank of a ``torchrun`` died of a fatal signal (its exit status may hide it)."""
+    died = {
+        rank: text[text.index(FATAL) :][:2000]
+        for rank, text in logs.items()
+        if FATAL in text
+    }
+    assert not died, died
 
 
 def rank_logs(log_dir: Path) -> dict[int, str]:

@@ -34,6 +34,7 @@ import pytest
 from e2e_support import (
     E2E_MARKS,
     TORCHRUN,
+    assert_no_rank_died,
     assert_same_tensors,
     copy_tree,
     dp,
@@ -80,7 +81,9 @@ def train(workdir: Path, backend: str, ranks: int, *args: str) -> str:
     logs = workdir / "torchrun_logs"
     shutil.rmtree(logs, ignore_errors=True)
     run(torchrun(ranks, logs, *argv, backend=backend), workdir).check()
-    return "\n".join(rank_logs(logs).values())
+    by_rank = rank_logs(logs)
+    assert_no_rank_died(by_rank)
+    return "\n".join(by_rank.values())
 
 
 def after_step_10(source: Path, target: Path) -> Path:

@@ -29,6 +29,7 @@ from e2e_support import (
     TIMINGS,
     TORCHRUN,
     assert_committed,
+    assert_no_rank_died,
     copy_tree,
     dp,
     dp_env,
@@ -108,6 +109,7 @@ def stop_two_ranks(workdir: Path, backend: str) -> tuple[dict[int, str], int]:
         (f"torchrun 2 x dp --{backend} train (SIGTERM)", time.monotonic() - began)
     )
     by_rank = rank_logs(logs)
+    assert_no_rank_died(by_rank)
     stops = {rank: STOPPED.findall(text) for rank, text in by_rank.items()}
     assert sorted(stops) == [0, 1], log.read_text()[-3000:]
     assert stops[0] == stops[1] and len(stops[0]) == 1, stops

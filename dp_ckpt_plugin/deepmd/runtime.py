@@ -7,14 +7,21 @@
 - :class:`GroupAlreadyUp`: ``torch.distributed`` as a deepmd-kit entry point
   that starts its own group sees it when the group is up already;
 - :func:`swapped`: set a deepmd-kit attribute (its ``Trainer`` class, say)
-  for the duration of a call.
+  for the duration of a call;
+- :func:`settle_gloo_at_exit`: the process ends only once torch's gloo
+  threads have let go of their finished work.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import time
 from typing import Any
+
+#: The name torch gives the threads that run a gloo process group's work.
+GLOO_THREAD = b"pt_gloo_runloop"
 
 
 def world_size() -> int:
@@ -35,6 +42,7 @@ def start_process_group() -> bool:
     import torch
     import torch.distributed as dist
 
+    settle_gloo_at_exit()
     if not dist.is_available() or dist.is_initialized():
         return False
     dist.init_process_group(
@@ -73,3 +81,53 @@ def swapped(owner: Any, name: str, value: Any):
         yield
     finally:
         setattr(owner, name, old)
+
+
+_registered = False
+
+
+def settle_gloo_at_exit() -> None:
+    """At exit, wait until torch's gloo threads have let go of their finished work.
+
+    A gloo worker drops a collective's tensors after the caller saw it
+    complete; a tensor made in Python needs the interpreter's lock to go.
+    If that happens after Python began to finalize (a rank ending right
+    after its last collective, the trainer's model still holding the
+    group), the thread is ended inside C++ and the rank dies of SIGABRT.
+    Registered once per process, run before finalization: the lock is
+    left free until no gloo thread has been running for a few checks.
+    """
+    global _registered
+    if not _registered:
+        _registered = True
+        atexit.register(settle_gloo_threads)
+
+
+def settle_gloo_threads(timeout: float = 2.0) -> None:
+    """Sleep (the interpreter's lock free) until no gloo thread runs, at most ``timeout`` s."""
+    end = time.monotonic() + timeout
+    quiet = 0
+    while quiet < 3 and time.monotonic() < end:
+        time.sleep(0.002)
+        quiet = 0 if gloo_threads_running() else quiet + 1
+
+
+def gloo_threads_running() -> bool:
+    """Whether a gloo worker thread of this process is running or runnable."""
+    try:
+        threads = os.listdir("/proc/self/task")
+    except OSError:
+        return False
+    for tid in threads:
+        try:
+            with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # the thread ended
+        start, end = stat.find(b"("), stat.rfind(b")")
+        if stat[start + 1 : end] == GLOO_THREAD and stat[end + 2 : end + 3] in (
+            b"R",
+            b"D",
+        ):
+            return True
+    return False
