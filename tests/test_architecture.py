@@ -1005,3 +1005,64 @@ def test_an_import_against_the_layers_is_caught(tmp_path, module, source):
     assert len(wrong) == 1, wrong
     clean = [p for p in paths if p != package / module]
     assert against_the_layers(clean, package, layers) == []
+
+
+def _is_store_remote(node: ast.AST) -> bool:
+    """``store.remote`` or ``<x>.store.remote``: a store's remote side."""
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == "remote"
+        and (
+            (isinstance(node.value, ast.Name) and node.value.id == "store")
+            or (isinstance(node.value, ast.Attribute) and node.value.attr == "store")
+        )
+    )
+
+
+def _remote_members_used() -> dict[str, set[str]]:
+    """Attributes read on a store's remote side, by module (not ``remote/``).
+
+    ``store.remote.X``, ``self.store.remote.X``, and ``remote.X`` in a
+    function that named ``remote = store.remote``; a store's own
+    ``self.remote.X`` in ``store/``.
+    """
+    used: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel.startswith("remote/") or rel == "commands/sync.py":
+            continue  # the adapter itself, and the command that builds one
+        tree = ast.parse(path.read_text("utf-8"))
+        for scope in ast.walk(tree):
+            if not isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            named = any(
+                isinstance(n, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "remote" for t in n.targets)
+                and _is_store_remote(n.value)
+                for n in ast.walk(scope)
+            )
+            for node in ast.walk(scope):
+                if not isinstance(node, ast.Attribute):
+                    continue
+                value = node.value
+                own = (
+                    rel.startswith("store/")
+                    and isinstance(value, ast.Attribute)
+                    and value.attr == "remote"
+                    and isinstance(value.value, ast.Name)
+                    and value.value.id == "self"
+                )
+                local = named and isinstance(value, ast.Name) and value.id == "remote"
+                if own or local or _is_store_remote(value):
+                    used.setdefault(rel, set()).add(node.attr)
+    return used
+
+
+def test_the_store_and_the_hosts_reach_object_storage_only_through_the_replica_seam():
+    from dp_ckpt_plugin.store.replica import Replica
+
+    members = {n for n in dir(Replica) if not n.startswith("_")}
+    used = _remote_members_used()
+    assert used, "no use of a remote store was found: the check reads nothing"
+    outside = {rel: names - members for rel, names in used.items() if names - members}
+    assert outside == {}, outside

@@ -275,11 +275,9 @@ def finished_line(report: SaveReport | None, store, cwd: Path | None = None) -> 
     remote = store.remote
     if remote is not None and report is not None and report.last is not None:
         step, path = report.last
-        sent = [e for e in remote.uploaded if e.name == Path(path).name]
         where = (
-            remote.storage.url_of(sent[-1].key)
-            if sent
-            else f"{shown(path, cwd)} (its upload to {remote.url} is not done)"
+            remote.sent_url(Path(path).name)
+            or f"{shown(path, cwd)} (its upload to {remote.url} is not done)"
         )
         return (
             f"training ended; the latest checkpoint is {where} (step {step}), named "

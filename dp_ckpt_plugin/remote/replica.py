@@ -740,6 +740,11 @@ class RemoteStore:
                 self.storage.put_if_absent(f"{INPUTS_DIR}/{staged.name}", data)
         self._inputs_sent.add(digest)
 
+    def sent_url(self, name: str) -> str | None:
+        """The URL of the newest upload of the checkpoint file ``name``, or ``None``."""
+        sent = [e for e in self.uploaded if e.name == name]
+        return self.storage.url_of(sent[-1].key) if sent else None
+
     def read_input(self, digest: str) -> dict | None:
         """The training input of ``digest`` kept in the remote store, if it is there."""
         key = f"{INPUTS_DIR}/{input_path(Path('.'), digest).name}"

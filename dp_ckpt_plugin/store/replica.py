@@ -68,3 +68,20 @@ class Replica(Protocol):
     ) -> Resolved:
         """``found`` on this rank's disk, protected when it is one of this store's."""
         ...
+
+    @property
+    def upload_wait(self) -> float:
+        """How long the end of a run waits for uploads in flight, in seconds."""
+        ...
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued upload is done; ``False`` on timeout."""
+        ...
+
+    def sent_url(self, name: str) -> str | None:
+        """The URL of the newest upload of the checkpoint file ``name``, or ``None``."""
+        ...
+
+    def read_input(self, digest: str) -> dict | None:
+        """The training input of ``digest`` kept in the remote store, if it is there."""
+        ...
