@@ -202,8 +202,9 @@ def rendered() -> list[str]:
         primary=Family("model.ckpt", ".pt"),
         remote=SimpleNamespace(
             url=url,
-            uploaded=[uploaded],
-            storage=SimpleNamespace(url_of=lambda key: f"{url}/{key}"),
+            sent_url=lambda name: (
+                f"{url}/{uploaded.key}" if name == uploaded.name else None
+            ),
         ),
     )
     remote_report = SimpleNamespace(last=(30, staged / "model.ckpt-30.pt"))
