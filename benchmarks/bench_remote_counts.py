@@ -122,8 +122,8 @@ def _grow(storage, count: int, digest: str) -> None:
 def measure(work: Path, count: int, state) -> dict[str, list[tuple[str, str, int]]]:
     """The calls of ``latest`` and of the next save, with ``count`` kept."""
     from dp_ckpt_plugin import CheckpointManager
+    from dp_ckpt_plugin.objectstore.memory import forget
     from dp_ckpt_plugin.remote import head as heads
-    from dp_ckpt_plugin.storage.memory import forget
 
     bucket = f"bench{count}{secrets.token_hex(3)}"
     url = f"memory://{bucket}/run"

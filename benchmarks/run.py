@@ -1001,7 +1001,7 @@ def section_remote(
         calls = {k: v - before.get(k, 0) for k, v in storage.counts.items()}
         calls = {k: v for k, v in calls.items() if v}
         print(f"    remote calls of one steady save (keep 2): {calls}")
-        from dp_ckpt_plugin.storage.cloud import PART_SIZE
+        from dp_ckpt_plugin.objectstore.cloud import PART_SIZE
 
         parts = -(-(mib << 20) // PART_SIZE)
         print(

@@ -24,13 +24,13 @@ import pluggy
 from .checkpoint.layout import Family
 from .checkpoint.provenance import provenance_of
 from .errors import ConfigError
+from .objectstore.registry import check_not_mistyped, local_path, remote_url
 from .plugin import get_plugin_manager
 from .plugin.hooks import Hooks
 from .ranks import Ranks, current_ranks, world_size_of
 from .resolution import Resolved
 from .retention import KeepLast, RetentionPolicy, policy_from_dict
 from .storage import Storage
-from .storage.registry import check_not_mistyped, local_path, remote_url
 from .store.core import CheckpointStore
 from .store.family import FamilyConfig
 

@@ -105,8 +105,8 @@ def env_of(s3, workdir: Path, **extra: str) -> dict[str, str]:
 
 def head_of(s3, url: str):
     """HEAD of the store at ``url`` and its storage (read from the test)."""
+    from dp_ckpt_plugin.objectstore.registry import storage_for
     from dp_ckpt_plugin.remote import head as heads
-    from dp_ckpt_plugin.storage.registry import storage_for
 
     storage = storage_for(url)
     return heads.read(storage)[0], storage
@@ -359,9 +359,9 @@ def test_dp_train_refused_by_a_hostile_lease_holder_says_one_printable_line(
     holder shown escaped."""
     import time as _time
 
+    from dp_ckpt_plugin.objectstore.registry import storage_for
     from dp_ckpt_plugin.remote.keys import LEASE_KEY
     from dp_ckpt_plugin.remote.lease import Holder, LeaseState
-    from dp_ckpt_plugin.storage.registry import storage_for
 
     url = url_of(s3)
     hostile = "evil\x1b[2J\x1b[31mhost\rERROR forged\nline\u202e"

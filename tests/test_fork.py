@@ -28,7 +28,7 @@ from helpers import plugin_manager
 
 from dp_ckpt_plugin import CheckpointManager, hookimpl
 from dp_ckpt_plugin.errors import ForkedError
-from dp_ckpt_plugin.storage import cloud
+from dp_ckpt_plugin.objectstore import cloud
 
 #: Large enough to be hashed on BLAKE3's thread pool (4 MiB and more).
 SIZE = 6 << 20

@@ -339,7 +339,7 @@ def _(tmp_path, monkeypatch):
     anew; a lock of the user's stays as it was."""
     code = """
 import os, threading
-from dp_ckpt_plugin.storage import registry
+from dp_ckpt_plugin.objectstore import registry
 mine = threading.Lock()
 mine.acquire()
 held = threading.Event()

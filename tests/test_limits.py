@@ -42,12 +42,12 @@ from dp_ckpt_plugin.checkpoint.records import (
     read_record,
 )
 from dp_ckpt_plugin.errors import CheckpointWriteError
+from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 from dp_ckpt_plugin.remote import catalogue
 from dp_ckpt_plugin.remote import head as heads
 from dp_ckpt_plugin.remote.keys import segment_key
 from dp_ckpt_plugin.remote.lease import Holder, Lease
 from dp_ckpt_plugin.storage import default_storage
-from dp_ckpt_plugin.storage.memory import MemoryStorage, forget
 
 DIGEST = "blake3:" + "ab" * 32
 DIGEST_SHA = "sha256:" + "cd" * 32

@@ -294,7 +294,7 @@ def test_a_remote_store_keeps_the_input_for_another_node(tmp_path, capsys):
     from helpers import plugin_manager, remote_store
 
     from dp_ckpt_plugin.checkpoint.provenance import provenance_of
-    from dp_ckpt_plugin.storage.memory import MemoryStorage, forget
+    from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 
     url = f"memory://prov{tmp_path.name[-8:].replace('_', '')}/run"
     storage = MemoryStorage(url)
@@ -323,7 +323,7 @@ def test_sync_carries_the_inputs_both_ways(tmp_path, capsys):
 
     from dp_ckpt_plugin.checkpoint.provenance import provenance_of
     from dp_ckpt_plugin.commands import main
-    from dp_ckpt_plugin.storage.memory import MemoryStorage, forget
+    from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 
     name = f"sync{tmp_path.name[-8:].replace('_', '')}"
     url, again = f"memory://{name}/run", f"memory://{name}up/run"

@@ -13,9 +13,9 @@ import pytest
 from helpers import committed_steps, gone_holder, make_payload, remote_store
 
 from dp_ckpt_plugin.commands import main
+from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
+from dp_ckpt_plugin.objectstore.registry import storage_for
 from dp_ckpt_plugin.remote import head as heads
-from dp_ckpt_plugin.storage.memory import MemoryStorage, forget
-from dp_ckpt_plugin.storage.registry import storage_for
 
 
 def strict(text):

@@ -24,9 +24,9 @@ from helpers import (
 )
 
 from dp_ckpt_plugin.errors import CheckpointError
+from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 from dp_ckpt_plugin.remote import head as heads
 from dp_ckpt_plugin.remote.fetch import _record
-from dp_ckpt_plugin.storage.memory import MemoryStorage, forget
 from dp_ckpt_plugin.storage.objects import (
     KeyExistsError,
     StorageUnavailableError,

@@ -22,6 +22,7 @@ from helpers import gone_holder, make_payload, plugin_manager, remote_store
 
 from dp_ckpt_plugin.commands import main
 from dp_ckpt_plugin.errors import CheckpointError
+from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 from dp_ckpt_plugin.remote import head as heads
 from dp_ckpt_plugin.remote.keys import (
     ARCHIVE,
@@ -36,7 +37,6 @@ from dp_ckpt_plugin.remote.keys import (
     parse_key,
 )
 from dp_ckpt_plugin.remote.recovery import recover
-from dp_ckpt_plugin.storage.memory import MemoryStorage, forget
 
 PREFIX = "model.ckpt"
 
@@ -401,7 +401,7 @@ def _uploads(s3_bucket):
 def test_recovery_aborts_only_its_own_older_uploads_begun_before_it(
     s3_bucket, tmp_path
 ):
-    from dp_ckpt_plugin.storage.registry import storage_for
+    from dp_ckpt_plugin.objectstore.registry import storage_for
 
     storage = storage_for(s3_bucket.url)
     pm = plugin_manager()
@@ -426,7 +426,7 @@ def test_recovery_aborts_only_its_own_older_uploads_begun_before_it(
 
 
 def test_recovery_spares_uploads_begun_after_the_takeover(s3_bucket, tmp_path):
-    from dp_ckpt_plugin.storage.registry import storage_for
+    from dp_ckpt_plugin.objectstore.registry import storage_for
 
     storage = storage_for(s3_bucket.url)
     key = f"{s3_bucket.prefix}/e000001/model.ckpt-9.h5"
@@ -454,7 +454,7 @@ S3_ONLY_OBJECTS = [
 
 
 def test_recovery_on_s3_leaves_objects_only_s3_can_hold(s3_bucket, tmp_path):
-    from dp_ckpt_plugin.storage.registry import storage_for
+    from dp_ckpt_plugin.objectstore.registry import storage_for
 
     storage = storage_for(s3_bucket.url)
     pm = plugin_manager()
@@ -477,7 +477,7 @@ def test_recovery_on_s3_leaves_objects_only_s3_can_hold(s3_bucket, tmp_path):
 
 
 def test_a_store_at_the_bucket_root_aborts_no_other_prefixs_upload(s3_bucket, tmp_path):
-    from dp_ckpt_plugin.storage.registry import storage_for
+    from dp_ckpt_plugin.objectstore.registry import storage_for
 
     storage = storage_for(f"s3://{s3_bucket.name}")
     pm = plugin_manager()

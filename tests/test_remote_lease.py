@@ -8,9 +8,9 @@ import pytest
 from helpers import gone_holder
 
 from dp_ckpt_plugin.errors import StoreLockedError
+from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 from dp_ckpt_plugin.remote.head import FencedError
 from dp_ckpt_plugin.remote.lease import Holder, Lease
-from dp_ckpt_plugin.storage.memory import MemoryStorage, forget
 
 
 class Clock:

@@ -22,8 +22,8 @@ from dp_ckpt_plugin.checkpoint.lineage import Lineage, Link, chain_of, on_chain
 from dp_ckpt_plugin.checkpoint.records import read_record
 from dp_ckpt_plugin.commands import main
 from dp_ckpt_plugin.errors import CheckpointWriteError
+from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 from dp_ckpt_plugin.remote import head as heads
-from dp_ckpt_plugin.storage.memory import MemoryStorage, forget
 
 PREFIX = "model.ckpt"
 B_SALT = 100_000  # B's payloads differ from A's at the same step
@@ -202,7 +202,7 @@ def test_on_s3_a_fenced_nodes_branch_stays_local(pm, tmp_path, s3_bucket, caplog
     restart nor ``dp-ckpt sync`` moves HEAD onto it."""
     import time
 
-    from dp_ckpt_plugin.storage.registry import storage_for
+    from dp_ckpt_plugin.objectstore.registry import storage_for
 
     caplog.set_level(logging.INFO, "dp_ckpt_plugin")
     a = tmp_path / "a"

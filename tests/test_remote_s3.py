@@ -17,9 +17,9 @@ import pytest
 from helpers import gone_holder, remote_store
 
 from dp_ckpt_plugin.errors import CheckpointError, CheckpointWriteError
+from dp_ckpt_plugin.objectstore.registry import storage_for
 from dp_ckpt_plugin.remote import head as heads
 from dp_ckpt_plugin.remote.keys import HEAD_KEY, LEASE_KEY
-from dp_ckpt_plugin.storage.registry import storage_for
 
 PREFIX = "model.ckpt"
 

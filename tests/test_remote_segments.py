@@ -21,10 +21,10 @@ from helpers import committed_steps, make_payload, open_manager, remote_store
 from dp_ckpt_plugin.checkpoint.digests import digest_of_view
 from dp_ckpt_plugin.checkpoint.records import CommitRecord
 from dp_ckpt_plugin.commands import main
+from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 from dp_ckpt_plugin.remote import catalogue
 from dp_ckpt_plugin.remote import head as heads
 from dp_ckpt_plugin.remote.keys import HEAD_KEY, SEGMENT, parse_key, record_key
-from dp_ckpt_plugin.storage.memory import MemoryStorage, forget
 
 PREFIX = "model.ckpt"
 BYTES = b"x"

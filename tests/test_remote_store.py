@@ -1,6 +1,6 @@
 """The remote store on the in-process storage: layout, uploads, restarts, retention.
 
-The storage checks its conditions under a lock (:mod:`dp_ckpt_plugin.storage.memory`),
+The storage checks its conditions under a lock (:mod:`dp_ckpt_plugin.objectstore.memory`),
 so these tests can race writers and inject a failure at any call; the same
 store runs against a real S3 server in ``test_remote_s3.py``.
 """
@@ -17,9 +17,9 @@ import pytest
 from helpers import make_payload, payload_mismatches, remote_store
 
 from dp_ckpt_plugin.errors import CheckpointWriteError, RestartNotFoundError
+from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 from dp_ckpt_plugin.remote import head as heads
 from dp_ckpt_plugin.remote.keys import HEAD_KEY, LEASE_KEY, record_key
-from dp_ckpt_plugin.storage.memory import MemoryStorage, forget
 
 PREFIX = "model.ckpt"
 

@@ -15,8 +15,8 @@ import pytest
 from helpers import committed_paths, make_payload, open_manager, remote_store
 
 from dp_ckpt_plugin.commands import main
+from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 from dp_ckpt_plugin.remote import head as heads
-from dp_ckpt_plugin.storage.memory import MemoryStorage, forget
 
 PREFIX = "model.ckpt"
 

@@ -17,8 +17,8 @@ import pytest
 from helpers import gone_holder, make_payload, remote_store
 
 from dp_ckpt_plugin.errors import CheckpointError
+from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 from dp_ckpt_plugin.remote.keys import HEAD_KEY, LEASE_KEY, record_key
-from dp_ckpt_plugin.storage.memory import MemoryStorage, forget
 
 HOSTILE = [
     None,

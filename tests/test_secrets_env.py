@@ -18,8 +18,8 @@ import pytest
 
 from dp_ckpt_plugin.commands import main
 from dp_ckpt_plugin.errors import ConfigError
+from dp_ckpt_plugin.objectstore.registry import storage_for
 from dp_ckpt_plugin.storage.objects import StorageUnavailableError
-from dp_ckpt_plugin.storage.registry import storage_for
 from dp_ckpt_plugin.text import shown
 
 PASSWORD = "hunter2-Sekr1t"
@@ -75,7 +75,7 @@ def test_a_malformed_endpoint_is_one_line_before_any_client(
     for other in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT"):
         monkeypatch.delenv(other, raising=False)
     options, name = _endpoint_case(monkeypatch, source, value)
-    from dp_ckpt_plugin.storage import cloud
+    from dp_ckpt_plugin.objectstore import cloud
 
     built = []
     monkeypatch.setattr(
@@ -228,7 +228,7 @@ def test_a_url_with_one_slash_is_refused_everywhere_saying_what_was_meant(
 
 @pytest.mark.parametrize("text", ["file:/x", "foo:/x", "C:/x", "dir/s3:/x", "s3x"])
 def test_what_is_not_a_known_scheme_stays_a_path(text):
-    from dp_ckpt_plugin.storage.registry import check_not_mistyped
+    from dp_ckpt_plugin.objectstore.registry import check_not_mistyped
 
     check_not_mistyped(text)
 
@@ -246,8 +246,8 @@ def test_what_is_not_a_known_scheme_stays_a_path(text):
     ],
 )
 def test_the_lease_names_the_program_never_its_arguments(monkeypatch, argv, program):
+    from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
     from dp_ckpt_plugin.remote.lease import Holder, Lease
-    from dp_ckpt_plugin.storage.memory import MemoryStorage, forget
 
     monkeypatch.setattr(sys, "argv", argv)
     holder = Holder.this_process()

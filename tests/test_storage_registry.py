@@ -22,11 +22,9 @@ from helpers import open_manager
 from s3_server import MISSING
 
 from dp_ckpt_plugin.errors import ConfigError
-from dp_ckpt_plugin.storage import registry
-from dp_ckpt_plugin.storage.local import LocalStorage
-from dp_ckpt_plugin.storage.memory import MemoryStorage
-from dp_ckpt_plugin.storage.objects import ObjectStorage
-from dp_ckpt_plugin.storage.registry import (
+from dp_ckpt_plugin.objectstore import registry
+from dp_ckpt_plugin.objectstore.memory import MemoryStorage
+from dp_ckpt_plugin.objectstore.registry import (
     ENTRY_POINT_GROUP,
     local_path,
     register,
@@ -34,6 +32,8 @@ from dp_ckpt_plugin.storage.registry import (
     storage_for,
     unregister,
 )
+from dp_ckpt_plugin.storage.local import LocalStorage
+from dp_ckpt_plugin.storage.objects import ObjectStorage
 
 
 @pytest.mark.parametrize(
@@ -151,7 +151,7 @@ def test_memory_urls():
 @pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 @pytest.mark.parametrize("url", ["s3://bucket1/run", "S3://bucket1/run"])
 def test_s3_urls_are_cloud_storage(s3_env, url):
-    from dp_ckpt_plugin.storage.cloud import CloudStorage
+    from dp_ckpt_plugin.objectstore.cloud import CloudStorage
 
     storage = storage_for(url, region="eu-west-1")
     assert isinstance(storage, CloudStorage)
@@ -211,7 +211,7 @@ def test_a_built_in_scheme_can_be_replaced_and_comes_back():
 # -- entry points -----------------------------------------------------------------
 
 PLUGIN = '''
-from dp_ckpt_plugin.storage.memory import MemoryStorage
+from dp_ckpt_plugin.objectstore.memory import MemoryStorage
 
 LOADED = []
 
@@ -259,7 +259,7 @@ def run_child(site: Path, code: str, **env) -> dict:
 CHILD = """
     import json, sys
     from dp_ckpt_plugin.errors import ConfigError
-    from dp_ckpt_plugin.storage import registry
+    from dp_ckpt_plugin.objectstore import registry
 
     out = {"loaded_at_start": "tmp_storage_plugin" in sys.modules}
     storage = registry.storage_for("memory://plain/x")
@@ -307,10 +307,10 @@ def test_an_entry_point_does_not_replace_a_built_in_scheme(tmp_path):
     site = installed(tmp_path, {"memory": "tmp_storage_plugin:make"})
     code = """
         import json, sys
-        from dp_ckpt_plugin.storage import registry
+        from dp_ckpt_plugin.objectstore import registry
         storage = registry.storage_for("memory://b/x")
         print(json.dumps({"type": type(storage).__module__,
                           "loaded": "tmp_storage_plugin" in sys.modules}))
     """
     out = run_child(site, code)
-    assert out == {"type": "dp_ckpt_plugin.storage.memory", "loaded": False}
+    assert out == {"type": "dp_ckpt_plugin.objectstore.memory", "loaded": False}

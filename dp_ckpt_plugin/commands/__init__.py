@@ -75,7 +75,7 @@ def is_remote(value: object) -> bool:
     UsageError
         For a mistyped URL (``s3:/bucket/run``), saying what was meant.
     """
-    from ..storage.registry import check_not_mistyped, local_path
+    from ..objectstore.registry import check_not_mistyped, local_path
 
     try:
         check_not_mistyped(value)
@@ -87,8 +87,8 @@ def is_remote(value: object) -> bool:
 def store_directory(value: str) -> Path | str:
     """An argument naming an existing store directory (or a remote store's URL)."""
     from ..errors import UnreadableFileError
+    from ..objectstore.registry import local_path
     from ..storage import default_storage
-    from ..storage.registry import local_path
 
     if is_remote(value):
         return value  # read when the command runs

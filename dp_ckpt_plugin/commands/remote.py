@@ -19,6 +19,7 @@ from typing import Any
 
 from ..checkpoint.digests import hasher
 from ..errors import CheckpointError, RestartNotFoundError
+from ..objectstore.registry import storage_for
 from ..remote import head as heads
 from ..remote.catalogue import SPILL, expand, leaves, write_segment
 from ..remote.fetch import LATEST, candidates, fell_back, fetch_first
@@ -26,7 +27,6 @@ from ..remote.keys import owned, parse_key
 from ..remote.lease import Lease
 from ..resolution.sources import RemoteSource
 from ..retention import KeepLast, plan_prune
-from ..storage.registry import storage_for
 from ..text import MAX_LOG_LINE, shown
 from . import FAILURE, UsageError, is_remote, output
 from .origins import input_text, provenance_json, provenance_rows

@@ -34,10 +34,10 @@ from ..checkpoint.layout import POINTER_NAME, Family
 from ..checkpoint.limits import MAX_INPUT_BYTES
 from ..checkpoint.provenance import INPUTS_DIR, input_path, parse_input
 from ..errors import CheckpointError, CheckpointWriteError
+from ..objectstore.registry import storage_for
 from ..remote.catalogue import expand
 from ..retention import KeepAll
 from ..storage.local import LocalStorage
-from ..storage.registry import storage_for
 from ..store.family import FamilyConfig
 from ..store.publish import publish, targets
 from . import FAILURE, UsageError, is_remote, output

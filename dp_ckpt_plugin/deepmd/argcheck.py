@@ -612,7 +612,7 @@ def check_save_url(value: str, key: str = "training.save_dir") -> str:
     exists and the credentials are accepted is found when the store opens,
     before any model is built.
     """
-    from ..storage.registry import remote_url
+    from ..objectstore.registry import remote_url
 
     try:
         return remote_url(value)
@@ -654,7 +654,7 @@ def check_save_dir(value: Any, key: str = "training.save_dir") -> Path | str | N
         raise ConfigError(f"`{key}` must not be empty; give a directory path or null")
     if "\0" in value:
         raise ConfigError(f"`{key}` contains a NUL character: {value!r}")
-    from ..storage.registry import check_not_mistyped, local_path
+    from ..objectstore.registry import check_not_mistyped, local_path
 
     try:
         found = local_path(value)

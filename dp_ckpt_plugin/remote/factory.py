@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..objectstore.registry import storage_for
 from ..storage import Storage
-from ..storage.registry import storage_for
 from ..storage.staging import staging_dir
 from .lease import DEFAULT_TTL
 from .replica import DEFAULT_UPLOAD_WAIT, RemoteStore

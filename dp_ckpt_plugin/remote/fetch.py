@@ -333,7 +333,7 @@ def copy_here(found, directory: Path, local: Storage, storage=None, durable=True
     the same entry is fetched (verified) into ``directory`` of this node,
     unless it is there already. Returns ``found`` naming the local copy.
     """
-    from ..storage.registry import storage_for
+    from ..objectstore.registry import storage_for
 
     source = found.source
     storage = storage or storage_for(source.url)

@@ -60,7 +60,7 @@ def _named(source: RemoteSource, spec: str) -> bool:
 def _elsewhere(spec: str, context) -> Resolved:
     """A URL of another store (or of a checkpoint in one)."""
     from ..errors import RestartNotFoundError
-    from ..storage.registry import storage_for
+    from ..objectstore.registry import storage_for
     from .head import read
 
     base, rest = spec.rstrip("/"), ""

@@ -869,9 +869,6 @@ class LocalStorage:
         def write(handle: BinaryIO) -> None:
             if isinstance(data, (bytes, bytearray, memoryview)):
                 handle.write(data)
-            elif isinstance(data, Path):
-                with open(data, "rb") as source:
-                    shutil.copyfileobj(source, handle, _COPY_CHUNK)
             else:
                 shutil.copyfileobj(data, handle, _COPY_CHUNK)
             handle.flush()

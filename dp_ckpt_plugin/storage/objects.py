@@ -29,10 +29,10 @@ server that claims them (``dp_ckpt_plugin.remote.probe.probe``).
 
 Three implementations ship: :class:`~dp_ckpt_plugin.storage.local.LocalStorage`
 (POSIX: ``O_EXCL`` and ``link`` for create-if-absent, ``flock`` and ``rename``
-for compare-and-swap, ``fsync``), :class:`~dp_ckpt_plugin.storage.memory.MemoryStorage`
-(in the process, under a lock) and ``dp_ckpt_plugin.storage.cloud.CloudStorage``
+for compare-and-swap, ``fsync``), :class:`~dp_ckpt_plugin.objectstore.memory.MemoryStorage`
+(in the process, under a lock) and ``dp_ckpt_plugin.objectstore.cloud.CloudStorage``
 (S3, GCS and Azure through ``obstore``, with conditional requests). The
-registry (``dp_ckpt_plugin.storage.registry``) picks one by URL scheme.
+registry (``dp_ckpt_plugin.objectstore.registry``) picks one by URL scheme.
 
 Errors: a condition that does not hold raises :class:`KeyExistsError` or
 :class:`VersionMismatchError`; an object that is not there is ``None`` from
@@ -46,14 +46,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import BinaryIO, Protocol, runtime_checkable
 
 from ..errors import CheckpointError, CheckpointWriteError
 
-#: What ``put`` accepts: bytes (or a buffer), a local file by path, or an open
-#: binary file positioned at its start.
-Source = bytes | bytearray | memoryview | Path | BinaryIO
+#: What ``put`` accepts: bytes (or a buffer), or an open binary file (a local
+#: one opened through the storage layer) positioned at its start.
+Source = bytes | bytearray | memoryview | BinaryIO
 
 #: Most bytes ``get`` reads of a small object unless told otherwise.
 SMALL_OBJECT_LIMIT = 1 << 20

@@ -13,7 +13,7 @@ before a call is carried out (:meth:`MemoryStorage.before`): a writer paused
 between reading HEAD and swapping it, a server that answers 503.
 
 This module is also the example of a storage added in one module and one
-registry entry (``memory`` in ``dp_ckpt_plugin.storage.registry``).
+registry entry (``memory`` in ``dp_ckpt_plugin.objectstore.registry``).
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import BinaryIO
 
-from .forks import in_child
-from .objects import (
+from ..storage.forks import in_child
+from ..storage.objects import (
     SMALL_OBJECT_LIMIT,
     Capabilities,
     KeyExistsError,
@@ -296,8 +295,6 @@ class MemoryStorage:
 def _read_source(data: Source) -> bytes:
     if isinstance(data, (bytes, bytearray, memoryview)):
         return bytes(data)
-    if isinstance(data, Path):
-        return data.read_bytes()
     out = bytearray()
     chunk = data.read(1 << 20)
     while chunk:

@@ -5,8 +5,8 @@
 =====================================  =========================================
 a plain path, ``file:///path``          :class:`~dp_ckpt_plugin.storage.local.LocalStorage`
                                        (its root is the path)
-``memory://bucket/prefix``              :class:`~dp_ckpt_plugin.storage.memory.MemoryStorage`
-``s3://``, ``gs://``, ``az://``,        :class:`~dp_ckpt_plugin.storage.cloud.CloudStorage`
+``memory://bucket/prefix``              :class:`~dp_ckpt_plugin.objectstore.memory.MemoryStorage`
+``s3://``, ``gs://``, ``az://``,        :class:`~dp_ckpt_plugin.objectstore.cloud.CloudStorage`
 ``abfs://``, ``abfss://``               (needs ``pip install "dp-ckpt-plugin[s3]"``)
 =====================================  =========================================
 
@@ -35,9 +35,9 @@ from importlib import metadata
 from urllib.parse import unquote, urlsplit
 
 from ..errors import ConfigError
+from ..storage.forks import in_child
+from ..storage.objects import ObjectStorage
 from ..text import shown
-from .forks import in_child
-from .objects import ObjectStorage
 
 #: Entry-point group third-party storages register under (name = scheme).
 ENTRY_POINT_GROUP = "dp_ckpt.storage"
@@ -51,7 +51,7 @@ _VALID_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")
 
 
 def _local(url: str, **options) -> ObjectStorage:
-    from .local import LocalStorage
+    from ..storage.local import LocalStorage
 
     return LocalStorage(local_path(url), **options)
 

@@ -36,7 +36,6 @@ obstore is imported when a storage is made, never when this module is.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import ipaddress
 import os
@@ -45,15 +44,12 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import BinaryIO, TypeVar
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError, ForkedError
-from ..text import scrub_url, shown
-from . import aws
-from .forks import in_child
-from .objects import (
+from ..storage.forks import in_child
+from ..storage.objects import (
     SMALL_OBJECT_LIMIT,
     Capabilities,
     KeyExistsError,
@@ -67,6 +63,8 @@ from .objects import (
     check_key,
     check_prefix,
 )
+from ..text import scrub_url, shown
+from . import aws
 
 #: Size of one part of a multipart upload (and the largest single-request put).
 PART_SIZE = 16 << 20
@@ -460,33 +458,25 @@ class CloudStorage:
     def put(self, key: str, data: Source) -> ObjectInfo:
         """Write a whole object, replacing any (multipart above :data:`PART_SIZE`).
 
-        A :class:`~pathlib.Path` is opened and streamed: at most
-        :data:`PART_CONCURRENCY` parts are in memory at a time.
+        An open file is streamed: at most :data:`PART_CONCURRENCY` parts are
+        in memory at a time.
         """
         check_key(key)
-        with contextlib.ExitStack() as stack:
-            if isinstance(data, Path):
-                try:
-                    data = stack.enter_context(open(data, "rb"))
-                except OSError as exc:
-                    raise StorageUnavailableError(
-                        self.url_of(key), "write", f"cannot read {data}: {exc.strerror}"
-                    ) from None
-            size, source = _prepare(data)
-            parts = -(-size // PART_SIZE) if size > PART_SIZE else 0
-            self._count("put", parts + 2 if parts else 1)
-            put = self._obstore.put
-            found = self._run(
-                "write",
+        size, source = _prepare(data)
+        parts = -(-size // PART_SIZE) if size > PART_SIZE else 0
+        self._count("put", parts + 2 if parts else 1)
+        put = self._obstore.put
+        found = self._run(
+            "write",
+            key,
+            lambda: put(
+                self._store,
                 key,
-                lambda: put(
-                    self._store,
-                    key,
-                    source,
-                    chunk_size=PART_SIZE,
-                    max_concurrency=PART_CONCURRENCY,
-                ),
-            )
+                source,
+                chunk_size=PART_SIZE,
+                max_concurrency=PART_CONCURRENCY,
+            ),
+        )
         return ObjectInfo(key, size, self._version(found), time.time())
 
     def _conditional(self, op: str, what: str, key: str, data: bytes, mode):
