@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -430,6 +431,28 @@ def _generators():
     import torch
 
     return (random.getstate(), np.random.get_state()[1].tolist(), torch.get_rng_state())
+
+
+@check("gloo-exit")
+def _(tmp_path, monkeypatch):
+    """Under torchrun, one function at exit, registered once, that changes nothing."""
+    import atexit
+
+    from dp_ckpt_plugin.deepmd import runtime
+
+    monkeypatch.setattr(runtime, "_registered", False)
+    registered = []
+    monkeypatch.setattr(atexit, "register", registered.append)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    runtime.start_process_group()  # outside torchrun: nothing
+    assert registered == []
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    runtime.settle_gloo_at_exit()
+    runtime.settle_gloo_at_exit()
+    assert registered == [runtime.settle_gloo_threads]
+    began = time.monotonic()
+    runtime.settle_gloo_threads()  # no gloo thread here: returns at once
+    assert time.monotonic() - began < 0.5
 
 
 @check("random-generators")
