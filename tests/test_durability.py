@@ -210,3 +210,42 @@ def test_a_steady_save_makes_four_fsyncs_and_reads_no_checkpoint(tmp_path, backe
         assert storage.counts["payload_open"] == 0
         assert storage.counts["small_bytes"] <= 64  # the pointer's line
         assert [c.step for c in m.store.committed()] == [3, 4]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="no /proc/self/fd")
+@pytest.mark.parametrize("meanwhile", [False, True], ids=["plain", "with-a-record"])
+def test_the_naming_folder_goes_beside_the_flush_and_before_the_write_returns(
+    tmp_path, meanwhile
+):
+    """The folder naming a payload by its final name is removed off the caller's thread.
+
+    ``torch.save`` still names its archive's folder after the final name,
+    and nothing of the folder is left when ``write_payload`` returns.
+    """
+    import threading
+    import zipfile
+
+    torch = pytest.importorskip("torch")
+    from dp_ckpt_plugin.storage.local import LocalStorage
+
+    removers: list[str] = []
+
+    class Watching(LocalStorage):
+        def _sys_rmdir(self, path):
+            removers.append(threading.current_thread().name)
+            return super()._sys_rmdir(path)
+
+    storage = Watching(tmp_path)
+    tmp, digest = storage.write_payload(
+        tmp_path / "model.ckpt-1.pt",
+        lambda handle: torch.save({"x": torch.ones(3)}, handle.os_path),
+        durable=True,
+        digest=lambda view: f"n{len(view)}",
+        meanwhile=(lambda tmp, digest: None) if meanwhile else None,
+    )
+    caller = threading.current_thread().name
+    assert removers == [f"{caller}/dp_ckpt-tidy"]
+    assert [p.name for p in tmp_path.iterdir()] == [tmp.name]
+    assert digest == f"n{tmp.stat().st_size}"
+    with zipfile.ZipFile(tmp) as archive:
+        assert {n.split("/")[0] for n in archive.namelist()} == {"model.ckpt-1"}

@@ -465,12 +465,12 @@ class LocalStorage:
         step = "create"
         recorder = None
         found = None
+        named = None
         try:
             fd = self._create(tmp)
             with os.fdopen(fd, "w+b") as handle:
                 step = "write"
                 wrapped = self._wrap_handle(handle, tmp)
-                named = None
                 if digest is not None and wrapped is handle and _FD_PATHS:
                     named = _FinalName(self, fd, tmp, path.name)
                 recorder = _ErrorRecorder(wrapped, named)
@@ -491,22 +491,29 @@ class LocalStorage:
                     handle.truncate()
                     recorder.forget_path()
                     writer(recorder)
-                finally:
-                    if named is not None:
-                        named.close()
-                handle.flush()
-                if digest is None:
-                    if durable:
-                        step = "fsync"
-                        self._sys_fsync(fd, tmp)
-                else:
-                    step = "fsync"
-                    fsync = (lambda: self._sys_fsync(fd, tmp)) if durable else None
-                    if meanwhile is not None and fsync is not None:
-                        found = _digest_beside(fd, digest, fsync, tmp, meanwhile)
+                # the naming folder goes on a thread of its own while this
+                # one hashes and flushes the payload (a removal of a folder
+                # costs milliseconds on some disks); gone before returning
+                tidy = named.close_beside() if named is not None else None
+                try:
+                    handle.flush()
+                    if digest is None:
+                        if durable:
+                            step = "fsync"
+                            self._sys_fsync(fd, tmp)
                     else:
-                        found = _digest_while(fd, digest, fsync)
+                        step = "fsync"
+                        fsync = (lambda: self._sys_fsync(fd, tmp)) if durable else None
+                        if meanwhile is not None and fsync is not None:
+                            found = _digest_beside(fd, digest, fsync, tmp, meanwhile)
+                        else:
+                            found = _digest_while(fd, digest, fsync)
+                finally:
+                    if tidy is not None:
+                        tidy.join()
         except BaseException as exc:
+            if named is not None:
+                named.close()  # idempotent: nothing left if the tidy ran
             if step != "create":
                 self.remove_quietly(tmp)
             if isinstance(exc, _Meanwhile):
@@ -1205,9 +1212,11 @@ class _FinalName:
     temporary file when a crash leaves it), named through that directory's
     descriptor (``/proc/self/fd/<n>/<final name>``), so that a link planted
     on the way is never followed. The link and the directory go once the
-    writer returns (:meth:`close`). Where no hard link can be made, the open
-    file's own ``/proc/self/fd/<n>`` is given (the archive's folder is then
-    named after the descriptor).
+    writer returns, on a thread of their own while the payload is hashed
+    and flushed, and before the write returns (:meth:`close_beside`).
+    Where no hard link can be made, the open file's own
+    ``/proc/self/fd/<n>`` is given (the archive's folder is then named
+    after the descriptor).
     """
 
     def __init__(self, storage: LocalStorage, fd: int, tmp: Path, final: str) -> None:
@@ -1236,6 +1245,16 @@ class _FinalName:
             self.close()  # something else is at the temporary name: never write it
             return f"/proc/self/fd/{self.fd}"
         return f"/proc/self/fd/{self.dirfd}/{self.final}"
+
+    def close_beside(self) -> threading.Thread | None:
+        """:meth:`close` on a thread of its own, started; ``None`` if nothing is left."""
+        if self.folder is None and self.dirfd is None:
+            return None
+        thread = threading.Thread(
+            target=self.close, name=f"{threading.current_thread().name}/dp_ckpt-tidy"
+        )
+        thread.start()
+        return thread
 
     def close(self) -> None:
         """Remove the link and its directory (a crash leaves them to the sweep)."""
