@@ -176,7 +176,7 @@ def test_verify_and_prune_a_copy_of_a_real_run(trained, tmp_path, capsys):
     victim.write_bytes(bytes(raw))
     assert main(["verify", str(models), "--size-only"]) == 0
     capsys.readouterr()
-    status, data = dp_ckpt_json(capsys, "verify", models, "--sha256")
+    status, data = dp_ckpt_json(capsys, "verify", models, "--digest")
     assert status == 1
     assert [c["name"] for c in data["checkpoints"] if not c["ok"]] == [victim.name]
 

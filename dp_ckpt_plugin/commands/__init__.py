@@ -104,11 +104,26 @@ def store_directory(value: str) -> Path | str:
     return path
 
 
+class Renamed(argparse.Action):
+    """A flag 0.3 renamed: refused in one line naming its replacement."""
+
+    def __init__(self, option_strings, dest, replacement: str, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, help=argparse.SUPPRESS)
+        self.replacement = replacement
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        parser.error(f"{option_string} is {self.replacement} since 0.3")
+
+
 def add_digest_flag(parser: argparse.ArgumentParser) -> None:
-    """``--digest`` (alias ``--sha256``): re-read files and compare digests."""
+    """``--digest``: re-read files and compare digests (``--sha256`` refused)."""
+    parser.add_argument(
+        "--sha256",
+        action=Renamed,
+        replacement="--digest (records name their algorithm)",
+    )
     parser.add_argument(
         "--digest",
-        "--sha256",
         dest="digest",
         action="store_true",
         help="also re-read each file and compare its digest with its commit "

@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
 def upload(directory: Path, url: str) -> tuple[list[dict], list[str]]:
     """Send the committed checkpoints of a local store to the store at ``url``."""
     from ..remote.factory import open_remote
-    from ..remote.replica import _Job, _Skip
+    from ..remote.replica import NotSent
     from .inventory import read_inventory
 
     inventory = read_inventory(directory)
@@ -126,13 +126,11 @@ def upload(directory: Path, url: str) -> tuple[list[dict], list[str]]:
                 key = (view.family.prefix, checkpoint.name, checkpoint.record.digest)
                 if key in held or checkpoint.path in dead:
                     continue
-                job = _Job(config, checkpoint, time.monotonic())
                 try:
-                    remote._upload({view.family.prefix: [job]}, delete=False)
-                except _Skip as exc:  # a corrupt or changed source checkpoint
+                    entry = remote.send_now(config, checkpoint)
+                except NotSent as exc:  # a corrupt or changed source checkpoint
                     problems.append(str(exc))
                     continue
-                entry = remote.uploaded[-1]
                 copied.append(
                     {
                         "family": view.family.prefix,
@@ -152,9 +150,7 @@ def upload(directory: Path, url: str) -> tuple[list[dict], list[str]]:
                 if chosen is not None and (
                     published is None or chosen.step > published.step
                 ):  # never back to an older step
-                    remote._head = _published(
-                        storage, remote, view.family.prefix, chosen
-                    )
+                    remote.publish(view.family.prefix, chosen)
     finally:
         remote.close(wait=0)
     return copied, problems
@@ -237,16 +233,6 @@ def _another_run(remote, inventory, directory: Path, dead=frozenset()) -> None:
         f"{', '.join(map(str, steps))}): archived in {remote.storage.url_of(key)} "
         f"before {directory} was copied, as a fresh run does\n"
     )
-
-
-def _published(storage, remote, prefix, chosen):
-    from ..remote import head as heads
-
-    def change(head):
-        return head.with_entry(prefix, chosen, publish=chosen.key)
-
-    swap = heads.update(storage, remote.epoch, change, known=remote._head)
-    return swap.head, swap.version
 
 
 def _fetch_input(storage, record, directory: Path, local: LocalStorage) -> None:

@@ -5,7 +5,7 @@ checked, and every pointer and alias must name one) or one checkpoint file.
 Each file's size and content are compared with its record: it is re-read
 and hashed with the algorithm the record names, through
 :func:`dp_ckpt_plugin.checkpoint.records.verify`. ``--size-only`` is the quick check
-(sizes alone); ``--digest`` (alias ``--sha256``) names the default, for
+(sizes alone); ``--digest`` names the default, for
 scripts written when the size was. The summary says how many bytes were
 hashed and at what rate; above :data:`PROGRESS_ABOVE` bytes to hash, a
 progress bar on standard error (on a terminal only: ``--json`` output stays
@@ -30,7 +30,7 @@ from ..checkpoint import Checkpoint, records
 from ..checkpoint.pointers import named_by
 from ..errors import CorruptCheckpointError, InvalidRecordError, UnreadableFileError
 from ..storage import default_storage
-from . import output
+from . import Renamed, output
 from .inventory import Inventory, read_inventory
 
 HELP = "check checkpoints against their commit records"
@@ -56,9 +56,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="compare sizes only, without reading the files (the quick check)",
     )
+    parser.add_argument(
+        "--sha256",
+        action=Renamed,
+        replacement="--digest (records name their algorithm)",
+    )
     what.add_argument(
         "--digest",
-        "--sha256",
         dest="digest",
         action="store_true",
         help="re-read each file and compare its digest too (the default)",

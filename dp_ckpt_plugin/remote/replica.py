@@ -83,7 +83,7 @@ ARCHIVE_ATTEMPTS = 100
 BEHIND_REPORT = 30.0
 
 
-class _Skip(Exception):
+class NotSent(Exception):
     """A queued checkpoint that cannot be uploaded (its staged file changed)."""
 
 
@@ -486,7 +486,7 @@ class RemoteStore:
             except FencedError as exc:
                 self._fail(exc)
                 return
-            except _Skip as exc:  # a newer save of the step will follow, or none can
+            except NotSent as exc:  # a newer save of the step will follow, or none can
                 log.warning("%s", exc)
                 continue
             except (StorageUnavailableError, CheckpointWriteError, OSError) as exc:
@@ -691,7 +691,7 @@ class RemoteStore:
         try:
             handle = self.staging.open_payload(checkpoint.path)
         except (UnreadableFileError, FileNotFoundError) as exc:
-            raise _Skip(
+            raise NotSent(
                 f"staged checkpoint {checkpoint.path} is gone ({exc}); "
                 f"it is not uploaded to {self.url}"
             ) from None
@@ -699,7 +699,7 @@ class RemoteStore:
             found = digest_of_handle(handle, record.algorithm)
             size = handle.tell()
             if size != record.size or found != record.digest:
-                raise _Skip(
+                raise NotSent(
                     f"staged checkpoint {checkpoint.path} no longer matches its "
                     "commit record (corrupt, or saved again meanwhile); it is not "
                     f"uploaded to {self.url}"
@@ -739,6 +739,25 @@ class RemoteStore:
             with contextlib.suppress(KeyExistsError):  # the same content, by name
                 self.storage.put_if_absent(f"{INPUTS_DIR}/{staged.name}", data)
         self._inputs_sent.add(digest)
+
+    def send_now(self, config: FamilyConfig, checkpoint: Checkpoint) -> Entry:
+        """Upload one committed checkpoint on this thread, deleting nothing; its entry.
+
+        Raises ``NotSent`` when the staged file is gone or no longer
+        matches its commit record.
+        """
+        job = _Job(config, checkpoint, time.monotonic())
+        self._upload({config.family.prefix: [job]}, delete=False)
+        return self.uploaded[-1]
+
+    def publish(self, prefix: str, entry: Entry) -> None:
+        """Make ``entry``, kept in HEAD, the published checkpoint of ``prefix`` (one swap)."""
+
+        def change(head: Head) -> Head:
+            return head.with_entry(prefix, entry, publish=entry.key)
+
+        swap = heads.update(self.storage, self.epoch, change, known=self._head)
+        self._head = (swap.head, swap.version)
 
     def sent_url(self, name: str) -> str | None:
         """The URL of the newest upload of the checkpoint file ``name``, or ``None``."""
