@@ -76,47 +76,18 @@ class Recorder:
 
 def _grow(storage, count: int, digest: str) -> None:
     """Make HEAD keep steps 1..count-1 besides its newest, as the writer would."""
-    from dp_ckpt_plugin.remote import catalogue
     from dp_ckpt_plugin.remote import head as heads
 
-    head, version = heads.read(storage)
-    state = head.family(PREFIX)
+    tests = str(Path(__file__).resolve().parents[1] / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)  # the tests' support code
+    from head_support import grow
 
     def entry(step: int) -> heads.Entry:
         name = f"{PREFIX}-{step}.pt"
         return heads.Entry(f"e000001/{name}", name, step, 1, digest)
 
-    older = [entry(s) for s in range(1, count)]
-    whole = len(older) - len(older) % catalogue.SPILL
-    n = 1_000
-    for at in range(0, whole, catalogue.SPILL):
-        segment = catalogue.write_segment(
-            storage, 1, n, PREFIX, older[at : at + catalogue.SPILL]
-        )
-        n += 1
-        state = heads.FamilyState(
-            state.kept,
-            state.latest,
-            state.pointer,
-            state.lineage,
-            (*state.segments, segment),
-        )
-        while merging := catalogue.merge_plan(state):
-            parent = catalogue.write_segment(storage, 1, n, PREFIX, children=merging)
-            n += 1
-            state = (
-                head._with(PREFIX, state)
-                .resegmented(PREFIX, [s.key for s in merging], [parent])
-                .family(PREFIX)
-            )
-    kept = tuple(sorted([*older[whole:], *state.kept], key=lambda e: e.step))
-    grown = head._with(
-        PREFIX,
-        heads.FamilyState(
-            kept, state.latest, state.pointer, state.lineage, state.segments
-        ),
-    )
-    storage.put_if_match("HEAD", grown.to_bytes(), version)
+    grow(storage, PREFIX, count, entry)
 
 
 def measure(work: Path, count: int, state) -> dict[str, list[tuple[str, str, int]]]:

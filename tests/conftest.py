@@ -222,6 +222,18 @@ def trained_copy(shared_trained, tmp_path):
     return copy
 
 
+@pytest.fixture
+def mem():
+    """An in-process object storage at ``memory://<a new bucket>/run``, forgotten after."""
+    import secrets
+
+    from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
+
+    bucket = f"m{secrets.token_hex(4)}"
+    yield MemoryStorage(f"memory://{bucket}/run")
+    forget(bucket)
+
+
 # -- a real S3 endpoint (moto's server; see s3_server.py) ------------------------
 
 

@@ -387,6 +387,13 @@ def _with(entry_of):
     return lambda h, v: h.with_entry("m", entry_of(v), publish=None)
 
 
+def _with_segments(head, segments):
+    """``head`` with one entry of family ``m``, whose segments are ``segments``."""
+    one = _with(lambda v: _entry())(head, None)
+    family = dataclasses.replace(one.family("m"), segments=tuple(segments))
+    return dataclasses.replace(one, families={"m": family})
+
+
 def _head_fits(n: int) -> bool:
     try:
         _many(n).to_bytes()
@@ -466,16 +473,8 @@ HEAD_CASES = {
     "head.segments": (
         _head_round_trip(
             None,
-            change=lambda h, v: dataclasses.replace(
-                _with(lambda v: _entry())(h, v),
-                families={
-                    "m": dataclasses.replace(
-                        _with(lambda v: _entry())(h, v).family("m"),
-                        segments=tuple(
-                            heads.Segment(segment_key(1, i), 1, i, i) for i in range(v)
-                        ),
-                    )
-                },
+            change=lambda h, v: _with_segments(
+                h, (heads.Segment(segment_key(1, i), 1, i, i) for i in range(v))
             ),
             read=lambda h, v: len(h.family("m").segments),
         ),
@@ -485,14 +484,8 @@ HEAD_CASES = {
     "head.segment.level": (
         _head_round_trip(
             None,
-            change=lambda h, v: dataclasses.replace(
-                _with(lambda v: _entry())(h, v),
-                families={
-                    "m": dataclasses.replace(
-                        _with(lambda v: _entry())(h, v).family("m"),
-                        segments=(heads.Segment(segment_key(1, 0), 1, 1, 1, v),),
-                    )
-                },
+            change=lambda h, v: _with_segments(
+                h, [heads.Segment(segment_key(1, 0), 1, 1, 1, v)]
             ),
             read=lambda h, v: h.family("m").segments[0].level,
         ),

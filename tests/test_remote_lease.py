@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import secrets
-
 import pytest
 from helpers import gone_holder
 
 from dp_ckpt_plugin.errors import StoreLockedError
-from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 from dp_ckpt_plugin.remote.head import FencedError
 from dp_ckpt_plugin.remote.lease import Holder, Lease
 
@@ -25,13 +22,6 @@ class Clock:
         self.now += seconds
         self.wall += seconds
         self.slept += seconds
-
-
-@pytest.fixture
-def mem():
-    bucket = f"l{secrets.token_hex(4)}"
-    yield MemoryStorage(f"memory://{bucket}/run")
-    forget(bucket)
 
 
 def lease(storage, clock, holder=None, ttl=60.0):

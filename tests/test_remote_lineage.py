@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import random
-import secrets
 
 import pytest
 from helpers import make_payload, remote_store
@@ -22,19 +21,11 @@ from dp_ckpt_plugin.checkpoint.lineage import Lineage, Link, chain_of, on_chain
 from dp_ckpt_plugin.checkpoint.records import read_record
 from dp_ckpt_plugin.commands import main
 from dp_ckpt_plugin.errors import CheckpointWriteError
-from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 from dp_ckpt_plugin.remote import head as heads
 
 PREFIX = "model.ckpt"
 B_SALT = 100_000  # B's payloads differ from A's at the same step
 DEAD = "a dead branch"
-
-
-@pytest.fixture
-def mem():
-    bucket = f"l{secrets.token_hex(4)}"
-    yield MemoryStorage(f"memory://{bucket}/run")
-    forget(bucket)
 
 
 def _state(storage):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import secrets
 
-import pytest
+from head_support import grow
 from helpers import committed_steps, make_payload, open_manager, remote_store
 
 from dp_ckpt_plugin.checkpoint.digests import digest_of_view
@@ -31,13 +31,6 @@ BYTES = b"x"
 DIGEST = digest_of_view(memoryview(BYTES))
 
 
-@pytest.fixture
-def mem():
-    bucket = f"g{secrets.token_hex(4)}"
-    yield MemoryStorage(f"memory://{bucket}/run")
-    forget(bucket)
-
-
 def _entry(step: int) -> heads.Entry:
     name = f"{PREFIX}-{step}.h5"
     return heads.Entry(f"e000001/{name}", name, step, len(BYTES), DIGEST)
@@ -51,42 +44,8 @@ def _commit(storage, entry: heads.Entry) -> None:
 
 
 def _grow(storage, count: int) -> None:
-    """Make HEAD keep steps 1..count-1 besides its newest, as the writer would:
-    full segments of ``SPILL`` entries, named by segments of the next level
-    once ``FANOUT`` of a level are named, the rest in HEAD."""
-    head, version = heads.read(storage)
-    state = head.family(PREFIX)
-    older = [_entry(s) for s in range(1, count)]
-    whole = len(older) - len(older) % catalogue.SPILL
-    n = 1_000
-    for at in range(0, whole, catalogue.SPILL):
-        segment = catalogue.write_segment(
-            storage, 1, n, PREFIX, older[at : at + catalogue.SPILL]
-        )
-        n += 1
-        state = heads.FamilyState(
-            state.kept,
-            state.latest,
-            state.pointer,
-            state.lineage,
-            (*state.segments, segment),
-        )
-        while merging := catalogue.merge_plan(state):
-            parent = catalogue.write_segment(storage, 1, n, PREFIX, children=merging)
-            n += 1
-            state = (
-                head._with(PREFIX, state)
-                .resegmented(PREFIX, [s.key for s in merging], [parent])
-                .family(PREFIX)
-            )
-    kept = tuple(sorted([*older[whole:], *state.kept], key=lambda e: e.step))
-    grown = head._with(
-        PREFIX,
-        heads.FamilyState(
-            kept, state.latest, state.pointer, state.lineage, state.segments
-        ),
-    )
-    storage.put_if_match(HEAD_KEY, grown.to_bytes(), version)
+    """Make HEAD keep steps 1..count-1 besides its newest, as the writer would."""
+    grow(storage, PREFIX, count, _entry)
 
 
 def _figures(pm, tmp_path, count):

@@ -24,13 +24,6 @@ from dp_ckpt_plugin.remote.keys import HEAD_KEY, LEASE_KEY, record_key
 PREFIX = "model.ckpt"
 
 
-@pytest.fixture
-def mem():
-    bucket = f"b{secrets.token_hex(4)}"
-    yield MemoryStorage(f"memory://{bucket}/run")
-    forget(bucket)
-
-
 def head_of(storage):
     head, _ = heads.read(storage)
     return head
