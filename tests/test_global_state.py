@@ -440,15 +440,18 @@ def _(tmp_path, monkeypatch):
 
     from dp_ckpt_plugin.deepmd import runtime
 
-    monkeypatch.setattr(runtime, "_registered", False)
+    runtime.settle_gloo_at_exit.cache_clear()
     registered = []
     monkeypatch.setattr(atexit, "register", registered.append)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     runtime.start_process_group()  # outside torchrun: nothing
     assert registered == []
     monkeypatch.setenv("LOCAL_RANK", "0")
-    runtime.settle_gloo_at_exit()
-    runtime.settle_gloo_at_exit()
+    try:
+        runtime.settle_gloo_at_exit()
+        runtime.settle_gloo_at_exit()
+    finally:
+        runtime.settle_gloo_at_exit.cache_clear()  # a registration into the list
     assert registered == [runtime.settle_gloo_threads]
     began = time.monotonic()
     runtime.settle_gloo_threads()  # no gloo thread here: returns at once

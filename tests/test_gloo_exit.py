@@ -39,11 +39,13 @@ def _named(name: bytes, body) -> threading.Event:
     return stop
 
 
-def _spin_for(seconds: float):
+def _spin_for(seconds: float, ended: list[float] | None = None):
     def body(stop: threading.Event) -> None:
         end = time.monotonic() + seconds
         while time.monotonic() < end and not stop.is_set():
             pass
+        if ended is not None:
+            ended.append(time.monotonic())
 
     return body
 
@@ -59,10 +61,14 @@ def _timed(**kwargs) -> float:
 
 
 def test_a_running_gloo_thread_is_waited_for_until_it_stops():
-    stop = _named(runtime.GLOO_THREAD, _spin_for(0.4))
+    ended: list[float] = []
+    stop = _named(runtime.GLOO_THREAD, _spin_for(0.4, ended))
     try:
         assert runtime.gloo_threads_running()
-        assert 0.3 <= _timed() < 1.9
+        runtime.settle_gloo_threads()
+        returned = time.monotonic()
+        assert ended, "returned while the thread still ran"
+        assert returned - ended[0] < 1.5
         assert not runtime.gloo_threads_running()
     finally:
         stop.set()

@@ -115,13 +115,18 @@ class Renamed(argparse.Action):
         parser.error(f"{option_string} is {self.replacement} since 0.3")
 
 
-def add_digest_flag(parser: argparse.ArgumentParser) -> None:
-    """``--digest``: re-read files and compare digests (``--sha256`` refused)."""
+def refuse_sha256(parser: argparse.ArgumentParser) -> None:
+    """``--sha256``, 0.2's spelling of ``--digest``: refused in one line."""
     parser.add_argument(
         "--sha256",
         action=Renamed,
         replacement="--digest (records name their algorithm)",
     )
+
+
+def add_digest_flag(parser: argparse.ArgumentParser) -> None:
+    """``--digest``: re-read files and compare digests (``--sha256`` refused)."""
+    refuse_sha256(parser)
     parser.add_argument(
         "--digest",
         dest="digest",

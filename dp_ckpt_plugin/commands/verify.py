@@ -30,7 +30,7 @@ from ..checkpoint import Checkpoint, records
 from ..checkpoint.pointers import named_by
 from ..errors import CorruptCheckpointError, InvalidRecordError, UnreadableFileError
 from ..storage import default_storage
-from . import Renamed, output
+from . import output, refuse_sha256
 from .inventory import Inventory, read_inventory
 
 HELP = "check checkpoints against their commit records"
@@ -56,11 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="compare sizes only, without reading the files (the quick check)",
     )
-    parser.add_argument(
-        "--sha256",
-        action=Renamed,
-        replacement="--digest (records name their algorithm)",
-    )
+    refuse_sha256(parser)
     what.add_argument(
         "--digest",
         dest="digest",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import time
 from typing import Any
@@ -83,9 +84,7 @@ def swapped(owner: Any, name: str, value: Any):
         setattr(owner, name, old)
 
 
-_registered = False
-
-
+@functools.cache
 def settle_gloo_at_exit() -> None:
     """At exit, wait until torch's gloo threads have let go of their finished work.
 
@@ -97,10 +96,7 @@ def settle_gloo_at_exit() -> None:
     Registered once per process, run before finalization: the lock is
     left free until no gloo thread has been running for a few checks.
     """
-    global _registered
-    if not _registered:
-        _registered = True
-        atexit.register(settle_gloo_threads)
+    atexit.register(settle_gloo_threads)
 
 
 def settle_gloo_threads(timeout: float = 2.0) -> None:
