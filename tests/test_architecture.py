@@ -63,6 +63,7 @@ ALLOWED: dict[str, dict[str, str]] = {
         "os.getpid": "the holder note names this process",
         "socket.gethostname": "the holder note names this host",
     },
+    "background/snapshot.py": {"os.environ": "DP_CKPT_CUDA_COPY"},
     "background/shm.py": {
         "os.memfd_create": "snapshot buffers in anonymous shared memory, no file",
         "os.MFD_CLOEXEC": "snapshot buffers in anonymous shared memory, no file",

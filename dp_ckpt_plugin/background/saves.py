@@ -92,7 +92,11 @@ class BackgroundWriter:
                 self._executor = ThreadPoolExecutor(
                     1, thread_name_prefix="dp_ckpt-save"
                 )
-            self._pending = self._executor.submit(work, *args)
+            self._pending = self._executor.submit(self._after_copies, work, *args)
+
+    def _after_copies(self, work: Callable[..., Any], *args: Any) -> Any:
+        self.snapshots.ready()  # the snapshot's device-to-host copies are done
+        return work(*args)
 
     def wait(self) -> None:
         """Wait for the save in flight, if any; raise its error if it failed."""

@@ -10,11 +10,12 @@ snapshot is then pickled with each shared buffer replaced by a reference
 to the writer, never its bytes.
 
 A tensor on a CUDA device is copied into its (page-locked, when CUDA allows)
-host buffer on a side stream: the training stream waits for that copy
-before its next kernels, so the loop does not wait for it; the save waits
-for it before the writer reads the buffer (:meth:`SharedSnapshotter.ready`).
-That path is written and reasoned about but was not measured: the
-development machine has no GPU.
+host buffer on a side stream, the ``pinned`` way of the thread writer
+(``SideStreamCopies``): the
+training stream waits for that copy before its next kernels, so the loop
+does not wait for it; the save waits for it before the writer reads the
+buffer (:meth:`Snapshotter.ready`). That path was not measured on a GPU
+(see ``docs/performance.md``).
 
 Nothing here imports torch at module level.
 """
@@ -75,17 +76,15 @@ class SharedSnapshotter(Snapshotter):
     """Copy payloads into reused buffers of shared memory (see the module)."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__("pinned")  # a host buffer is what the process maps
         self._next = 0
         self._shared: dict[str, _Buffer] = {}
         #: id() of each tensor of the last snapshot -> its buffer.
         self._taken: dict[int, _Buffer] = {}
-        self._events: list = []
 
     def take(self, state: Any) -> Any:
         """A copy of ``state`` whose tensors live in shared buffers."""
         self._taken = {}
-        self._events = []
         copy = super().take(state)
         for stale in set(self._shared) - set(self._buffers):
             self._shared.pop(stale).close()
@@ -115,8 +114,9 @@ class SharedSnapshotter(Snapshotter):
                 self._next, nbytes, source.dtype, source.shape
             )
         self._buffers[path] = shared.tensor
-        if source.device.type == "cuda":
+        if self.copies.handles(source):
             self._from_device(shared, source)
+            self._pinned_bytes += nbytes
         else:
             shared.tensor.copy_(source)
         out = shared.tensor
@@ -150,28 +150,13 @@ class SharedSnapshotter(Snapshotter):
         return shared.tensor
 
     def _from_device(self, shared: _Buffer, source: Any) -> None:
-        """Copy a CUDA tensor into its host buffer on a side stream (unmeasured)."""
+        """Queue the copy of a CUDA tensor into its host buffer on the side stream."""
         import torch
 
         if not shared.pinned:
             ptr, size = shared.tensor.data_ptr(), shared.map.size()
             shared.pinned = torch.cuda.cudart().cudaHostRegister(ptr, size, 0) == 0
-        current = torch.cuda.current_stream(source.device)
-        side = torch.cuda.Stream(source.device)
-        side.wait_stream(current)  # the copy sees every kernel queued so far
-        with torch.cuda.stream(side):
-            shared.tensor.copy_(source, non_blocking=shared.pinned)
-            event = torch.cuda.Event()
-            event.record(side)
-        source.record_stream(side)
-        current.wait_stream(side)  # the next optimizer step comes after the copy
-        self._events.append(event)
-
-    def ready(self) -> None:
-        """Wait until every device-to-host copy of the last snapshot is done."""
-        for event in self._events:
-            event.synchronize()
-        self._events = []
+        self.copies.copy(shared.tensor, source, pinned=shared.pinned)
 
     def pickled(self, snapshot: Any) -> tuple[bytes, dict[int, int]]:
         """Pickle the last snapshot taken, its shared tensors as references.
