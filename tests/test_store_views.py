@@ -33,7 +33,7 @@ def run(capsys, *argv):
 
 
 def as_json(capsys, *argv):
-    status, out, err = run(capsys, *argv, "--json")
+    status, out, _ = run(capsys, *argv, "--json")
     return status, json.loads(out)
 
 

@@ -13,7 +13,7 @@
 
 Every command that takes a store directory also takes the URL of a store on
 object storage: ``ls``, ``verify``, ``resolve``/``show``, ``inspect`` and
-``prune`` are written once over a store view (:mod:`.views`) with two
+``prune`` are written once over a store view (``commands.views``) with two
 implementations, a directory and a HEAD.
 
 One module per subcommand, each with ``add_arguments(parser)`` and

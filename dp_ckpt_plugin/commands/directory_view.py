@@ -1,6 +1,6 @@
-"""A store directory as the commands see it (:class:`~.views.StoreView`).
+"""A store directory as the commands see it (``views.StoreView``).
 
-Read through :func:`.inventory.read_inventory` (nothing moved, hashed or
+Read through ``inventory.read_inventory`` (nothing moved, hashed or
 locked); a checkpoint is checked through
 :func:`dp_ckpt_plugin.checkpoint.records.verify`, a restart resolved through
 the same front door as a training run's (installed resolvers included), and

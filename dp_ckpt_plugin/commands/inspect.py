@@ -11,7 +11,7 @@ file has. The file is opened once and read once: the record is checked
 against those bytes, and the format reads the same bytes. Nothing heavy is
 imported unless the format needs it (torch only for a torch checkpoint).
 A checkpoint of a store on object storage (its URL, or the store's for
-its latest) is fetched first, verified, into a cache (:mod:`.views`);
+its latest) is fetched first, verified, into a cache (``commands.views``);
 ``--json`` then names it in ``url`` (``null`` for a file).
 """
 

@@ -2,7 +2,7 @@
 
 ``PATH`` is a store directory or the URL of a store on object storage (every
 committed checkpoint of every family is checked, and every pointer and alias
-must name one; see :mod:`.views`) or one checkpoint file.
+must name one; see ``commands.views``) or one checkpoint file.
 Each file's size and content are compared with its record: it is re-read
 and hashed with the algorithm the record names, through
 :func:`dp_ckpt_plugin.checkpoint.records.verify`. ``--size-only`` is the quick check
