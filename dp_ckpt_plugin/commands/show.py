@@ -7,10 +7,11 @@ directory, a file or a prefix; it resolves through the same front door as a
 training restart (:func:`~dp_ckpt_plugin.resolution.resolve_restart`, with
 installed resolver plugins), with ``D`` as the store; a store on object
 storage is read through its HEAD, its payload not downloaded
-(``commands.views``). Nothing is moved: a corrupt candidate is skipped and reported, never quarantined. Its
-provenance (versions, backend, world size, seed, host, input digest, data
-systems) is shown, and with ``--input`` the training input it was trained
-with (``--json`` always holds both).
+(``commands.views``). Nothing is moved: a corrupt candidate is skipped and
+reported, never quarantined. Its provenance (versions, backend, world
+size, seed, host, input digest, data systems) is shown, and with
+``--input`` the training input it was trained with (``--json`` always holds
+both).
 """
 
 from __future__ import annotations
