@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from ..checkpoint import Checkpoint, records
+from ..checkpoint.layout import Family
 from ..checkpoint.pointers import named_by
 from ..errors import CorruptCheckpointError, RestartNotFoundError, UnreadableFileError
 from ..plugin import get_plugin_manager
@@ -21,7 +22,7 @@ from ..resolution import ResolveContext, resolve_restart
 from ..storage import default_storage, local_storage
 from ..store.lock import StoreLock
 from ..store.pruning import remove
-from .inventory import FamilyView, Inventory, read_inventory
+from .inventory import FamilyView, read_inventory
 from .origins import input_of
 from .views import Aside, Check, Decide, Listed, Listing, Resolution, Shelf, select
 
@@ -32,11 +33,9 @@ class DirectoryView:
     def __init__(self, directory: Path) -> None:
         self.directory = Path(os.path.abspath(directory))
         self.where = str(self.directory)
-        #: The inventory of the last listing (its families' names, for pointers).
-        self.inventory: Inventory | None = None
 
     def listing(self, prefix: str | None = None) -> Listing:
-        self.inventory = inventory = read_inventory(self.directory)
+        inventory = read_inventory(self.directory)
         families = [_shelf(v) for v in inventory.families]
         return Listing(
             where=self.where,
@@ -67,20 +66,17 @@ class DirectoryView:
     def pointer_problems(self, listing: Listing) -> list[str]:
         """Pointers and aliases that name a file that is not there; what they
         name is read again first (a run may have moved them on meanwhile)."""
-        assert self.inventory is not None, "listing() first"
         storage = default_storage()
         problems = []
-        shown = {f.prefix for f in listing.families}
-        for view in self.inventory.families:
-            if view.family.prefix not in shown:
-                continue
+        for shelf in listing.families:
+            family = Family(shelf.prefix, shelf.suffix, shelf.pointer)
             for kind, named, where in (
-                ("pointer", view.pointer, view.family.pointer),
-                ("alias", view.alias, view.family.alias),
+                ("pointer", shelf.latest, family.pointer),
+                ("alias", shelf.alias, family.alias),
             ):
                 if named is None or _is_file(self.directory / named):
                     continue
-                now = named_by(self.directory, view.family, storage=storage)[kind]
+                now = named_by(self.directory, family, storage=storage)[kind]
                 if now not in (None, named) and _is_file(self.directory / now):
                     continue
                 problems.append(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from ..checkpoint.digests import hasher
 from ..errors import CheckpointError, RestartNotFoundError
@@ -24,7 +23,18 @@ from ..remote.head import Entry, Head
 from ..remote.keys import owned, parse_key
 from ..remote.lease import Lease
 from ..storage.objects import ObjectStorage
-from .views import Aside, Check, Decide, Listed, Listing, Resolution, Shelf, select
+from .views import (
+    Aside,
+    Check,
+    Decide,
+    HeadNote,
+    LeaseNote,
+    Listed,
+    Listing,
+    Resolution,
+    Shelf,
+    select,
+)
 
 #: What a remote store says of its retention policy (HEAD records none).
 NO_POLICY = "unknown (HEAD records no policy; prune takes one)"
@@ -38,8 +48,6 @@ class HeadView:
     def __init__(self, storage: ObjectStorage) -> None:
         self.storage = storage
         self.where = storage.url
-        #: HEAD's entry of each listed checkpoint, by its URL.
-        self.entries: dict[str, Entry] = {}
 
     @classmethod
     def at(cls, url: str) -> HeadView:
@@ -88,16 +96,14 @@ class HeadView:
                 reason=NO_POLICY,
             )
             for entry in state.kept:
-                item = self._listed(name, entry, head.format)
-                self.entries[item.where] = entry
-                shelf.items.append(item)
+                shelf.items.append(self._listed(name, entry, head.format))
             families.append(shelf)
         return Listing(
             where=self.where,
             families=select(families, prefix, self.where),
             format=head.format,
             archives=[Aside(key, self.storage.url_of(key)) for key in head.archives],
-            head={"seq": head.seq, "epoch": head.epoch, "format": head.format},
+            head=HeadNote(head.seq, head.epoch, head.format),
             lease=self._lease(),
         )
 
@@ -111,29 +117,30 @@ class HeadView:
             digest=entry.digest,
             metrics=entry.metrics,
             format=fmt,
+            entry=entry,
         )
 
-    def _lease(self) -> dict[str, Any] | None:
+    def _lease(self) -> LeaseNote | None:
         try:
             state, _ = Lease(self.storage).read()
         except CheckpointError:
             return None
         if state is None:
             return None
-        return {
-            "epoch": state.epoch,
-            "holder": state.holder.describe(),
-            "renewed": state.renewed,
-            "ttl": state.ttl,
-            "released": state.released,
-        }
+        return LeaseNote(
+            state.epoch,
+            state.holder.describe(),
+            state.renewed,
+            state.ttl,
+            state.released,
+        )
 
     def pointer_problems(self, listing: Listing) -> list[str]:
         """None: HEAD publishes one of its own entries or none."""
         return []
 
     def check(self, item: Listed, *, digest: bool) -> Check:
-        problem, hashed = self.problem(self.entries[item.where], digest=digest)
+        problem, hashed = self.problem(item.entry, digest=digest)
         if problem is None:
             return Check(item, hashed=hashed)
         return Check(item, f"{item.where}: {problem}", hashed=hashed)
@@ -225,7 +232,7 @@ class HeadView:
         doomed = decide(listing)
         if dry_run or not doomed:
             return listing, doomed
-        gone = [(c.family, self.entries[c.where]) for c in doomed]
+        gone = [(c.family, c.entry) for c in doomed]
         lease = Lease(self.storage)
         epoch = lease.acquire(min_epoch=head.epoch + 1)
         try:

@@ -13,6 +13,7 @@ of earlier runs with their sizes and their total.
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict
 from typing import Any
 
 from ..retention import Verdict, ranking_of
@@ -88,13 +89,12 @@ def show(listing: Listing, *, everything: bool) -> None:
     if listing.head is not None:
         lease = listing.lease
         holder = (
-            f"held by {lease['holder']} (epoch {lease['epoch']})"
-            if lease and not lease["released"]
+            f"held by {lease.holder} (epoch {lease.epoch})"
+            if lease and not lease.released
             else "not held"
         )
         out.print(
-            f"HEAD seq {listing.head['seq']}, epoch {listing.head['epoch']}; "
-            f"lease {holder}"
+            f"HEAD seq {listing.head.seq}, epoch {listing.head.epoch}; lease {holder}"
         )
     for warning in listing.warnings:
         out.print(f"warning: {warning}")
@@ -184,8 +184,8 @@ def as_json(listing: Listing) -> dict[str, Any]:
         "directory": listing.where,
         "format": listing.format,
         "manifest": listing.manifest,
-        "head": listing.head,
-        "lease": listing.lease,
+        "head": None if listing.head is None else asdict(listing.head),
+        "lease": None if listing.lease is None else asdict(listing.lease),
         "families": [family_json(shelf) for shelf in listing.families],
         "uncommitted": [
             {

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from ..checkpoint.records import CommitRecord
+from ..remote.head import Entry
 from ..retention import Candidate, KeepBest, RetentionPolicy, Verdict, explain_prune
 from . import is_remote
 
@@ -24,10 +25,9 @@ from . import is_remote
 class Listed:
     """One committed checkpoint, as its store lists it.
 
-    ``where`` is its path or its URL; ``record`` is its commit record where
-    the listing read it (a directory's; HEAD's entries carry the fields
-    alone); ``on_disk`` the size found beside it, and ``torn`` whether that
-    size is not its record's (a directory only).
+    ``where`` is its path or its URL. What the listing read of it: a
+    directory's commit ``record`` (with ``on_disk``, the size found beside
+    it, and ``torn``, whether that is not the record's), or HEAD's ``entry``.
     """
 
     name: str
@@ -40,6 +40,7 @@ class Listed:
     created: float | None = None
     format: str | None = None
     record: CommitRecord | None = field(default=None, repr=False, compare=False)
+    entry: Entry | None = field(default=None, repr=False, compare=False)
     on_disk: int | None = None
     torn: bool = False
 
@@ -106,12 +107,32 @@ class Aside:
     checkpoints: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class HeadNote:
+    """What a store's HEAD says of itself: its sequence, epoch and format."""
+
+    seq: int
+    epoch: int
+    format: str | None
+
+
+@dataclass(frozen=True)
+class LeaseNote:
+    """The writer lease of a store on object storage, as its LEASE says."""
+
+    epoch: int
+    holder: str
+    renewed: float
+    ttl: float
+    released: bool
+
+
 @dataclass
 class Listing:
     """What a store holds, family by family (the primary family first).
 
-    ``about`` says what the store says of itself (a directory: nothing more;
-    HEAD: its sequence, epoch and the writer lease, for people and JSON).
+    ``head`` and ``lease`` are what a store on object storage says of itself
+    (``None`` for a directory).
     """
 
     where: str
@@ -123,8 +144,8 @@ class Listing:
     archives: list[Aside] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     vanished: int = 0
-    head: dict[str, Any] | None = None
-    lease: dict[str, Any] | None = None
+    head: HeadNote | None = None
+    lease: LeaseNote | None = None
 
     def family(self, prefix: str) -> Shelf | None:
         """The family of ``prefix``, or ``None``."""
