@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..checkpoint.digests import hasher
+from ..checkpoint.records import CommitRecord
 from ..errors import CheckpointError, RestartNotFoundError
 from ..objectstore.registry import storage_for
 from ..remote import head as heads
@@ -197,7 +198,7 @@ class HeadView:
             f"no checkpoint of {self.where} is there whole: {'; '.join(defects)}"
         )
 
-    def _input(self, record) -> dict | None:
+    def _input(self, record: CommitRecord) -> dict | None:
         """The training input a record names, from ``inputs/`` of the store."""
         from ..checkpoint.limits import MAX_INPUT_BYTES
         from ..checkpoint.provenance import INPUTS_DIR, input_path, parse_input

@@ -46,7 +46,7 @@ class Listed:
 
     def candidate(self) -> Candidate:
         """The checkpoint as a retention policy sees it."""
-        return Candidate(self.name, self.step, dict(self.metrics or {}) or None)
+        return Candidate(self.name, self.step, self.metrics)
 
 
 @dataclass
@@ -147,10 +147,6 @@ class Listing:
     head: HeadNote | None = None
     lease: LeaseNote | None = None
 
-    def family(self, prefix: str) -> Shelf | None:
-        """The family of ``prefix``, or ``None``."""
-        return next((f for f in self.families if f.prefix == prefix), None)
-
     def items(self) -> list[Listed]:
         """Every committed checkpoint, family by family."""
         return [c for f in self.families for c in f.items]
@@ -217,8 +213,9 @@ class StoreView(Protocol):
     def prune(
         self, prefix: str | None, decide: Decide, *, dry_run: bool
     ) -> tuple[Listing, list[Listed]]:
-        """Remove what ``decide`` picks of a listing read under the store's lock
-        or writer lease (neither with ``dry_run``, nothing removed)."""
+        """Remove what ``decide`` picks of a fresh listing: a directory's read
+        under its lock, HEAD's swapped under the writer lease (neither taken
+        with ``dry_run``: nothing is removed)."""
 
 
 @runtime_checkable
