@@ -7,7 +7,9 @@ keeps goes at the next save; one whose size on disk is not its record's is
 shown as cut short. A family without checkpoints (the EMA family of a run
 without EMA) is one line, its table only with ``--all``. Then the numbered
 files that are not committed, what lies in ``quarantine/``, and the archives
-of earlier runs with their sizes and their total.
+of earlier runs with their sizes and their total. A store on object storage
+(``commands.views``) also says its HEAD's sequence and epoch and who holds
+its writer lease.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ ones. As in a running store, the checkpoints the pointer and alias name and
 the newest one are never removed, and each removal takes the payload before
 its record. The store's lock is held throughout: a store a run is writing is
 refused, naming the run. ``--dry-run`` shows what would go and removes
-nothing.
+nothing. A store on object storage records no policy (the keys are needed)
+and is pruned under its writer lease (``commands.views``);
+``--release-lease`` releases a lease whose holder is gone.
 
 ``--archives`` prunes the archives of earlier runs (``D/archive/<UTC>/``)
 instead: ``--keep-archives N`` keeps the newest N, ``--older-than DAYS``
@@ -113,7 +115,8 @@ def policy_for(shelf: Shelf, args: argparse.Namespace) -> RetentionPolicy:
     if recorded is None and not given:
         raise UsageError(
             f"no retention policy is recorded for {shelf.prefix} "
-            "(the store has no manifest, or its policy is not expressible as keys); "
+            "(a directory without a manifest, a policy not expressible as keys, "
+            "or a store on object storage, whose HEAD records none); "
             "give one, such as --keep-last 5"
         )
     try:
