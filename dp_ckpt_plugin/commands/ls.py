@@ -157,7 +157,14 @@ def show(listing: Listing, *, everything: bool) -> None:
 
 
 def show_archives(out, archives: list[Aside], *, everything: bool) -> None:
-    """The archives of earlier runs: one row each, then the total."""
+    """The archives of earlier runs: one row each, then the total (those of a
+    store on object storage, named by HEAD but not read, one line each)."""
+    for a in archives:
+        if a.size is None:
+            out.print(f"archive: {a.where}")
+    archives = [a for a in archives if a.size is not None]
+    if not archives:
+        return
     count = sum(len(a.checkpoints) for a in archives)
     total = sum(a.size or 0 for a in archives)
     rows = output.table(
@@ -168,7 +175,7 @@ def show_archives(out, archives: list[Aside], *, everything: bool) -> None:
     )
     for a in archives:
         rows.add_row(
-            a.where if a.size is None else a.name,
+            a.name,
             str(len(a.checkpoints)),
             output.size(a.size),
             output.utc(a.created),
