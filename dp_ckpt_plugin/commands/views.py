@@ -5,7 +5,7 @@ written once over this view. It has two implementations: a store directory
 (``directory_view``) and a store on object storage read through its HEAD
 (``head_view``); :func:`open_view` and :func:`locate` pick one from a
 command-line value. Every field of these values that came from object
-storage is shown through :func:`dp_ckpt_plugin.text.shown` by the commands.
+storage is shown through ``text.shown`` by the commands.
 """
 
 from __future__ import annotations
