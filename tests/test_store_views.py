@@ -173,3 +173,19 @@ def test_prune_removes_the_same_checkpoints(both, capsys):
         assert [c["step"] for c in data["families"][0]["checkpoints"]] == [3, 4]
     assert plans[0] == plans[1]
     assert plans[0][0][1] == ["model.ckpt-1.h5", "model.ckpt-2.h5"]
+
+
+def test_an_option_of_one_kind_of_store_is_refused_for_the_other(both, capsys):
+    """``--release-lease`` is for a store on object storage, ``--archives`` for
+    a directory: each refused in one line for the other, nothing removed."""
+    directory, url = both
+    for argv, message in (
+        (["prune", directory, "--release-lease"], "--release-lease is for a store"),
+        (["prune", url, "--archives", "--keep-archives", "0"], "--archives prunes"),
+    ):
+        status, out, err = run(capsys, *argv)
+        assert status == 2 and out == "" and err.count("\n") == 1
+        assert message in err
+    for store in both:
+        _, data = as_json(capsys, "ls", store)
+        assert [c["step"] for c in data["families"][0]["checkpoints"]] == list(STEPS)
