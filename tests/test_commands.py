@@ -956,7 +956,9 @@ def test_verify_lists_again_when_every_listed_file_went(store, capsys, monkeypat
             return found
         return real(directory)
 
-    monkeypatch.setattr("dp_ckpt_plugin.commands.verify.read_inventory", read_inventory)
+    monkeypatch.setattr(
+        "dp_ckpt_plugin.commands.directory_view.read_inventory", read_inventory
+    )
     status, verdict = as_json(capsys, "verify", store)
     assert status == 0 and verdict["ok"], verdict
     assert len(calls) == 2

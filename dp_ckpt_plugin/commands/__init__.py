@@ -12,7 +12,9 @@
     dp-ckpt sync models s3://bucket/run   # copy a store, local <-> remote, verified
 
 Every command that takes a store directory also takes the URL of a store on
-object storage (``dp_ckpt_plugin.commands.remote``).
+object storage: ``ls``, ``verify``, ``resolve``/``show``, ``inspect`` and
+``prune`` are written once over a store view (``commands.views``) with two
+implementations, a directory and a HEAD.
 
 One module per subcommand, each with ``add_arguments(parser)`` and
 ``run(args) -> int``. The commands know no trainer: they read what a store
@@ -136,25 +138,6 @@ def add_digest_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def select_families(inventory, prefix: str | None) -> list:
-    """The families of ``inventory`` asked for (all by default).
-
-    Raises
-    ------
-    UsageError
-        Naming the families the store has, when it has no ``prefix``.
-    """
-    if prefix is None:
-        return inventory.families
-    found = inventory.family(prefix)
-    if found is None:
-        known = ", ".join(f.family.prefix for f in inventory.families) or "none"
-        raise UsageError(
-            f"{inventory.directory} has no family {prefix!r} (families: {known})"
-        )
-    return [found]
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``dp-ckpt`` and its subcommands."""
     parser = _Parser(
@@ -189,10 +172,6 @@ def main(argv: list[str] | None = None) -> int:
     """
     try:
         args = build_parser().parse_args(argv)
-        from . import remote
-
-        if remote.applies(args):
-            return remote.run(args)
         return args.run(args)
     except UsageError as exc:
         return _fail(exc, USAGE)

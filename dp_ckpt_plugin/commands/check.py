@@ -34,7 +34,7 @@ from ..errors import CheckpointError
 from ..storage import default_storage
 from ..text import shown
 from . import FAILURE, UsageError, add_digest_flag, is_remote, one_line, output
-from .origins import input_of, read_input_file
+from .origins import read_input_file
 
 HELP = "say whether --restart/--init-model/--finetune of an input will load"
 DESCRIPTION = (
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
 def check(input_file: Path, handle: str, spec: str, *, digest: bool) -> dict[str, Any]:
     """The ``--json`` form (documented in docs/command.md)."""
-    from .show import resolve_in
+    from .directory_view import DirectoryView
 
     config = read_input_file(input_file)
     result: dict[str, Any] = {
@@ -104,21 +104,21 @@ def check(input_file: Path, handle: str, spec: str, *, digest: bool) -> dict[str
         )
         return result
     try:
-        found = resolve_in(where, spec, digest=digest)
+        found = DirectoryView(where).resolve(spec, digest=digest)
     except CheckpointError as exc:
         result["error"] = str(exc)
         return result
     record = found.record
     result["checkpoint"] = {
-        "path": str(found.path),
-        "step": found.step,
-        "family": found.checkpoint.family,
+        "path": found.item.where,
+        "step": found.item.step,
+        "family": found.item.family,
         "how": found.how,
         "checked": found.checked,
         "committed": record is not None,
         "warnings": list(found.warnings),
     }
-    kept = input_of(found.path, record)
+    kept = found.input
     if kept is None:
         result["will_load"] = None
         result["basis"] = (

@@ -10,11 +10,15 @@ the one its commit record names, else the registered format whose suffix the
 file has. The file is opened once and read once: the record is checked
 against those bytes, and the format reads the same bytes. Nothing heavy is
 imported unless the format needs it (torch only for a torch checkpoint).
+A checkpoint of a store on object storage (its URL, or the store's for
+its latest) is fetched first, verified, into a cache (``commands.views``);
+``--json`` then names it in ``url`` (``null`` for a file).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +29,9 @@ from ..plugin import get_plugin_manager
 from ..plugin.hooks import Hooks
 from ..storage import Storage, default_storage
 from ..store.adoption import why_not
+from ..text import MAX_LOG_LINE, shown
 from . import FAILURE, UsageError, add_digest_flag, is_remote, output
+from .views import locate
 
 HELP = "show what one checkpoint holds: step, format, record, payload structure"
 DESCRIPTION = (
@@ -74,10 +80,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Inspect; exit status 1 when the file does not load or disagrees with its record."""
-    found = inspect_file(args.path, digest=args.digest, depth=args.depth)
+    view, spec = locate(args.path)
+    path, url, warnings = view.fetch(spec)
+    for warning in warnings:
+        sys.stderr.write(f"dp-ckpt: warning: {shown(warning, MAX_LOG_LINE)}\n")
+    found = inspect_file(path, digest=args.digest, depth=args.depth)
+    found["url"] = url
     if args.json:
         output.print_json(found)
     else:
+        if url is not None:
+            output.console().print(f"{url} (fetched into {path})")
         show(found)
     return 0 if found["loaded"] and found["record"] in {"ok", "none"} else FAILURE
 

@@ -29,7 +29,7 @@ from ..checkpoint.manifest import Manifest, read_manifest
 from ..checkpoint.pointers import named_by, read_pointer
 from ..checkpoint.records import read_record
 from ..errors import InvalidRecordError, UnreadableFileError, UnsafePointerError
-from ..retention import KeepBest, RetentionPolicy, Verdict, explain_prune
+from ..retention import RetentionPolicy
 from ..storage import Storage, default_storage
 from ..store.archive import ArchiveFolder, archive_folders
 
@@ -67,41 +67,6 @@ class FamilyView:
     pointer: str | None = None
     alias: str | None = None
     on_disk: dict[str, int] = field(default_factory=dict)
-
-    def torn(self, checkpoint: Checkpoint) -> bool:
-        """Whether its size on disk is not the one its record says (cut short)."""
-        size = self.on_disk.get(checkpoint.name)
-        return size is not None and not checkpoint.record.accepts(size)
-
-    def protections(self) -> dict[str, str]:
-        """The names retention never removes, each with why."""
-        found: dict[str, list[str]] = {}
-        for kind, name in (("pointer", self.pointer), ("alias", self.alias)):
-            if name:
-                found.setdefault(name, []).append(kind)
-        what = "best" if isinstance(self.policy, KeepBest) else "latest"
-        return {name: f"{what} ({', '.join(how)})" for name, how in found.items()}
-
-    def explain(
-        self, policy: RetentionPolicy, *, protect_newest: bool = False
-    ) -> list[Verdict]:
-        """What ``policy`` keeps of this family now, and why.
-
-        The pointer and alias targets are protected, as a running store
-        protects them; ``protect_newest`` protects the newest checkpoint too
-        (as the one a store has just written).
-        """
-        protected = self.protections()
-        if protect_newest and self.checkpoints:
-            newest = self.checkpoints[-1].name
-            protected.setdefault(newest, "newest")
-        current = max((c.step for c in self.checkpoints), default=0)
-        return explain_prune(
-            [c.candidate() for c in self.checkpoints],
-            current_step=current,
-            protected=protected,
-            policy=policy,
-        )
 
 
 @dataclass

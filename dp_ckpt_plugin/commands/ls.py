@@ -7,17 +7,20 @@ keeps goes at the next save; one whose size on disk is not its record's is
 shown as cut short. A family without checkpoints (the EMA family of a run
 without EMA) is one line, its table only with ``--all``. Then the numbered
 files that are not committed, what lies in ``quarantine/``, and the archives
-of earlier runs with their sizes and their total.
+of earlier runs with their sizes and their total. A store on object storage
+(``commands.views``) also says its HEAD's sequence and epoch and who holds
+its writer lease.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict
 from typing import Any
 
 from ..retention import Verdict, ranking_of
-from . import output, select_families, store_directory
-from .inventory import FamilyView, Inventory, read_inventory
+from . import output, store_directory
+from .views import Aside, Listing, Shelf, open_view
 
 HELP = "list checkpoints and what keeps each"
 DESCRIPTION = (
@@ -46,29 +49,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """List; exit status 0."""
-    inventory = read_inventory(args.directory)
-    families = select_families(inventory, args.family)
+    listing = open_view(args.directory).listing(args.family)
     if args.json:
-        output.print_json(as_json(inventory, families))
+        output.print_json(as_json(listing))
     else:
-        show(inventory, families, everything=args.all)
+        show(listing, everything=args.all)
     return 0
 
 
-def verdicts(view: FamilyView) -> dict[str, Verdict]:
-    """What keeps each checkpoint of ``view``, by name (protections alone when
+def verdicts(shelf: Shelf) -> dict[str, Verdict]:
+    """What keeps each checkpoint of ``shelf``, by name (protections alone when
     the policy is unknown)."""
-    if view.policy is not None:
-        found = view.explain(view.policy, protect_newest=True)
+    if shelf.policy is not None:
+        found = shelf.explain(shelf.policy, protect_newest=True)
         return {v.name: v for v in found}
-    protected = view.protections()
+    protected = shelf.protections()
     return {
         c.name: Verdict(
             c.name,
             c.step,
             (("protected", protected[c.name]),) if c.name in protected else (),
         )
-        for c in view.checkpoints
+        for c in shelf.items
     }
 
 
@@ -81,21 +83,31 @@ def describe_kept(verdict: Verdict | None, policy_known: bool) -> str:
     return "; ".join(reason for _, reason in verdict.kept_by)
 
 
-def show(inventory: Inventory, families: list[FamilyView], *, everything: bool) -> None:
+def show(listing: Listing, *, everything: bool) -> None:
     """Print the tables."""
     out = output.console()
-    fmt = inventory.format or "unknown format"
-    out.print(f"{inventory.directory}  ({fmt})")
-    for warning in inventory.warnings:
+    fmt = listing.format or "unknown format"
+    out.print(f"{listing.where}  ({fmt})")
+    if listing.head is not None:
+        lease = listing.lease
+        holder = (
+            f"held by {lease.holder} (epoch {lease.epoch})"
+            if lease and not lease.released
+            else "not held"
+        )
+        out.print(
+            f"HEAD seq {listing.head.seq}, epoch {listing.head.epoch}; lease {holder}"
+        )
+    for warning in listing.warnings:
         out.print(f"warning: {warning}")
-    if not inventory.families:
+    if not listing.families:
         out.print(
             "no checkpoint families found (no commit record, manifest or pointer)"
         )
-    for view in families:
-        policy = view.reason or "unknown (no manifest)"
-        title = f"{view.family.prefix}  kept by: {policy}"
-        if not view.checkpoints and not everything:
+    for shelf in listing.families:
+        policy = shelf.reason or "unknown (no manifest)"
+        title = f"{shelf.prefix}  kept by: {policy}"
+        if not shelf.items and not everything:
             out.print(f"{title}: no committed checkpoints")
             continue
         rows = output.table(
@@ -103,51 +115,58 @@ def show(inventory: Inventory, families: list[FamilyView], *, everything: bool) 
             ["step", "file", "size", "saved (UTC)", "metrics", "kept by"],
             right=("step", "size"),
         )
-        found = verdicts(view)
-        ranking = ranking_of(view.policy) if view.policy is not None else None
-        for c in view.checkpoints:
-            shown = c.record.metrics or {}
+        found = verdicts(shelf)
+        ranking = ranking_of(shelf.policy) if shelf.policy is not None else None
+        for c in shelf.items:
+            metrics = c.metrics or {}
             if ranking is not None:  # the one that ranks (--json has them all)
-                shown = {k: v for k, v in shown.items() if k == ranking.metric}
-            kept = describe_kept(found.get(c.name), view.policy is not None)
-            size = output.size(c.record.size)
-            if view.torn(c):
-                size = f"{output.size(view.on_disk[c.name])} of {size}"
-                kept = f"CUT SHORT (its record says {c.record.size} bytes); {kept}"
+                metrics = {k: v for k, v in metrics.items() if k == ranking.metric}
+            kept = describe_kept(found.get(c.name), shelf.policy is not None)
+            size = output.size(c.size)
+            if c.torn:
+                size = f"{output.size(c.on_disk)} of {size}"
+                kept = f"CUT SHORT (its record says {c.size} bytes); {kept}"
+            name = f"{c.name}  <- latest" if c.name == shelf.latest else c.name
             rows.add_row(
                 str(c.step),
-                c.name,
+                name,
                 size,
-                output.utc(c.record.created),
-                output.metrics(shown),
+                output.utc(c.created),
+                output.metrics(dict(metrics)),
                 kept,
             )
         out.print(rows)
-    strays = [
-        s for s in inventory.strays if s.family in {f.family.prefix for f in families}
-    ]
+    prefixes = {f.prefix for f in listing.families}
+    strays = [s for s in listing.strays if s.family in prefixes]
     if strays:
         rows = output.table(
             "not committed (never restarted from, never pruned)", ["file", "why"]
         )
         for stray in strays:
-            rows.add_row(stray.path.name, stray.problem)
+            rows.add_row(stray.name, stray.problem)
         out.print(rows)
-    if inventory.quarantined:
+    if listing.quarantined:
         out.print(
-            f"quarantine/: {len(inventory.quarantined)} file(s) moved aside as corrupt"
+            f"quarantine/: {len(listing.quarantined)} file(s) moved aside as corrupt"
         )
         if everything:
-            for path in inventory.quarantined:
-                out.print(f"  {path.name}  {output.size(_size(path))}")
-    if inventory.archives:
-        show_archives(out, inventory.archives, everything=everything)
+            for q in listing.quarantined:
+                out.print(f"  {q.name}  {output.size(q.size)}")
+    if listing.archives:
+        show_archives(out, listing.archives, everything=everything)
 
 
-def show_archives(out, archives, *, everything: bool) -> None:
-    """The archives of earlier runs: one row each, then the total."""
+def show_archives(out, archives: list[Aside], *, everything: bool) -> None:
+    """The archives of earlier runs: one row each, then the total (those of a
+    store on object storage, named by HEAD but not read, one line each)."""
+    for a in archives:
+        if a.size is None:
+            out.print(f"archive: {a.where}")
+    archives = [a for a in archives if a.size is not None]
+    if not archives:
+        return
     count = sum(len(a.checkpoints) for a in archives)
-    total = sum(a.size for a in archives)
+    total = sum(a.size or 0 for a in archives)
     rows = output.table(
         f"archive/: {len(archives)} earlier run(s), {count} checkpoint(s), "
         f"{output.size(total)} in all",
@@ -156,7 +175,10 @@ def show_archives(out, archives, *, everything: bool) -> None:
     )
     for a in archives:
         rows.add_row(
-            a.name, str(len(a.checkpoints)), output.size(a.size), output.utc(a.created)
+            a.name,
+            str(len(a.checkpoints)),
+            output.size(a.size),
+            output.utc(a.created),
         )
     out.print(rows)
     if everything:
@@ -164,92 +186,85 @@ def show_archives(out, archives, *, everything: bool) -> None:
             out.print(f"  {a.name}: {', '.join(a.checkpoints) or '(empty)'}")
 
 
-def as_json(inventory: Inventory, families: list[FamilyView]) -> dict[str, Any]:
+def as_json(listing: Listing) -> dict[str, Any]:
     """The ``--json`` form (documented in docs/command.md)."""
-    prefixes = {f.family.prefix for f in families}
+    prefixes = {f.prefix for f in listing.families}
     return {
-        "directory": str(inventory.directory),
-        "format": inventory.format,
-        "manifest": inventory.manifest is not None,
-        "families": [family_json(view) for view in families],
+        "directory": listing.where,
+        "format": listing.format,
+        "manifest": listing.manifest,
+        "head": None if listing.head is None else asdict(listing.head),
+        "lease": None if listing.lease is None else asdict(listing.lease),
+        "families": [family_json(shelf) for shelf in listing.families],
         "uncommitted": [
             {
-                "name": s.path.name,
-                "path": str(s.path),
+                "name": s.name,
+                "path": s.where,
                 "family": s.family,
                 "step": s.step,
                 "problem": s.problem,
             }
-            for s in inventory.strays
+            for s in listing.strays
             if s.family in prefixes
         ],
         "quarantine": [
-            {"name": p.name, "path": str(p), "size": _size(p)}
-            for p in inventory.quarantined
+            {"name": q.name, "path": q.where, "size": q.size}
+            for q in listing.quarantined
         ],
         "archive": [
             {
                 "folder": a.name,
-                "path": str(a.path),
-                "checkpoints": a.checkpoints,
+                "path": a.where,
+                "checkpoints": list(a.checkpoints),
                 "size": a.size,
                 "created": a.created,
             }
-            for a in inventory.archives
+            for a in listing.archives
         ],
-        "archive_size": sum(a.size for a in inventory.archives),
-        "warnings": inventory.warnings,
+        "archive_size": sum(a.size or 0 for a in listing.archives),
+        "warnings": listing.warnings,
     }
 
 
-def family_json(view: FamilyView) -> dict[str, Any]:
+def family_json(shelf: Shelf) -> dict[str, Any]:
     """One family of the ``--json`` form."""
-    found = verdicts(view)
-    known = view.policy is not None
+    found = verdicts(shelf)
+    known = shelf.policy is not None
     checkpoints = []
-    for c in view.checkpoints:
+    for c in shelf.items:
         verdict = found.get(c.name)
         kept_by = verdict.kept_by if verdict else ()
         checkpoints.append(
             {
                 "name": c.name,
-                "path": str(c.path),
+                "path": c.where,
                 "step": c.step,
-                "size": c.record.size,
-                "size_on_disk": view.on_disk.get(c.name),
-                "torn": view.torn(c),
-                "created": c.record.created or None,
-                "format": c.record.format,
-                "metrics": c.record.metrics,
+                "size": c.size,
+                "size_on_disk": c.on_disk,
+                "torn": c.torn,
+                "created": c.created,
+                "format": c.format,
+                "digest": c.digest,
+                "metrics": None if c.metrics is None else dict(c.metrics),
+                "published": c.name == shelf.latest,
                 "kept": bool(kept_by) if known else (True if kept_by else None),
                 "kept_by": [{"policy": p, "reason": r} for p, r in kept_by],
             }
         )
     return {
-        "prefix": view.family.prefix,
-        "suffix": view.family.suffix,
-        "pointer": view.family.pointer,
-        "latest": view.pointer,
-        "alias": view.alias,
-        "policy": view_policy(view),
-        "reason": view.reason,
+        "prefix": shelf.prefix,
+        "suffix": shelf.suffix,
+        "pointer": shelf.pointer,
+        "latest": shelf.latest,
+        "alias": shelf.alias,
+        "policy": shelf_policy(shelf),
+        "reason": shelf.reason,
         "checkpoints": checkpoints,
     }
 
 
-def view_policy(view: FamilyView) -> dict[str, Any] | None:
+def shelf_policy(shelf: Shelf) -> dict[str, Any] | None:
     """The family's policy as plain keys, or ``None`` when unknown."""
     from ..retention import policy_to_dict
 
-    return policy_to_dict(view.policy) if view.policy is not None else None
-
-
-def _size(path) -> int | None:
-    from ..errors import UnreadableFileError
-    from ..storage import default_storage
-
-    try:
-        found = default_storage().entry(path, follow=True)
-    except UnreadableFileError:
-        return None
-    return found.size if found is not None else None
+    return policy_to_dict(shelf.policy) if shelf.policy is not None else None

@@ -83,7 +83,9 @@ def table(title: str | None, columns: list[str], *, right: tuple[str, ...] = ())
         def add_row(self, *cells: Any, **options: Any) -> None:
             super().add_row(*(_plain(c) for c in cells), **options)
 
-    out = _Shown(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    out = _Shown(
+        title=_plain(title), title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False
+    )
     for name in columns:
         out.add_column(name, justify="right" if name in right else "left")
     return out

@@ -7,7 +7,9 @@ ones. As in a running store, the checkpoints the pointer and alias name and
 the newest one are never removed, and each removal takes the payload before
 its record. The store's lock is held throughout: a store a run is writing is
 refused, naming the run. ``--dry-run`` shows what would go and removes
-nothing.
+nothing. A store on object storage records no policy (the keys are needed)
+and is pruned under its writer lease (``commands.views``);
+``--release-lease`` releases a lease whose holder is gone.
 
 ``--archives`` prunes the archives of earlier runs (``D/archive/<UTC>/``)
 instead: ``--keep-archives N`` keeps the newest N, ``--older-than DAYS``
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +37,9 @@ from ..retention import (
 from ..storage import local_storage
 from ..store.archive import archive_folders, archives_beyond, remove_archive
 from ..store.lock import StoreLock
-from ..store.pruning import remove
-from . import UsageError, output, select_families, store_directory
-from .inventory import FamilyView, read_inventory
+from ..text import shown
+from . import UsageError, is_remote, output, store_directory
+from .views import Leased, Listed, Listing, Shelf, StoreView, open_view
 
 HELP = "remove what a retention policy does not keep"
 DESCRIPTION = (
@@ -105,14 +108,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(*flags, type=_count, metavar="N", **given)
 
 
-def policy_for(view: FamilyView, args: argparse.Namespace) -> RetentionPolicy:
-    """The recorded policy of ``view`` with the command line's keys in its place."""
+def policy_for(shelf: Shelf, args: argparse.Namespace) -> RetentionPolicy:
+    """The recorded policy of ``shelf`` with the command line's keys in its place."""
     given = {k: getattr(args, k) for k in OPTIONS if hasattr(args, k)}
-    recorded = policy_to_dict(view.policy) if view.policy is not None else None
+    recorded = policy_to_dict(shelf.policy) if shelf.policy is not None else None
     if recorded is None and not given:
         raise UsageError(
-            f"no retention policy is recorded for {view.family.prefix} "
-            "(the store has no manifest, or its policy is not expressible as keys); "
+            f"no retention policy is recorded for {shelf.prefix} "
+            "(a directory without a manifest, a policy not expressible as keys, "
+            "or a store on object storage, whose HEAD records none); "
             "give one, such as --keep-last 5"
         )
     try:
@@ -142,89 +146,107 @@ def run(args: argparse.Namespace) -> int:
     """Plan, and unless ``--dry-run`` remove; exit status 1 if the store is held."""
     if args.max_ckpt_keep is not None:
         raise UsageError("--max-ckpt-keep is --keep-last since 0.3")
+    view = open_view(args.directory)
+    if args.release_lease:
+        return release(view)
     archive_flags = args.keep_archives is not None or args.older_than is not None
     if args.archives or archive_flags:
-        return run_archives(args)
-    inventory = read_inventory(args.directory)
-    families = select_families(inventory, args.family)
-    policies = {v.family.prefix: policy_for(v, args) for v in families}
-    storage = local_storage(inventory.directory)
-    lock = None if args.dry_run else StoreLock(inventory.directory, storage=storage)
-    if lock is not None:
-        lock.acquire()  # StoreLockedError names the run holding it
-    try:
-        if lock is not None:  # read again under the lock: what we remove is current
-            inventory = read_inventory(args.directory)
-            families = select_families(inventory, args.family)
-        plans = {
-            v.family.prefix: v.explain(policies[v.family.prefix], protect_newest=True)
-            for v in families
-        }
-        doomed = [
-            (view, v)
-            for view in families
-            for v in plans[view.family.prefix]
-            if not v.kept
-        ]
-        if lock is not None:
-            remove(
-                [inventory.directory / v.name for _, v in doomed],
-                durable=True,
-                storage=storage,
+        if is_remote(args.directory):
+            raise UsageError(
+                f"{view.where}: --archives prunes a store directory's archive/"
             )
-    finally:
-        if lock is not None:
-            lock.release()
-    sizes = {c.name: c.record.size for view in families for c in view.checkpoints}
-    freed = sum(sizes.get(v.name, 0) for _, v in doomed)
+        return run_archives(args)
+    policies: dict[str, RetentionPolicy] = {}
+    plans: dict[str, list[Verdict]] = {}
+
+    def decide(listing: Listing) -> list[Listed]:
+        for shelf in listing.families:
+            policies[shelf.prefix] = policy_for(shelf, args)
+        doomed = []
+        for shelf in listing.families:
+            plans[shelf.prefix] = shelf.explain(
+                policies[shelf.prefix], protect_newest=True
+            )
+            gone = {v.name for v in plans[shelf.prefix] if not v.kept}
+            doomed += [c for c in shelf.items if c.name in gone]
+        return doomed
+
+    listing, doomed = view.prune(args.family, decide, dry_run=args.dry_run)
+    freed = sum(c.size for c in doomed)
     if args.json:
-        output.print_json(
-            as_json(inventory.directory, families, policies, plans, freed, args.dry_run)
-        )
+        output.print_json(as_json(listing, policies, plans, freed, args.dry_run))
     else:
-        show(families, policies, plans, sizes, freed, dry_run=args.dry_run)
+        show(listing, policies, plans, freed, dry_run=args.dry_run)
     return 0
 
 
-def show(families, policies, plans, sizes, freed: int, *, dry_run: bool) -> None:
+def release(view: StoreView) -> int:
+    """``--release-lease``: release a writer lease whose holder is gone."""
+    if not isinstance(view, Leased):
+        raise UsageError(
+            f"{view.where}: --release-lease is for a store on object storage"
+        )
+    why = view.release_lease()
+    if why is None:
+        sys.stdout.write(f"{view.where}: no lease\n")
+    else:
+        sys.stdout.write(f"{view.where}: lease released ({shown(why)})\n")
+    return 0
+
+
+#: Rows of a family's table past which the removed ones are counted, not listed
+#: (``--json`` lists them all).
+MAX_ROWS = 1000
+
+
+def show(listing: Listing, policies, plans, freed: int, *, dry_run: bool) -> None:
     """Print one table per family and a summary."""
     out = output.console()
     gone = 0
-    for view in families:
-        policy = policies[view.family.prefix]
+    verb = "would be removed" if dry_run else "removed"
+    for shelf in listing.families:
+        policy = policies[shelf.prefix]
         rows = output.table(
-            f"{view.family.prefix}  policy: {reason_of(policy)}",
+            f"{shelf.prefix}  policy: {reason_of(policy)}",
             ["step", "file", "size", "outcome"],
             right=("step", "size"),
         )
-        for v in plans[view.family.prefix]:
+        sizes = {c.name: c.size for c in shelf.items}
+        verdicts = plans[shelf.prefix]
+        removed = sum(not v.kept for v in verdicts)
+        listed = len(verdicts) <= MAX_ROWS
+        for v in verdicts:
             if v.kept:
                 outcome = "kept: " + "; ".join(r for _, r in v.kept_by)
+            elif listed:
+                outcome = verb
             else:
-                gone += 1
-                outcome = "would be removed" if dry_run else "removed"
+                continue
             rows.add_row(str(v.step), v.name, output.size(sizes.get(v.name)), outcome)
+        if not listed:
+            rows.add_row("", f"{removed} other checkpoint(s)", "", verb)
+        gone += removed
         out.print(rows)
     verb = "would remove" if dry_run else "removed"
     out.print(f"{verb} {gone} checkpoint(s), {output.size(freed)}")
 
 
 def as_json(
-    directory, families, policies, plans, freed: int, dry_run: bool
+    listing: Listing, policies, plans, freed: int, dry_run: bool
 ) -> dict[str, Any]:
     """The ``--json`` form (documented in docs/command.md)."""
     return {
-        "directory": str(directory),
+        "directory": listing.where,
         "dry_run": dry_run,
         "families": [
             {
-                "prefix": view.family.prefix,
-                "policy": policy_to_dict(policies[view.family.prefix]),
-                "reason": reason_of(policies[view.family.prefix]),
-                "removed": [v.name for v in plans[view.family.prefix] if not v.kept],
-                "kept": [_kept(v) for v in plans[view.family.prefix] if v.kept],
+                "prefix": shelf.prefix,
+                "policy": policy_to_dict(policies[shelf.prefix]),
+                "reason": reason_of(policies[shelf.prefix]),
+                "removed": [v.name for v in plans[shelf.prefix] if not v.kept],
+                "kept": [_kept(v) for v in plans[shelf.prefix] if v.kept],
             }
-            for view in families
+            for shelf in listing.families
         ],
         "freed": freed,
     }

@@ -5,11 +5,13 @@ The same as ``dp-ckpt resolve SPEC --dir D`` (:mod:`.resolve`), kept as an alias
 ``SPEC`` is what ``--restart`` takes: ``latest`` (the default), ``best``, a
 directory, a file or a prefix; it resolves through the same front door as a
 training restart (:func:`~dp_ckpt_plugin.resolution.resolve_restart`, with
-installed resolver plugins), with ``D`` as the store. Nothing is moved: a
-corrupt candidate is skipped and reported, never quarantined. Its
-provenance (versions, backend, world size, seed, host, input digest, data
-systems) is shown, and with ``--input`` the training input it was trained
-with (``--json`` always holds both).
+installed resolver plugins), with ``D`` as the store; a store on object
+storage is read through its HEAD, its payload not downloaded
+(``commands.views``). Nothing is moved: a corrupt candidate is skipped and
+reported, never quarantined. Its provenance (versions, backend, world
+size, seed, host, input digest, data systems) is shown, and with
+``--input`` the training input it was trained with (``--json`` always holds
+both).
 """
 
 from __future__ import annotations
@@ -19,13 +21,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import RestartNotFoundError
-from ..plugin import get_plugin_manager
-from ..plugin.hooks import Hooks
-from ..resolution import ResolveContext, Resolved, resolve_restart
-from . import UsageError, add_digest_flag, one_line, output, store_directory
-from .inventory import read_inventory
-from .origins import input_of, input_text, provenance_json, provenance_rows
+from ..text import MAX_LOG_LINE, shown
+from . import UsageError, add_digest_flag, is_remote, one_line, output, store_directory
+from .origins import input_text, provenance_json, provenance_rows
+from .views import Resolution, StoreView, locate, open_view
 
 HELP = "the checkpoint a restart would use (resolve, with the store first)"
 DESCRIPTION = (
@@ -56,13 +55,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Resolve and show; exit status 1 when nothing is found."""
-    found = resolve_in(args.directory, args.spec, digest=args.digest)
+    view, spec = store_of(args.directory, args.spec)
+    found = view.resolve(spec, digest=args.digest)
     if getattr(args, "path_only", False):
         if args.json:
             raise UsageError("--path and --json do not go together: choose one")
         for warning in found.warnings:
-            sys.stderr.write(f"dp-ckpt: warning: {one_line(warning)}\n")
-        sys.stdout.write(f"{found.path}\n")
+            sys.stderr.write(
+                f"dp-ckpt: warning: {shown(one_line(warning), MAX_LOG_LINE)}\n"
+            )
+        sys.stdout.write(f"{shown(found.item.where, MAX_LOG_LINE)}\n")
         return 0
     if args.json:
         output.print_json(as_json(found, args.spec))
@@ -70,13 +72,21 @@ def run(args: argparse.Namespace) -> int:
     return show_found(found, with_input=getattr(args, "with_input", False))
 
 
-def show_found(found: Resolved, *, with_input: bool) -> int:
+def store_of(directory: Path | str, spec: str) -> tuple[StoreView, str]:
+    """The store to resolve ``spec`` in: ``directory``, unless ``spec`` is the
+    URL of a checkpoint or store (then the store above it)."""
+    if not is_remote(directory) and is_remote(spec):
+        return locate(spec)
+    return open_view(directory), spec
+
+
+def show_found(found: Resolution, *, with_input: bool) -> int:
     """Print a resolved checkpoint for people: record, provenance, input."""
     out = output.console()
-    c = found.checkpoint
-    record = c.record
+    c = found.item
+    record = found.record
     rows = [
-        ("checkpoint", str(c.path)),
+        ("checkpoint", c.where),
         ("step", str(c.step)),
         ("family", c.family or "-"),
         ("found by", found.how),
@@ -97,52 +107,35 @@ def show_found(found: Resolved, *, with_input: bool) -> int:
     for warning in found.warnings:
         out.print(f"warning: {warning}")
     if with_input:
-        config = input_of(c.path, record)
-        if config is None:
+        if found.input is None:
             out.print("input: not kept (the record names none, or its file is gone)")
         else:
             out.print("input:")
-            for line in input_text(config).splitlines():
+            for line in input_text(found.input).splitlines():
                 out.print(line)
     return 0
 
 
-def resolve_in(directory: Path, spec: str, *, digest: bool) -> Resolved:
-    """Resolve ``spec`` with ``directory`` as the store, moving nothing."""
-    inventory = read_inventory(directory)
-    if not inventory.families:
-        raise RestartNotFoundError(
-            f"no checkpoint found for restart {spec!r}: {inventory.directory} holds "
-            "no checkpoint family (no commit record, manifest or pointer)"
-        )
-    context = ResolveContext(
-        family=inventory.families[0].family,
-        store_dir=inventory.directory,
-        cwd=Path.cwd(),
-        digest=digest,
-        quarantine=False,
-    )
-    return resolve_restart(Hooks(get_plugin_manager()), spec, context)
-
-
-def as_json(found: Resolved, spec: str) -> dict[str, Any]:
+def as_json(found: Resolution, spec: str) -> dict[str, Any]:
     """The ``--json`` form (documented in docs/command.md)."""
-    c = found.checkpoint
-    record = c.record
+    c = found.item
+    record = found.record
     return {
         "spec": spec,
-        "path": str(c.path),
+        "path": c.where,
         "name": c.name,
         "step": c.step,
         "family": c.family,
         "how": found.how,
         "checked": found.checked,
+        "fell_back": found.fell_back,
         "committed": record is not None,
         "size": record.size if record else None,
+        "digest": record.digest if record else None,
         "created": (record.created or None) if record else None,
         "format": record.format if record else None,
         "metrics": record.metrics if record else None,
         "warnings": list(found.warnings),
         "provenance": provenance_json(record.provenance if record else None),
-        "input": input_of(c.path, record),
+        "input": found.input,
     }

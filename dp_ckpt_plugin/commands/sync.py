@@ -41,7 +41,7 @@ from ..storage.local import LocalStorage
 from ..store.family import FamilyConfig
 from ..store.publish import publish, targets
 from . import FAILURE, UsageError, is_remote, output
-from .remote import _check, _head
+from .head_view import HeadView
 
 HELP = "copy a store between a directory and object storage, verified"
 DESCRIPTION = (
@@ -139,7 +139,7 @@ def upload(directory: Path, url: str) -> tuple[list[dict], list[str]]:
                         "url": storage.url_of(entry.key),
                     }
                 )
-                problem = _check(storage, entry, True)
+                problem, _ = HeadView(storage).problem(entry, digest=True)
                 if problem is not None:
                     problems.append(f"{storage.url_of(entry.key)}: {problem}")
             pointed = view.pointer
@@ -256,7 +256,7 @@ def download(url: str, directory: Path) -> tuple[list[dict], list[str]]:
     from ..store.lock import StoreLock
 
     storage = storage_for(url)
-    head = _head(storage)
+    head = HeadView(storage).head()
     local = LocalStorage(directory)
     local.make_dirs(directory, durable=True)
     lock = StoreLock(directory, storage=local)

@@ -1,7 +1,8 @@
 """``dp-ckpt verify PATH``: check checkpoints against their commit records.
 
-``PATH`` is a store directory (every committed checkpoint of every family is
-checked, and every pointer and alias must name one) or one checkpoint file.
+``PATH`` is a store directory or the URL of a store on object storage (every
+committed checkpoint of every family is checked, and every pointer and alias
+must name one; see ``commands.views``) or one checkpoint file.
 Each file's size and content are compared with its record: it is re-read
 and hashed with the algorithm the record names, through
 :func:`dp_ckpt_plugin.checkpoint.records.verify`. ``--size-only`` is the quick check
@@ -27,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint import Checkpoint, records
-from ..checkpoint.pointers import named_by
-from ..errors import CorruptCheckpointError, InvalidRecordError, UnreadableFileError
+from ..errors import InvalidRecordError, UnreadableFileError
 from ..storage import default_storage
-from . import output, refuse_sha256
-from .inventory import Inventory, read_inventory
+from . import is_remote, output, refuse_sha256
+from .directory_view import listed
+from .views import Aside, Check, Listed, StoreView, locate, open_view
 
 HELP = "check checkpoints against their commit records"
 DESCRIPTION = (
@@ -67,8 +68,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _existing(value: str) -> Path | str:
-    from . import is_remote
-
     if is_remote(value):
         return value  # a remote store, read when the command runs
     path = Path(value)
@@ -83,44 +82,6 @@ def _existing(value: str) -> Path | str:
     return path
 
 
-@dataclass
-class Check:
-    """The outcome for one checkpoint."""
-
-    checkpoint: Checkpoint
-    problem: str = ""
-    gone: bool = False
-    #: Bytes read and hashed (0 when only the size was compared).
-    hashed: int = 0
-
-    @property
-    def ok(self) -> bool:
-        """Whether it matches its record (or went away cleanly)."""
-        return not self.problem
-
-
-def check(checkpoint: Checkpoint, *, digest: bool) -> Check:
-    """Check one committed checkpoint against its record.
-
-    A checkpoint that is no longer there (retention removed it meanwhile) is
-    ``gone``, not a problem. With ``digest``, the size is compared first and
-    the file is read only when it matches (:attr:`Check.hashed`).
-    """
-    hashed = 0
-    try:
-        records.verify(checkpoint.path, checkpoint.record, digest=False)
-        if digest:
-            hashed = checkpoint.record.size
-            records.verify(checkpoint.path, checkpoint.record, digest=True)
-    except FileNotFoundError:
-        return Check(checkpoint, gone=True)
-    except CorruptCheckpointError as exc:
-        if default_storage().entry(checkpoint.path) is None:
-            return Check(checkpoint, gone=True)
-        return Check(checkpoint, str(exc), hashed=hashed)
-    return Check(checkpoint, hashed=hashed)
-
-
 #: How often a store whose listed files all went before their records were
 #: read is listed again (retention of a run saving meanwhile).
 _RELISTINGS = 5
@@ -128,26 +89,27 @@ _RELISTINGS = 5
 
 def run(args: argparse.Namespace) -> int:
     """Check; exit status 1 on any problem."""
-    if default_storage().entry(args.path, follow=True).is_dir:
-        inventory = read_inventory(args.path)
+    if is_remote(args.path) or default_storage().entry(args.path, follow=True).is_dir:
+        view = open_view(args.path)
+        listing = view.listing()
         for _ in range(_RELISTINGS):  # a live store moved on under the listing
-            if inventory.checkpoints() or not inventory.vanished:
+            if listing.items() or not listing.vanished:
                 break
-            inventory = read_inventory(args.path)
-        checkpoints = inventory.checkpoints()
-        problems = link_problems(inventory) + [
-            f"{s.path}: {s.problem}"
-            for s in inventory.strays
+            listing = view.listing()
+        items = listing.items()
+        problems = view.pointer_problems(listing) + [
+            f"{s.where}: {s.problem}"
+            for s in listing.strays
             if s.problem != "no commit record"
         ]
-        unverified = [
-            s.path for s in inventory.strays if s.problem == "no commit record"
-        ]
+        unverified = [s for s in listing.strays if s.problem == "no commit record"]
+        where = listing.where
     else:
-        checkpoints, problems = _one_file(args.path)
-        unverified = []
+        view, name = locate(args.path)
+        items, problems = _one_file(Path(view.where) / name)
+        unverified, where = [], str(Path(args.path).absolute())
     start = time.perf_counter()
-    results = _check_all(checkpoints, digest=args.digest, quiet=args.json)
+    results = _check_all(view, items, digest=args.digest, quiet=args.json)
     rate = Rate(sum(r.hashed for r in results), time.perf_counter() - start)
     problems += [r.problem for r in results if not r.ok]
     gone = [r for r in results if r.gone]
@@ -163,16 +125,16 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.json:
         output.print_json(
-            as_json(args.path, results, problems, unverified, args.digest, gone, rate)
+            as_json(where, results, problems, unverified, args.digest, gone, rate)
         )
     else:
         show(results, problems, unverified, digest=args.digest, gone=gone, rate=rate)
     return 1 if problems else 0
 
 
-def _one_file(path: Path) -> tuple[list[Checkpoint], list[str]]:
+def _one_file(path: Path) -> tuple[list[Listed], list[str]]:
     try:
-        record = records.read_record(Path(path).absolute())
+        record = records.read_record(path)
     except InvalidRecordError as exc:
         return [], [str(exc)]
     if record is None:
@@ -180,62 +142,29 @@ def _one_file(path: Path) -> tuple[list[Checkpoint], list[str]]:
             f"{path} has no commit record (written without dp_ckpt_plugin?); "
             "it cannot be verified"
         ]
-    return [Checkpoint(Path(path).absolute(), record.step, record.family, record)], []
-
-
-def link_problems(inventory: Inventory) -> list[str]:
-    """Pointers and aliases that name a file that is not there.
-
-    What they name is read again when a file is missing: a run that moved
-    them on and removed the old checkpoint meanwhile is not a problem.
-    """
-    storage = default_storage()
-    problems = []
-    for view in inventory.families:
-        for kind, named, where in (
-            ("pointer", view.pointer, view.family.pointer),
-            ("alias", view.alias, view.family.alias),
-        ):
-            if named is None or _is_file(inventory.directory / named):
-                continue
-            now = named_by(inventory.directory, view.family, storage=storage)[kind]
-            if now is not None and now != named and _is_file(inventory.directory / now):
-                continue
-            problems.append(
-                f"{kind} {inventory.directory / where} names {named}, "
-                "which does not exist"
-            )
-    return problems
-
-
-def _is_file(path: Path) -> bool:
-    try:
-        found = default_storage().entry(path, follow=True)
-    except UnreadableFileError:
-        return False
-    return found is not None and found.is_file
+    return [listed(Checkpoint(path, record.step, record.family, record))], []
 
 
 def _check_all(
-    checkpoints: list[Checkpoint], *, digest: bool, quiet: bool
+    view: StoreView, items: list[Listed], *, digest: bool, quiet: bool
 ) -> list[Check]:
     """Check each checkpoint, with a progress bar when there is much to hash.
 
     The bar goes to standard error, and only on a terminal, from
     :data:`PROGRESS_ABOVE` bytes to hash on: ``--json`` output stays clean.
     """
-    total = sum(c.record.size for c in checkpoints)
+    total = sum(c.size for c in items)
     if not shows_progress(total, digest=digest, quiet=quiet):
-        return [check(c, digest=digest) for c in checkpoints]
+        return [view.check(c, digest=digest) for c in items]
     from rich.progress import Progress
 
     results = []
     bar = output.console(stderr=True).console  # rich's own, on the terminal
     with Progress(console=bar, transient=True) as progress:
         task = progress.add_task("hashing", total=total)
-        for c in checkpoints:
-            results.append(check(c, digest=digest))
-            progress.advance(task, c.record.size)
+        for c in items:
+            results.append(view.check(c, digest=digest))
+            progress.advance(task, c.size)
     return results
 
 
@@ -264,7 +193,7 @@ class Rate:
 def show(
     results: list[Check],
     problems: list[str],
-    unverified: list[Path],
+    unverified: list[Aside],
     *,
     digest: bool,
     gone: list[Check] = (),
@@ -277,20 +206,20 @@ def show(
         None, ["file", "step", "size", "checked", "result"], right=("step", "size")
     )
     for r in results:
-        c = r.checkpoint
+        c = r.item
         rows.add_row(
             c.name,
             str(c.step),
-            output.size(c.record.size),
+            output.size(c.size),
             checked,
             "ok" if r.ok else "CORRUPT",
         )
     if results:
         out.print(rows)
-    for path in unverified:
-        out.print(f"not verified: {path.name} has no commit record")
+    for stray in unverified:
+        out.print(f"not verified: {stray.name} has no commit record")
     for r in gone:
-        out.print(f"gone: {r.checkpoint.name} was removed meanwhile (retention)")
+        out.print(f"gone: {r.item.name} was removed meanwhile (retention)")
     for problem in problems:
         out.print(f"problem: {problem}")
     bad = len(problems)
@@ -304,34 +233,35 @@ def show(
 
 
 def as_json(
-    path: Path,
+    where: str,
     results: list[Check],
     problems: list[str],
-    unverified: list[Path],
+    unverified: list[Aside],
     digest: bool,
     gone: list[Check] = (),
     rate: Rate | None = None,
 ) -> dict[str, Any]:
     """The ``--json`` form (documented in docs/command.md)."""
     return {
-        "path": str(Path(path).absolute()),
+        "path": where,
         "checked": "digest" if digest else "size",
         "ok": not problems,
+        "sound": sum(r.ok for r in results),
         "hashed_bytes": rate.hashed if rate else 0,
         "seconds": round(rate.seconds, 3) if rate else 0.0,
         "checkpoints": [
             {
-                "name": r.checkpoint.name,
-                "path": str(r.checkpoint.path),
-                "family": r.checkpoint.family,
-                "step": r.checkpoint.step,
-                "size": r.checkpoint.record.size,
+                "name": r.item.name,
+                "path": r.item.where,
+                "family": r.item.family,
+                "step": r.item.step,
+                "size": r.item.size,
                 "ok": r.ok,
                 "problem": r.problem,
             }
             for r in results
         ],
-        "unverified": [str(p) for p in unverified],
-        "gone": [str(r.checkpoint.path) for r in gone],
+        "unverified": [s.where for s in unverified],
+        "gone": [r.item.where for r in gone],
         "problems": problems,
     }

@@ -1,0 +1,197 @@
+"""A store directory as the commands see it (``views.StoreView``).
+
+Read through ``inventory.read_inventory`` (nothing moved, hashed or
+locked); a checkpoint is checked through
+:func:`dp_ckpt_plugin.checkpoint.records.verify`, a restart resolved through
+the same front door as a training run's (installed resolvers included), and
+``prune`` removes under the store's lock, payload before record.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..checkpoint import Checkpoint, records
+from ..checkpoint.layout import Family
+from ..checkpoint.pointers import named_by
+from ..errors import CorruptCheckpointError, RestartNotFoundError, UnreadableFileError
+from ..plugin import get_plugin_manager
+from ..plugin.hooks import Hooks
+from ..resolution import ResolveContext, resolve_restart
+from ..storage import default_storage, local_storage
+from ..store.lock import StoreLock
+from ..store.pruning import remove
+from .inventory import FamilyView, read_inventory
+from .origins import input_of
+from .views import Aside, Check, Decide, Listed, Listing, Resolution, Shelf, select
+
+
+class DirectoryView:
+    """A store directory (its path need not be absolute)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(os.path.abspath(directory))
+        self.where = str(self.directory)
+
+    def listing(self, prefix: str | None = None) -> Listing:
+        inventory = read_inventory(self.directory)
+        families = [_shelf(v) for v in inventory.families]
+        return Listing(
+            where=self.where,
+            families=select(families, prefix, self.where),
+            format=inventory.format,
+            manifest=inventory.manifest is not None,
+            strays=[
+                Aside(s.path.name, str(s.path), s.family, s.step, s.problem)
+                for s in inventory.strays
+            ],
+            quarantined=[
+                Aside(p.name, str(p), size=_size(p)) for p in inventory.quarantined
+            ],
+            archives=[
+                Aside(
+                    a.name,
+                    str(a.path),
+                    size=a.size,
+                    created=a.created,
+                    checkpoints=tuple(a.checkpoints),
+                )
+                for a in inventory.archives
+            ],
+            warnings=list(inventory.warnings),
+            vanished=len(inventory.vanished),
+        )
+
+    def pointer_problems(self, listing: Listing) -> list[str]:
+        """Pointers and aliases that name a file that is not there; what they
+        name is read again first (a run may have moved them on meanwhile)."""
+        storage = default_storage()
+        problems = []
+        for shelf in listing.families:
+            family = Family(shelf.prefix, shelf.suffix, shelf.pointer)
+            for kind, named, where in (
+                ("pointer", shelf.latest, family.pointer),
+                ("alias", shelf.alias, family.alias),
+            ):
+                if named is None or _is_file(self.directory / named):
+                    continue
+                now = named_by(self.directory, family, storage=storage)[kind]
+                if now not in (None, named) and _is_file(self.directory / now):
+                    continue
+                problems.append(
+                    f"{kind} {self.directory / where} names {named}, "
+                    "which does not exist"
+                )
+        return problems
+
+    def check(self, item: Listed, *, digest: bool) -> Check:
+        """Size first; the file is read and hashed only when it matches."""
+        path, hashed = Path(item.where), 0
+        try:
+            records.verify(path, item.record, digest=False)
+            if digest:
+                hashed = item.size
+                records.verify(path, item.record, digest=True)
+        except FileNotFoundError:
+            return Check(item, gone=True)
+        except CorruptCheckpointError as exc:
+            if default_storage().entry(path) is None:
+                return Check(item, gone=True)
+            return Check(item, str(exc), hashed=hashed)
+        return Check(item, hashed=hashed)
+
+    def resolve(self, spec: str, *, digest: bool) -> Resolution:
+        inventory = read_inventory(self.directory)
+        if not inventory.families:
+            raise RestartNotFoundError(
+                f"no checkpoint found for restart {spec!r}: {inventory.directory} "
+                "holds no checkpoint family (no commit record, manifest or pointer)"
+            )
+        context = ResolveContext(
+            family=inventory.families[0].family,
+            store_dir=inventory.directory,
+            cwd=Path.cwd(),
+            digest=digest,
+            quarantine=False,
+        )
+        found = resolve_restart(Hooks(get_plugin_manager()), spec, context)
+        c = found.checkpoint
+        return Resolution(
+            item=listed(c),
+            how=found.how,
+            checked=found.checked,
+            record=c.record,
+            warnings=tuple(found.warnings),
+            fell_back=found.fell_back,
+            input=input_of(c.path, c.record),
+        )
+
+    def fetch(self, spec: str) -> tuple[Path, str | None, list[str]]:
+        """The file itself: inspect reads it and checks it against its record."""
+        return self.directory / spec, None, []
+
+    def prune(
+        self, prefix: str | None, decide: Decide, *, dry_run: bool
+    ) -> tuple[Listing, list[Listed]]:
+        storage = local_storage(self.directory)
+        lock = None if dry_run else StoreLock(self.directory, storage=storage)
+        if lock is None:
+            listing = self.listing(prefix)
+            return listing, decide(listing)
+        lock.acquire()  # StoreLockedError names the run holding it
+        try:
+            listing = self.listing(prefix)  # read under the lock: what goes is current
+            doomed = decide(listing)
+            remove([Path(c.where) for c in doomed], durable=True, storage=storage)
+        finally:
+            lock.release()
+        return listing, doomed
+
+
+def listed(c: Checkpoint, on_disk: int | None = None) -> Listed:
+    """A checkpoint of a directory as listed (its record read)."""
+    record = c.record
+    return Listed(
+        name=c.name,
+        step=c.step,
+        family=c.family or (record.family if record else None),
+        size=record.size if record else on_disk or 0,
+        where=str(c.path),
+        digest=record.digest if record else None,
+        metrics=record.metrics if record else None,
+        created=(record.created or None) if record else None,
+        format=record.format if record else None,
+        record=record,
+        on_disk=on_disk,
+        torn=bool(record and on_disk is not None and not record.accepts(on_disk)),
+    )
+
+
+def _shelf(view: FamilyView) -> Shelf:
+    return Shelf(
+        prefix=view.family.prefix,
+        items=[listed(c, view.on_disk.get(c.name)) for c in view.checkpoints],
+        suffix=view.family.suffix,
+        pointer=view.family.pointer,
+        latest=view.pointer,
+        alias=view.alias,
+        policy=view.policy,
+        reason=view.reason,
+    )
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        found = default_storage().entry(path, follow=True)
+    except UnreadableFileError:
+        return False
+    return found is not None and found.is_file
+
+
+def _size(path: Path) -> int | None:
+    try:
+        found = default_storage().entry(path, follow=True)
+    except UnreadableFileError:
+        return None
+    return found.size if found is not None else None
