@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import mmap
 import os
 import shutil
 import stat
 import threading
 import time
-import traceback
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -42,6 +40,16 @@ from .objects import (
     check_key,
     check_prefix,
 )
+from .payload import (
+    FD_PATHS,
+    ErrorRecorder,
+    FinalName,
+    MeanwhileError,
+    digest_beside,
+    digest_while,
+    os_cause,
+    release_frames,
+)
 from .temp import is_temp, temp_name, temp_target
 
 try:
@@ -57,10 +65,6 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
-#: Whether an open file can be named by a path (Linux ``/proc/self/fd``).
-_FD_PATHS = os.path.isdir("/proc/self/fd")
-#: Below this size a payload is hashed inline, not beside its fsync.
-_INLINE_DIGEST = 4 << 20
 #: Times a lock whose file vanished under it is tried again before giving up.
 _LOCK_ATTEMPTS = 5
 _KINDS = (
@@ -418,7 +422,7 @@ class LocalStorage:
 
         As :meth:`write_temp`, for a payload: the file object ``writer`` gets
         also carries ``os_path``, a path naming the open temporary file by
-        the payload's final name (see ``_FinalName``), when the system has
+        the payload's final name (see ``storage.payload.FinalName``), when the system has
         one (``/proc/self/fd``) and nothing interposes on the writes, so
         that a serializer faster with a path than with a Python file object
         (``torch.save``) writes by name into the file this storage created
@@ -471,19 +475,19 @@ class LocalStorage:
             with os.fdopen(fd, "w+b") as handle:
                 step = "write"
                 wrapped = self._wrap_handle(handle, tmp)
-                if digest is not None and wrapped is handle and _FD_PATHS:
-                    named = _FinalName(self, fd, tmp, path.name)
-                recorder = _ErrorRecorder(wrapped, named)
+                if digest is not None and wrapped is handle and FD_PATHS:
+                    named = FinalName(self, fd, tmp, path.name)
+                recorder = ErrorRecorder(wrapped, named)
                 try:
                     writer(recorder)
                 except Exception as exc:
                     if (
                         not recorder.named
                         or isinstance(exc, TypeError)
-                        or _os_cause(exc) is not None
+                        or os_cause(exc) is not None
                     ):
                         raise
-                    _release(exc)  # the failed writer's own descriptor
+                    release_frames(exc)  # the failed writer's own descriptor
                     del exc
                     # the serializer wrote by path and said why in its own
                     # words: write again through the file, which names the cause
@@ -505,9 +509,9 @@ class LocalStorage:
                         step = "fsync"
                         fsync = (lambda: self._sys_fsync(fd, tmp)) if durable else None
                         if meanwhile is not None and fsync is not None:
-                            found = _digest_beside(fd, digest, fsync, tmp, meanwhile)
+                            found = digest_beside(fd, digest, fsync, tmp, meanwhile)
                         else:
-                            found = _digest_while(fd, digest, fsync)
+                            found = digest_while(fd, digest, fsync)
                 finally:
                     if tidy is not None:
                         tidy.join()
@@ -516,9 +520,9 @@ class LocalStorage:
                 named.close()  # idempotent: nothing left if the tidy ran
             if step != "create":
                 self.remove_quietly(tmp)
-            if isinstance(exc, _Meanwhile):
+            if isinstance(exc, MeanwhileError):
                 raise exc.error from None
-            cause = _os_cause(exc)
+            cause = os_cause(exc)
             if step == "write" and recorder is not None and recorder.error is not None:
                 cause = recorder.error
             if cause is not None:
@@ -1095,259 +1099,3 @@ class _HeldLock:
         self.path = path
         self.fd = fd
         self.fallback = fallback
-
-
-def _release(exc: BaseException | None) -> None:
-    """Free the locals of the finished frames of ``exc`` and the errors behind it.
-
-    A serializer that failed while writing by path keeps its own descriptor
-    of the file open as long as its frames live; a disk it filled stays full.
-    """
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        traceback.clear_frames(exc.__traceback__)
-        exc = exc.__cause__ or exc.__context__
-
-
-def _digest_while(fd: int, digest, fsync) -> str:
-    """``digest`` of the file open as ``fd``, read from a map of it, while ``fsync`` runs.
-
-    The digest runs on a thread of its own (hashlib and blake3 release the
-    GIL) and ``fsync`` on the caller's, so the storage's system calls stay on
-    the thread that asked for them. Small files are hashed inline.
-    """
-    size = os.fstat(fd).st_size
-    if size == 0:
-        if fsync is not None:
-            fsync()
-        return digest(memoryview(b""))
-    mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ)
-    try:
-        view = memoryview(mapped)
-        try:
-            if fsync is None or size < _INLINE_DIGEST:
-                if fsync is not None:
-                    fsync()
-                return digest(view)
-            found: dict = {}
-
-            def run() -> None:
-                try:
-                    found["digest"] = digest(view)
-                except BaseException as exc:  # raised in the caller's thread
-                    found["error"] = exc
-
-            thread = threading.Thread(target=run, name="dp_ckpt-digest")
-            thread.start()
-            try:
-                fsync()
-            finally:
-                thread.join()
-            if "error" in found:
-                raise found["error"]
-            return found["digest"]
-        finally:
-            view.release()
-    finally:
-        mapped.close()
-
-
-class _Meanwhile(Exception):
-    """The error of a ``meanwhile`` call, raised as it is by ``_write``."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-def _digest_beside(fd: int, digest, fsync, tmp: Path, meanwhile) -> str:
-    """``digest`` of the file open as ``fd``, then ``meanwhile(tmp, digest)``, beside ``fsync``.
-
-    ``fsync`` runs on a thread of its own from the start; the hash (from a
-    read-only map) and ``meanwhile`` run on the caller's thread. Returns once
-    both sides are done; the fsync's error first, then ``meanwhile``'s
-    (wrapped in ``_Meanwhile``).
-    """
-    found: dict = {}
-
-    def run() -> None:
-        try:
-            fsync()
-        except BaseException as exc:  # raised in the caller's thread
-            found["error"] = exc
-
-    name = f"{threading.current_thread().name}/dp_ckpt-fsync"
-    thread = threading.Thread(target=run, name=name)
-    thread.start()
-    try:
-        try:
-            value = _digest_while(fd, digest, None)
-        except BaseException:
-            thread.join()
-            raise
-        try:
-            meanwhile(tmp, value)
-        except BaseException as exc:
-            thread.join()
-            if "error" in found:
-                raise found["error"] from None
-            raise _Meanwhile(exc) from None
-    finally:
-        thread.join()
-    if "error" in found:
-        raise found["error"]
-    return value
-
-
-class _FinalName:
-    """The open temporary file of a payload, named by the payload's final name.
-
-    ``torch.save`` names the folder inside its zip archive after the file it
-    is given (``model.ckpt-30/`` for ``model.ckpt-30.pt``; ``3/`` for
-    ``/proc/self/fd/3``). So that a checkpoint is byte for byte the file
-    ``torch.save`` to its final path writes, the writer is given a path
-    ending in the final name: a hard link to the open temporary file, in a
-    new directory of the store with a temporary name (swept like a
-    temporary file when a crash leaves it), named through that directory's
-    descriptor (``/proc/self/fd/<n>/<final name>``), so that a link planted
-    on the way is never followed. The link and the directory go once the
-    writer returns, on a thread of their own while the payload is hashed
-    and flushed, and before the write returns (:meth:`close_beside`).
-    Where no hard link can be made, the open file's own
-    ``/proc/self/fd/<n>`` is given (the archive's folder is then named
-    after the descriptor).
-    """
-
-    def __init__(self, storage: LocalStorage, fd: int, tmp: Path, final: str) -> None:
-        self.storage = storage
-        self.fd = fd
-        self.tmp = tmp
-        self.final = final
-        self.folder: Path | None = None
-        self.dirfd: int | None = None
-
-    def path(self) -> str:
-        """Make the link; return the path naming the open file by its final name."""
-        folder = self.tmp.parent / temp_name(self.final)
-        self.storage._check(folder, "write")
-        try:
-            self.storage._sys_mkdir(folder)
-            self.folder = folder
-            self.storage._sys_link(self.tmp, folder / self.final)
-            self.dirfd = os.open(
-                folder, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC
-            )
-        except OSError:
-            self.close()
-            return f"/proc/self/fd/{self.fd}"
-        if not self.storage._names(folder / self.final, self.fd):
-            self.close()  # something else is at the temporary name: never write it
-            return f"/proc/self/fd/{self.fd}"
-        return f"/proc/self/fd/{self.dirfd}/{self.final}"
-
-    def close_beside(self) -> threading.Thread | None:
-        """:meth:`close` on a thread of its own, started; ``None`` if nothing is left."""
-        if self.folder is None and self.dirfd is None:
-            return None
-        thread = threading.Thread(
-            target=self.close, name=f"{threading.current_thread().name}/dp_ckpt-tidy"
-        )
-        thread.start()
-        return thread
-
-    def close(self) -> None:
-        """Remove the link and its directory (a crash leaves them to the sweep)."""
-        folder, self.folder = self.folder, None
-        if self.dirfd is not None:
-            os.close(self.dirfd)
-            self.dirfd = None
-        if folder is not None:
-            with contextlib.suppress(OSError):
-                self.storage._sys_unlink(folder / self.final)
-            with contextlib.suppress(OSError):
-                self.storage._sys_rmdir(folder)
-
-
-class _ErrorRecorder:
-    """A file object that remembers the first OS error its methods raised.
-
-    Serialization libraries report a failed write of the file they were given
-    in their own words (h5py: ``Unable to create file (truncated file...)``,
-    torch: ``RuntimeError: unexpected pos``), sometimes dropping the original
-    error; the store still reports the real cause (``No space left on device``).
-    """
-
-    def __init__(self, handle: BinaryIO, named: _FinalName | None = None) -> None:
-        self._handle = handle
-        self.error: OSError | None = None
-        self._named = named
-        self._path: str | None = None
-
-    @property
-    def os_path(self) -> str | None:
-        """A path naming the open file, for a writer to write by name, or None.
-
-        Made on first use (:class:`_FinalName`): a writer that never asks
-        for it (h5py) costs nothing.
-        """
-        if self._path is None and self._named is not None:
-            self._path = self._named.path()
-        return self._path
-
-    @property
-    def named(self) -> bool:
-        """Whether the writer was given a path (:attr:`os_path` was asked for)."""
-        return self._path is not None
-
-    def forget_path(self) -> None:
-        """Give no path from now on: the writer writes through the file object."""
-        self._named = None
-        self._path = None
-
-    def write(self, data) -> int:
-        """Write to the file, remembering an OS error (the hot path: no wrapper)."""
-        try:
-            return self._handle.write(data)
-        except OSError as exc:
-            self._note(exc)
-            raise
-
-    def _note(self, exc: OSError) -> None:
-        if self.error is None and exc.errno is not None:
-            self.error = exc
-
-    def __getattr__(self, name: str):
-        attr = getattr(self._handle, name)
-        if not callable(attr):
-            return attr
-
-        def call(*args, **kwargs):
-            try:
-                return attr(*args, **kwargs)
-            except OSError as exc:
-                self._note(exc)
-                raise
-
-        return call
-
-
-def _os_cause(exc: BaseException) -> OSError | None:
-    """Return the OS error behind ``exc``, looking through wrapping errors.
-
-    Serialization libraries wrap the error of a failed write in their own:
-    h5py raises ``OSError("File close failed")`` without an errno, torch a
-    ``RuntimeError``; the ``ENOSPC`` or ``EIO`` may be further down the chain.
-    """
-    first = None
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, CheckpointWriteError):
-            return None
-        if isinstance(exc, OSError):
-            if exc.errno is not None:
-                return exc
-            first = first or exc
-        exc = exc.__cause__ or exc.__context__
-    return first
