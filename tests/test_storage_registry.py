@@ -32,7 +32,7 @@ from dp_ckpt_plugin.objectstore.registry import (
     storage_for,
     unregister,
 )
-from dp_ckpt_plugin.storage.local import LocalStorage
+from dp_ckpt_plugin.storage import local_storage
 from dp_ckpt_plugin.storage.objects import ObjectStorage
 
 
@@ -56,13 +56,16 @@ def test_scheme_of(text, scheme):
     assert scheme_of(text) == scheme
 
 
-def test_plain_paths_and_file_urls_are_local(tmp_path):
+def test_plain_paths_and_file_urls_are_local_not_object_storages(tmp_path):
     for given in (tmp_path / "a", str(tmp_path / "b"), f"file://{tmp_path}/c"):
-        storage = storage_for(given)
-        assert isinstance(storage, LocalStorage)
-        assert storage.root == tmp_path / Path(str(given)).name
-    spaced = storage_for(f"file://localhost{tmp_path}/with%20space")
-    assert spaced.root == tmp_path / "with space"
+        assert Path(local_path(given)) == tmp_path / Path(str(given)).name
+        with pytest.raises(ConfigError) as raised:
+            storage_for(given)
+        assert str(raised.value).endswith(
+            ": a local path is a directory store, not an object storage"
+        )
+    spaced = local_path(f"file://localhost{tmp_path}/with%20space")
+    assert Path(spaced) == tmp_path / "with space"
 
 
 LOCATIONS = [
@@ -94,7 +97,7 @@ def test_every_reader_of_a_location_agrees(given, path, tmp_path, monkeypatch):
         given = given.replace("/x/", f"{tmp_path}/x/")
         path = path.replace("/x/", f"{tmp_path}/x/")
     expected = Path(path)
-    assert storage_for(given).root == Path(os.path.abspath(expected))
+    assert local_storage(local_path(given)).root == Path(os.path.abspath(expected))
     assert check_save_dir(given) == expected
     expected.mkdir(parents=True)
     assert store_directory(given) == expected
@@ -164,8 +167,9 @@ def test_an_unknown_scheme_is_one_line_listing_the_known_ones():
     text = str(raised.value)
     assert "\n" not in text
     assert text.startswith("nosuch://bucket/run: no storage serves nosuch://")
-    for scheme in ("file://", "memory://", "s3://", "gs://", "az://"):
+    for scheme in ("memory://", "s3://", "gs://", "az://"):
         assert scheme in text
+    assert "file://" not in text and text.endswith("or give a local path)")
 
 
 class Recorded(MemoryStorage):
@@ -287,7 +291,7 @@ def test_a_storage_from_an_entry_point_is_loaded_when_its_scheme_is_asked(tmp_pa
     )
     out = run_child(site, CHILD)
     assert not out["loaded_at_start"] and not out["loaded_for_a_builtin"]
-    assert {"tmpfs", "broken", "s3", "file"} <= set(out["known"])
+    assert {"tmpfs", "broken", "s3"} <= set(out["known"])
     assert out["made"] == ["MemoryStorage", "memory://bucket/run", {"speed": "fast"}]
     assert out["read"] == "v"
     assert out["broken"] == (

@@ -3,8 +3,6 @@
 :func:`storage_for` is the one place a storage is chosen for a location:
 
 =====================================  =========================================
-a plain path, ``file:///path``          :class:`~dp_ckpt_plugin.storage.local.LocalStorage`
-                                       (its root is the path)
 ``memory://bucket/prefix``              :class:`~dp_ckpt_plugin.objectstore.memory.MemoryStorage`
 ``s3://``, ``gs://``, ``az://``,        :class:`~dp_ckpt_plugin.objectstore.cloud.CloudStorage`
 ``abfs://``, ``abfss://``               (needs ``pip install "dp-ckpt-plugin[s3]"``)
@@ -50,12 +48,6 @@ _NEAR_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):/?(?!/)(.*)", re.DOTALL)
 _VALID_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")
 
 
-def _local(url: str, **options) -> ObjectStorage:
-    from ..storage.local import LocalStorage
-
-    return LocalStorage(local_path(url), **options)
-
-
 def _memory(url: str, **options) -> ObjectStorage:
     from .memory import MemoryStorage
 
@@ -77,7 +69,6 @@ def _cloud(url: str, **options) -> ObjectStorage:
 
 #: The schemes this package serves itself.
 BUILTIN: dict[str, Factory] = {
-    "file": _local,
     "memory": _memory,
     "s3": _cloud,
     "gs": _cloud,
@@ -238,17 +229,21 @@ def known_schemes() -> list[str]:
 
 
 def storage_for(url_or_path: str | os.PathLike, **options) -> ObjectStorage:
-    """The storage of a location: a path, or a URL whose scheme is known.
+    """The object storage of a URL whose scheme is known.
 
     Raises
     ------
     ConfigError
-        In one line, for a scheme no storage serves (listing the known ones)
-        or a URL its storage refuses.
+        In one line, for a local path or ``file://`` URL (a directory store,
+        not an object storage), a scheme no storage serves (listing the known
+        ones) or a URL its storage refuses.
     """
     check_not_mistyped(url_or_path)
     if local_path(url_or_path) is not None:
-        return _local(url_or_path, **options)
+        raise ConfigError(
+            f"{shown(os.fspath(url_or_path))}: a local path is a directory store, "
+            "not an object storage"
+        )
     if any(not c.isprintable() for c in url_or_path):
         raise ConfigError(
             f"{shown(url_or_path)}: a URL holds no control character (a "
@@ -260,8 +255,8 @@ def storage_for(url_or_path: str | os.PathLike, **options) -> ObjectStorage:
     if factory is None:
         known = ", ".join(f"{s}://" for s in known_schemes())
         raise ConfigError(
-            f"{url_or_path}: no storage serves {scheme}:// (known: {known}, and "
-            "plain paths)"
+            f"{url_or_path}: no storage serves {scheme}:// (known: {known}; or "
+            "give a local path)"
         )
     return factory(url_or_path, **options)
 
@@ -286,7 +281,7 @@ def remote_url(text: str) -> str:
             "an escape)"
         )
     if _factory(scheme) is None:
-        known = ", ".join(f"{s}://" for s in known_schemes() if s != "file")
+        known = ", ".join(f"{s}://" for s in known_schemes())
         raise ValueError(
             f"no storage serves {scheme}:// (known: {known}; or give a local path)"
         )
