@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 from doubles.directory import DirectoryStorage
+from doubles.memory import MemoryStorage, forget
 
-from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 from dp_ckpt_plugin.storage.local import LocalStorage
 from dp_ckpt_plugin.storage.objects import (
     KeyExistsError,

@@ -14,10 +14,10 @@ import secrets
 
 import numpy as np
 import pytest
+from doubles.memory import MemoryStorage, forget
 from helpers import make_payload, payload_mismatches, remote_store
 
 from dp_ckpt_plugin.errors import CheckpointWriteError, RestartNotFoundError
-from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 from dp_ckpt_plugin.remote import head as heads
 from dp_ckpt_plugin.remote.keys import HEAD_KEY, LEASE_KEY, record_key
 

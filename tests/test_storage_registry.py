@@ -18,12 +18,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from doubles.memory import MemoryStorage
 from helpers import open_manager
 from s3_server import MISSING
 
 from dp_ckpt_plugin.errors import ConfigError
 from dp_ckpt_plugin.objectstore import registry
-from dp_ckpt_plugin.objectstore.memory import MemoryStorage
 from dp_ckpt_plugin.objectstore.registry import (
     ENTRY_POINT_GROUP,
     local_path,
@@ -204,18 +204,18 @@ def test_register_refuses_what_is_not_a_scheme(scheme):
 
 
 def test_a_built_in_scheme_can_be_replaced_and_comes_back():
-    register("memory", Recorded, replace=True)
+    register("gs", Recorded, replace=True)
     try:
-        assert isinstance(storage_for("memory://b/x"), Recorded)
+        assert isinstance(storage_for("gs://b/x"), Recorded)
     finally:
-        unregister("memory")
-    assert type(storage_for("memory://b/x")) is MemoryStorage
+        unregister("gs")
+    assert registry._factory("gs") is registry.BUILTIN["gs"]
 
 
 # -- entry points -----------------------------------------------------------------
 
 PLUGIN = '''
-from dp_ckpt_plugin.objectstore.memory import MemoryStorage
+from doubles.memory import MemoryStorage
 
 LOADED = []
 
@@ -264,7 +264,9 @@ CHILD = """
     import json, sys
     from dp_ckpt_plugin.errors import ConfigError
     from dp_ckpt_plugin.objectstore import registry
+    from doubles.memory import serve_memory
 
+    serve_memory()
     out = {"loaded_at_start": "tmp_storage_plugin" in sys.modules}
     storage = registry.storage_for("memory://plain/x")
     out["loaded_for_a_builtin"] = "tmp_storage_plugin" in sys.modules
@@ -308,13 +310,13 @@ def test_a_blocked_entry_point_is_not_loaded(tmp_path):
 
 
 def test_an_entry_point_does_not_replace_a_built_in_scheme(tmp_path):
-    site = installed(tmp_path, {"memory": "tmp_storage_plugin:make"})
+    site = installed(tmp_path, {"gs": "tmp_storage_plugin:make"})
     code = """
         import json, sys
         from dp_ckpt_plugin.objectstore import registry
-        storage = registry.storage_for("memory://b/x")
-        print(json.dumps({"type": type(storage).__module__,
+        builtin = registry._factory("gs") is registry.BUILTIN["gs"]
+        print(json.dumps({"builtin": builtin,
                           "loaded": "tmp_storage_plugin" in sys.modules}))
     """
     out = run_child(site, code)
-    assert out == {"type": "dp_ckpt_plugin.objectstore.memory", "loaded": False}
+    assert out == {"builtin": True, "loaded": False}

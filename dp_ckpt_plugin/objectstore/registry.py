@@ -3,7 +3,6 @@
 :func:`storage_for` is the one place a storage is chosen for a location:
 
 =====================================  =========================================
-``memory://bucket/prefix``              :class:`~dp_ckpt_plugin.objectstore.memory.MemoryStorage`
 ``s3://``, ``gs://``, ``az://``,        :class:`~dp_ckpt_plugin.objectstore.cloud.CloudStorage`
 ``abfs://``, ``abfss://``               (needs ``pip install "dp-ckpt-plugin[s3]"``)
 =====================================  =========================================
@@ -48,19 +47,6 @@ _NEAR_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):/?(?!/)(.*)", re.DOTALL)
 _VALID_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")
 
 
-def _memory(url: str, **options) -> ObjectStorage:
-    from .memory import MemoryStorage
-
-    if options:
-        raise ConfigError(
-            f"{url}: a memory storage takes no options ({', '.join(options)})"
-        )
-    try:
-        return MemoryStorage(url)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-
-
 def _cloud(url: str, **options) -> ObjectStorage:
     from .cloud import CloudStorage
 
@@ -69,7 +55,6 @@ def _cloud(url: str, **options) -> ObjectStorage:
 
 #: The schemes this package serves itself.
 BUILTIN: dict[str, Factory] = {
-    "memory": _memory,
     "s3": _cloud,
     "gs": _cloud,
     "az": _cloud,

@@ -27,8 +27,7 @@ says which conditions a storage really enforces; the remote store refuses
 multi-writer safety where they are missing rather than pretend, and probes a
 server that claims them (``dp_ckpt_plugin.remote.probe.probe``).
 
-Two implementations ship: :class:`~dp_ckpt_plugin.objectstore.memory.MemoryStorage`
-(in the process, under a lock) and ``dp_ckpt_plugin.objectstore.cloud.CloudStorage``
+One implementation ships: ``dp_ckpt_plugin.objectstore.cloud.CloudStorage``
 (S3, GCS and Azure through ``obstore``, with conditional requests); the
 registry (``dp_ckpt_plugin.objectstore.registry``) picks a storage by URL
 scheme. A local path is a directory store, never an object storage.

@@ -12,8 +12,8 @@ Tests can make any call fail (:meth:`MemoryStorage.fail`) or run code just
 before a call is carried out (:meth:`MemoryStorage.before`): a writer paused
 between reading HEAD and swapping it, a server that answers 503.
 
-This module is also the example of a storage added in one module and one
-registry entry (``memory`` in ``dp_ckpt_plugin.objectstore.registry``).
+A test double, not part of the package: the tests serve ``memory://`` with
+it (``tests/conftest.py``).
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import BinaryIO
 
-from ..storage.forks import in_child
-from ..storage.objects import (
+from dp_ckpt_plugin.errors import ConfigError
+from dp_ckpt_plugin.storage.forks import in_child
+from dp_ckpt_plugin.storage.objects import (
     SMALL_OBJECT_LIMIT,
     Capabilities,
     KeyExistsError,
@@ -290,6 +291,26 @@ class MemoryStorage:
         with self._bucket.lock:
             gone = self._bucket.objects.pop(full, None) is not None
         return self._answer("delete", key, gone)
+
+
+def serve_memory() -> None:
+    """Serve ``memory://`` URLs with :class:`MemoryStorage` in this process."""
+    from dp_ckpt_plugin.objectstore.registry import known_schemes, register
+
+    if "memory" not in known_schemes():
+        register("memory", _storage)
+
+
+def _storage(url: str, **options) -> MemoryStorage:
+    """The storage of a ``memory://`` URL, as the registry asks for one."""
+    if options:
+        raise ConfigError(
+            f"{url}: a memory storage takes no options ({', '.join(options)})"
+        )
+    try:
+        return MemoryStorage(url)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _read_source(data: Source) -> bytes:
