@@ -42,7 +42,7 @@ naming the URL and the cause.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol, runtime_checkable
 
@@ -192,6 +192,10 @@ class ObjectStorage(Protocol):
     def list(self, prefix: str) -> Iterator[ObjectInfo]: ...
 
     def delete(self, key: str) -> bool: ...
+
+
+#: What makes the storage of a URL: ``factory(url, **options)``.
+StorageFactory = Callable[..., ObjectStorage]
 
 
 @runtime_checkable

@@ -13,7 +13,7 @@ before a call is carried out (:meth:`MemoryStorage.before`): a writer paused
 between reading HEAD and swapping it, a server that answers 503.
 
 A test double, not part of the package: the tests serve ``memory://`` with
-it (``tests/conftest.py``).
+it through a plugin (:func:`serve_memory`, called by ``tests/conftest.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import BinaryIO
 
+from dp_ckpt_plugin import hookimpl
 from dp_ckpt_plugin.errors import ConfigError
 from dp_ckpt_plugin.storage.forks import in_child
 from dp_ckpt_plugin.storage.objects import (
@@ -293,12 +294,25 @@ class MemoryStorage:
         return self._answer("delete", key, gone)
 
 
-def serve_memory() -> None:
-    """Serve ``memory://`` URLs with :class:`MemoryStorage` in this process."""
-    from dp_ckpt_plugin.objectstore.registry import known_schemes, register
+class MemoryPlugin:
+    """The plugin offering ``memory://`` (``register_storages``)."""
 
-    if "memory" not in known_schemes():
-        register("memory", _storage)
+    @hookimpl
+    def register_storages(self) -> dict:
+        return {"memory": _storage}
+
+
+def serve_memory() -> None:
+    """Serve ``memory://`` URLs with :class:`MemoryStorage` in this process.
+
+    Registers :class:`MemoryPlugin` on the process's plugin manager, as a
+    third party's storage plugin would be, once.
+    """
+    from dp_ckpt_plugin.objectstore.registry import plugin_manager
+
+    pm = plugin_manager()
+    if not pm.has_plugin("memory"):
+        pm.register(MemoryPlugin(), name="memory")
 
 
 def _storage(url: str, **options) -> MemoryStorage:
