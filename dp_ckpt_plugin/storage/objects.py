@@ -266,8 +266,3 @@ def check_prefix(prefix: str) -> str:
     ):
         raise ValueError(f"not a key prefix: {prefix!r}")
     return prefix
-
-
-def join_key(*parts: str) -> str:
-    """Join key parts with ``/`` (empty parts are dropped)."""
-    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))

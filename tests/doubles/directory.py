@@ -37,7 +37,7 @@ from dp_ckpt_plugin.storage.objects import (
     check_key,
     check_prefix,
 )
-from dp_ckpt_plugin.storage.temp import is_temp
+from dp_ckpt_plugin.storage.temp import temp_target
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -79,7 +79,7 @@ class DirectoryStorage(LocalStorage):
     def _object_path(self, key: str) -> Path:
         check_key(key)
         name = key.rpartition("/")[2]
-        if is_temp(name) or _is_object_lock(name):
+        if temp_target(name) is not None or _is_object_lock(name):
             raise ValueError(f"not an object key (a name this storage uses): {key!r}")
         return self._object_root() / key
 
@@ -285,7 +285,9 @@ class DirectoryStorage(LocalStorage):
                     continue
                 if kind == "dir":
                     pending.append(key)
-                elif kind == "file" and not (is_temp(name) or _is_object_lock(name)):
+                elif kind == "file" and not (
+                    temp_target(name) is not None or _is_object_lock(name)
+                ):
                     st = self._stat_object(root / key)
                     if st is not None and key.startswith(prefix):
                         found.append(self._object_info(key, st))

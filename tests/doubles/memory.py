@@ -40,7 +40,6 @@ from dp_ckpt_plugin.storage.objects import (
     VersionMismatchError,
     check_key,
     check_prefix,
-    join_key,
 )
 
 
@@ -300,6 +299,11 @@ class MemoryPlugin:
     @hookimpl
     def register_storages(self) -> dict:
         return {"memory": _storage}
+
+
+def join_key(*parts: str) -> str:
+    """Join key parts with ``/`` (empty parts are dropped)."""
+    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
 
 
 def serve_memory() -> None:
