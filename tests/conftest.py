@@ -17,7 +17,7 @@ pytest.register_assert_rewrite("helpers")
 from doubles.memory import serve_memory  # noqa: E402
 from helpers import free_port, open_manager, plugin_manager  # noqa: E402
 
-serve_memory()  # memory:// URLs, in every test of the session
+serve_memory()  # memory:// URLs, for every test
 
 # -- running on several workers (pytest -n, pytest-xdist) -------------------------
 
