@@ -1,6 +1,7 @@
 """Requests and bytes of ``latest`` and of a steady save, by how much a remote store keeps.
 
-Counted, not timed, on the in-package memory storage (``memory://``), through
+Counted, not timed, on the tests' memory storage (``memory://``, from
+``tests/doubles/memory.py``), through
 :class:`~dp_ckpt_plugin.CheckpointManager` (so the store is built by
 :func:`dp_ckpt_plugin.remote.factory.open_remote`, as for any ``save_dir``
 URL). A keep-all store is given 10, 2,000 and 100,000 checkpoints: one run
@@ -74,13 +75,18 @@ class Recorder:
         return calls
 
 
+def _tests_on_path() -> None:
+    """Put the tests' support code (``head_support``, ``doubles``) on ``sys.path``."""
+    tests = str(Path(__file__).resolve().parents[1] / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+
+
 def _grow(storage, count: int, digest: str) -> None:
     """Make HEAD keep steps 1..count-1 besides its newest, as the writer would."""
     from dp_ckpt_plugin.remote import head as heads
 
-    tests = str(Path(__file__).resolve().parents[1] / "tests")
-    if tests not in sys.path:
-        sys.path.insert(0, tests)  # the tests' support code
+    _tests_on_path()
     from head_support import grow
 
     def entry(step: int) -> heads.Entry:
@@ -93,8 +99,12 @@ def _grow(storage, count: int, digest: str) -> None:
 def measure(work: Path, count: int, state) -> dict[str, list[tuple[str, str, int]]]:
     """The calls of ``latest`` and of the next save, with ``count`` kept."""
     from dp_ckpt_plugin import CheckpointManager
-    from dp_ckpt_plugin.objectstore.memory import forget
     from dp_ckpt_plugin.remote import head as heads
+
+    _tests_on_path()
+    from doubles.memory import forget, serve_memory
+
+    serve_memory()
 
     bucket = f"bench{count}{secrets.token_hex(3)}"
     url = f"memory://{bucket}/run"

@@ -1,8 +1,7 @@
 """The plugins a user turned off: ``DP_CKPT_DISABLE_PLUGINS``.
 
-Read by the plugin manager (which blocks each name before anything is
-registered) and by the storage registry (which never loads a storage's entry
-point of a blocked name).
+Read by the plugin manager, which blocks each name before anything is
+registered (the plugins offering storages included).
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ write the commit record, publish (pointer, alias, mirrors), call the
 is the only way an invariant happens, so no plugin order or block list can
 skip publication or retention.
 
+A plugin may also offer object storages for URL schemes of its own
+(``register_storages``).
+
 The built-in formats and resolver are ordinary plugins marked ``trylast``, so a
 third-party implementation runs before them and, for ``firstresult`` hooks,
 can answer in their place. ``on_save_step``, ``on_commit``,
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
     from .checkpoint import Checkpoint, Commit
     from .formats import FormatInfo
     from .resolution import ResolveContext, Resolved
+    from .storage.objects import StorageFactory
 
 
 # -- formats ------------------------------------------------------------------
@@ -208,4 +212,27 @@ def on_freeze(checkpoint: Checkpoint, output: str, options: dict) -> str | None:
     -------
     str or None
         The path of the frozen model; the first non-``None`` result wins.
+    """
+
+
+# -- storages -----------------------------------------------------------------
+
+
+@hookspec
+def register_storages() -> dict[str, StorageFactory]:
+    """Offer object storages for URL schemes of the plugin's own.
+
+    Asked of the process's plugin manager
+    (:func:`dp_ckpt_plugin.objectstore.registry.plugin_manager`) the first
+    time a URL's scheme is not a built-in one (``s3``, ``gs``, ``az``,
+    ``abfs``, ``abfss``), and whenever such a scheme is looked up.
+
+    Returns
+    -------
+    dict
+        Scheme (lowercase, ``[a-z][a-z0-9+.-]*``, such as ``"myfs"``) to a
+        factory ``factory(url, **options)`` returning an
+        :class:`~dp_ckpt_plugin.storage.objects.ObjectStorage`. An offer of a
+        built-in scheme or ``file`` is ignored; of a scheme offered twice, the
+        plugin called first wins.
     """

@@ -14,7 +14,10 @@ import pytest
 # the comparisons in helpers.py report their operands like a test's own asserts
 pytest.register_assert_rewrite("helpers")
 
+from doubles.memory import serve_memory  # noqa: E402
 from helpers import free_port, open_manager, plugin_manager  # noqa: E402
+
+serve_memory()  # memory:// URLs, for every test
 
 # -- running on several workers (pytest -n, pytest-xdist) -------------------------
 
@@ -227,7 +230,7 @@ def mem():
     """An in-process object storage at ``memory://<a new bucket>/run``, forgotten after."""
     import secrets
 
-    from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
+    from doubles.memory import MemoryStorage, forget
 
     bucket = f"m{secrets.token_hex(4)}"
     yield MemoryStorage(f"memory://{bucket}/run")

@@ -11,7 +11,7 @@ Managers and stores
     without third-party entry points (:func:`plugin_manager`);
     :func:`fill_store` commits a few steps and closes.
 Looking at a directory
-    :data:`SUFFIX`, :func:`family`, :func:`temporaries`,
+    :data:`SUFFIX`, :func:`family`, :func:`is_temp`, :func:`temporaries`,
     :func:`committed_paths` and :func:`committed_steps`.
 The torch format
     :data:`HAS_TORCH`, :data:`needs_torch`, :func:`backend_case` and
@@ -47,7 +47,7 @@ from dp_ckpt_plugin.checkpoint.catalogue import committed
 from dp_ckpt_plugin.checkpoint.layout import Family
 from dp_ckpt_plugin.deepmd.naming import ema_family
 from dp_ckpt_plugin.retention import KeepLast
-from dp_ckpt_plugin.storage.temp import is_temp
+from dp_ckpt_plugin.storage.temp import temp_target
 from dp_ckpt_plugin.store.publish import Mirror
 
 # -- the torch format ---------------------------------------------------------
@@ -314,6 +314,11 @@ def fill_store(directory, steps, backend="hdf5", **kwargs):
 def family(backend="hdf5", prefix="model.ckpt"):
     """Return the family ``<prefix>-<step><suffix>`` of ``backend``."""
     return Family(prefix, SUFFIX[backend])
+
+
+def is_temp(name: str) -> bool:
+    """Whether a file name has exactly the form of the storage's temporary names."""
+    return temp_target(name) is not None
 
 
 def temporaries(directory):

@@ -78,7 +78,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from helpers import assert_same, family, make_payload, open_manager, plugin_manager
+from helpers import (
+    assert_same,
+    family,
+    is_temp,
+    make_payload,
+    open_manager,
+    plugin_manager,
+)
 
 from dp_ckpt_plugin.checkpoint.catalogue import (
     committed,
@@ -94,7 +101,6 @@ from dp_ckpt_plugin.checkpoint.records import (
 )
 from dp_ckpt_plugin.errors import RestartNotFoundError
 from dp_ckpt_plugin.storage.local import LocalStorage
-from dp_ckpt_plugin.storage.temp import is_temp
 from dp_ckpt_plugin.store import archive as archiving
 from dp_ckpt_plugin.store import commit, pruning
 from dp_ckpt_plugin.store import publish as publishing

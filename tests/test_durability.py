@@ -11,11 +11,10 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import BACKENDS, make_payload, open_manager, plugin_manager
+from helpers import BACKENDS, is_temp, make_payload, open_manager, plugin_manager
 
 from dp_ckpt_plugin import CheckpointManager, CheckpointWriteError, FormatInfo, hookimpl
 from dp_ckpt_plugin.checkpoint.layout import record_name
-from dp_ckpt_plugin.storage.temp import is_temp
 
 
 class Recorder:

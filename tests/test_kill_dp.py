@@ -39,10 +39,9 @@ from pathlib import Path
 
 import pytest
 from e2e_support import DP, EXAMPLES, TORCHRUN
-from helpers import free_port, needs_torch
+from helpers import free_port, is_temp, needs_torch
 
 from dp_ckpt_plugin.checkpoint.records import read_record, verify
-from dp_ckpt_plugin.storage.temp import is_temp
 
 pytestmark = [
     pytest.mark.e2e,

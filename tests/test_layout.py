@@ -5,10 +5,11 @@ from __future__ import annotations
 import fnmatch
 
 import pytest
+from helpers import is_temp
 
 from dp_ckpt_plugin.checkpoint.layout import Family, record_name
 from dp_ckpt_plugin.deepmd.naming import ema_family, ema_prefix
-from dp_ckpt_plugin.storage.temp import is_temp, temp_name, temp_target
+from dp_ckpt_plugin.storage.temp import temp_name, temp_target
 
 
 def test_numbered_name_and_alias():

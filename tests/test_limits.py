@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from doubles.memory import MemoryStorage, forget
 
 from dp_ckpt_plugin import CheckpointStore
 from dp_ckpt_plugin.checkpoint import limits
@@ -42,7 +43,6 @@ from dp_ckpt_plugin.checkpoint.records import (
     read_record,
 )
 from dp_ckpt_plugin.errors import CheckpointWriteError
-from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 from dp_ckpt_plugin.remote import catalogue
 from dp_ckpt_plugin.remote import head as heads
 from dp_ckpt_plugin.remote.keys import segment_key

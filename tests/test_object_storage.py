@@ -1,6 +1,6 @@
 """The conformance suite of the object protocol: every storage passes it.
 
-Each test runs on :class:`LocalStorage` (a directory), :class:`MemoryStorage`
+Each test runs on :class:`DirectoryStorage` (a directory), :class:`MemoryStorage`
 and :class:`CloudStorage` on moto's S3 server (skipped without moto and
 obstore). Round trips of every primitive, empty objects and ranges, payloads
 large enough for a multipart upload from bytes, a path and an open file, key
@@ -17,8 +17,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from doubles.directory import DirectoryStorage
+from doubles.memory import MemoryStorage, forget
 
-from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 from dp_ckpt_plugin.storage.local import LocalStorage
 from dp_ckpt_plugin.storage.objects import (
     KeyExistsError,
@@ -35,7 +36,7 @@ LARGE = (16 << 20) * 2 + 12345
 
 def make_storage(kind: str, request, tmp_path, name: str = "run"):
     if kind == "local":
-        return LocalStorage(tmp_path / "objects" / name)
+        return DirectoryStorage(tmp_path / "objects" / name)
     if kind == "memory":
         bucket = request.node.stash.setdefault(_BUCKET, f"t{secrets.token_hex(6)}")
         request.addfinalizer(lambda: forget(bucket))

@@ -291,10 +291,10 @@ def _json_of(capsys, *args):
 def test_a_remote_store_keeps_the_input_for_another_node(tmp_path, capsys):
     """The input goes to ``inputs/`` of the object store, once; a node with
     nothing staged reads it back from there."""
+    from doubles.memory import MemoryStorage, forget
     from helpers import plugin_manager, remote_store
 
     from dp_ckpt_plugin.checkpoint.provenance import provenance_of
-    from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 
     url = f"memory://prov{tmp_path.name[-8:].replace('_', '')}/run"
     storage = MemoryStorage(url)
@@ -319,11 +319,11 @@ def test_a_remote_store_keeps_the_input_for_another_node(tmp_path, capsys):
 
 def test_sync_carries_the_inputs_both_ways(tmp_path, capsys):
     """``dp-ckpt sync`` down and up: the inputs the records name come along."""
+    from doubles.memory import MemoryStorage, forget
     from helpers import plugin_manager, remote_store
 
     from dp_ckpt_plugin.checkpoint.provenance import provenance_of
     from dp_ckpt_plugin.commands import main
-    from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 
     name = f"sync{tmp_path.name[-8:].replace('_', '')}"
     url, again = f"memory://{name}/run", f"memory://{name}up/run"

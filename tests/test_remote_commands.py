@@ -10,10 +10,10 @@ import json
 import secrets
 
 import pytest
+from doubles.memory import MemoryStorage, forget
 from helpers import committed_steps, gone_holder, make_payload, remote_store
 
 from dp_ckpt_plugin.commands import main
-from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 from dp_ckpt_plugin.objectstore.registry import storage_for
 from dp_ckpt_plugin.remote import head as heads
 

@@ -13,12 +13,12 @@ import json
 import secrets
 
 import pytest
+from doubles.memory import MemoryStorage, forget
 from helpers import make_payload, plugin_manager, remote_store
 
 from dp_ckpt_plugin.checkpoint.records import MAX_RECORD_BYTES
 from dp_ckpt_plugin.commands import main
 from dp_ckpt_plugin.errors import RestartNotFoundError
-from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 from dp_ckpt_plugin.objectstore.registry import storage_for
 from dp_ckpt_plugin.remote import head as heads
 from dp_ckpt_plugin.remote.keys import record_key

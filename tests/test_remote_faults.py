@@ -15,6 +15,7 @@ from __future__ import annotations
 import secrets
 
 import pytest
+from doubles.memory import MemoryStorage, forget
 from helpers import (
     committed_steps,
     gone_holder,
@@ -24,7 +25,6 @@ from helpers import (
 )
 
 from dp_ckpt_plugin.errors import CheckpointError
-from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 from dp_ckpt_plugin.remote import head as heads
 from dp_ckpt_plugin.remote.fetch import _record
 from dp_ckpt_plugin.storage.objects import (

@@ -18,11 +18,11 @@ import secrets
 import time
 
 import pytest
+from doubles.memory import MemoryStorage, forget
 from helpers import gone_holder, make_payload, plugin_manager, remote_store
 
 from dp_ckpt_plugin.commands import main
 from dp_ckpt_plugin.errors import CheckpointError
-from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 from dp_ckpt_plugin.remote import head as heads
 from dp_ckpt_plugin.remote.keys import (
     ARCHIVE,

@@ -15,13 +15,13 @@ from __future__ import annotations
 import json
 import secrets
 
+from doubles.memory import MemoryStorage, forget
 from head_support import grow
 from helpers import committed_steps, make_payload, open_manager, remote_store
 
 from dp_ckpt_plugin.checkpoint.digests import digest_of_view
 from dp_ckpt_plugin.checkpoint.records import CommitRecord
 from dp_ckpt_plugin.commands import main
-from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 from dp_ckpt_plugin.remote import catalogue
 from dp_ckpt_plugin.remote import head as heads
 from dp_ckpt_plugin.remote.keys import HEAD_KEY, SEGMENT, parse_key, record_key

@@ -14,10 +14,10 @@ import secrets
 
 import numpy as np
 import pytest
+from doubles.memory import MemoryStorage, forget
 from helpers import make_payload, payload_mismatches, remote_store
 
 from dp_ckpt_plugin.errors import CheckpointWriteError, RestartNotFoundError
-from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 from dp_ckpt_plugin.remote import head as heads
 from dp_ckpt_plugin.remote.keys import HEAD_KEY, LEASE_KEY, record_key
 
@@ -348,14 +348,16 @@ def test_nothing_found_names_the_url(pm, tmp_path, mem):
             store.resolve("model.ckpt-7.h5")
 
 
-def test_an_endpoint_ignoring_conditions_is_said_in_one_line(pm, tmp_path, caplog):
+def test_an_endpoint_ignoring_conditions_is_said_in_one_line(
+    pm, tmp_path, caplog, monkeypatch
+):
     from dp_ckpt_plugin.remote import probe
 
     class Lax(MemoryStorage):
         def put_if_absent(self, key, data):
             return self.put(key, data)
 
-    probe.forget()
+    monkeypatch.setattr(probe, "_PROBED", {})  # probed afresh
     lax = Lax(f"memory://lax{secrets.token_hex(3)}/run")
     with (
         caplog.at_level(logging.WARNING, "dp_ckpt_plugin"),

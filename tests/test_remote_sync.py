@@ -12,10 +12,10 @@ from __future__ import annotations
 import secrets
 
 import pytest
+from doubles.memory import MemoryStorage, forget
 from helpers import committed_paths, make_payload, open_manager, remote_store
 
 from dp_ckpt_plugin.commands import main
-from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 from dp_ckpt_plugin.remote import head as heads
 
 PREFIX = "model.ckpt"

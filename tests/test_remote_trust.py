@@ -14,10 +14,10 @@ import json
 import secrets
 
 import pytest
+from doubles.memory import MemoryStorage, forget
 from helpers import gone_holder, make_payload, remote_store
 
 from dp_ckpt_plugin.errors import CheckpointError
-from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 from dp_ckpt_plugin.remote.keys import HEAD_KEY, LEASE_KEY, record_key
 
 HOSTILE = [

@@ -17,12 +17,12 @@ import logging
 import secrets
 
 import pytest
+from doubles.memory import MemoryStorage, forget
 from helpers import gone_holder, make_payload, remote_store
 
 from dp_ckpt_plugin.checkpoint.limits import MAX_HOLDER_HOST
 from dp_ckpt_plugin.commands import main
 from dp_ckpt_plugin.errors import StoreLockedError
-from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 from dp_ckpt_plugin.remote.keys import HEAD_KEY, LEASE_KEY
 from dp_ckpt_plugin.remote.lease import Holder, Lease, LeaseState
 from dp_ckpt_plugin.text import MAX_SHOWN, shown

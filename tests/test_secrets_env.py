@@ -246,7 +246,8 @@ def test_what_is_not_a_known_scheme_stays_a_path(text):
     ],
 )
 def test_the_lease_names_the_program_never_its_arguments(monkeypatch, argv, program):
-    from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
+    from doubles.memory import MemoryStorage, forget
+
     from dp_ckpt_plugin.remote.lease import Holder, Lease
 
     monkeypatch.setattr(sys, "argv", argv)

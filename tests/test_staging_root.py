@@ -14,9 +14,9 @@ import stat
 from pathlib import Path
 
 import pytest
+from doubles.memory import MemoryStorage, forget
 
 from dp_ckpt_plugin.errors import ConfigError
-from dp_ckpt_plugin.objectstore.memory import MemoryStorage, forget
 from dp_ckpt_plugin.storage import staging
 from dp_ckpt_plugin.storage.staging import STAGING_ENV, staging_dir, staging_path
 

@@ -1,10 +1,10 @@
-"""The registry from URL scheme to storage, and storages added by entry point.
+"""The registry from URL scheme to storage, and storages offered by plugins.
 
 Built-in schemes give their storage; an unknown one is one line listing the
-known ones; :func:`register` adds a scheme; an installed package adds one
-through the ``dp_ckpt.storage`` entry-point group (a ``.dist-info`` folder on
-``sys.path`` of a child process, as ``pip install`` leaves it), loaded only
-when its scheme is asked for.
+known ones; a plugin offers a scheme through ``register_storages``, on the
+process's plugin manager or installed through the ``dp_ckpt`` entry-point
+group (a ``.dist-info`` folder on ``sys.path`` of a child process, as
+``pip install`` leaves it), loaded only when a scheme is not a built-in one.
 """
 
 from __future__ import annotations
@@ -18,21 +18,16 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from doubles.memory import MemoryStorage
 from helpers import open_manager
 from s3_server import MISSING
 
+from dp_ckpt_plugin import hookimpl
 from dp_ckpt_plugin.errors import ConfigError
 from dp_ckpt_plugin.objectstore import registry
-from dp_ckpt_plugin.objectstore.memory import MemoryStorage
-from dp_ckpt_plugin.objectstore.registry import (
-    ENTRY_POINT_GROUP,
-    local_path,
-    register,
-    scheme_of,
-    storage_for,
-    unregister,
-)
-from dp_ckpt_plugin.storage.local import LocalStorage
+from dp_ckpt_plugin.objectstore.registry import local_path, scheme_of, storage_for
+from dp_ckpt_plugin.plugin import ENTRY_POINT_GROUP
+from dp_ckpt_plugin.storage import local_storage
 from dp_ckpt_plugin.storage.objects import ObjectStorage
 
 
@@ -56,13 +51,16 @@ def test_scheme_of(text, scheme):
     assert scheme_of(text) == scheme
 
 
-def test_plain_paths_and_file_urls_are_local(tmp_path):
+def test_plain_paths_and_file_urls_are_local_not_object_storages(tmp_path):
     for given in (tmp_path / "a", str(tmp_path / "b"), f"file://{tmp_path}/c"):
-        storage = storage_for(given)
-        assert isinstance(storage, LocalStorage)
-        assert storage.root == tmp_path / Path(str(given)).name
-    spaced = storage_for(f"file://localhost{tmp_path}/with%20space")
-    assert spaced.root == tmp_path / "with space"
+        assert Path(local_path(given)) == tmp_path / Path(str(given)).name
+        with pytest.raises(ConfigError) as raised:
+            storage_for(given)
+        assert str(raised.value).endswith(
+            ": a local path is a directory store, not an object storage"
+        )
+    spaced = local_path(f"file://localhost{tmp_path}/with%20space")
+    assert Path(spaced) == tmp_path / "with space"
 
 
 LOCATIONS = [
@@ -94,7 +92,7 @@ def test_every_reader_of_a_location_agrees(given, path, tmp_path, monkeypatch):
         given = given.replace("/x/", f"{tmp_path}/x/")
         path = path.replace("/x/", f"{tmp_path}/x/")
     expected = Path(path)
-    assert storage_for(given).root == Path(os.path.abspath(expected))
+    assert local_storage(local_path(given)).root == Path(os.path.abspath(expected))
     assert check_save_dir(given) == expected
     expected.mkdir(parents=True)
     assert store_directory(given) == expected
@@ -164,65 +162,108 @@ def test_an_unknown_scheme_is_one_line_listing_the_known_ones():
     text = str(raised.value)
     assert "\n" not in text
     assert text.startswith("nosuch://bucket/run: no storage serves nosuch://")
-    for scheme in ("file://", "memory://", "s3://", "gs://", "az://"):
+    for scheme in ("memory://", "s3://", "gs://", "az://"):
         assert scheme in text
+    assert "file://" not in text and text.endswith("or give a local path)")
 
 
 class Recorded(MemoryStorage):
-    """A storage made by a registered factory, remembering what it was given."""
+    """A storage made by an offered factory, remembering what it was given."""
 
     def __init__(self, url, **options):
         super().__init__("memory://registered/" + url.partition("://")[2])
         self.given = (url, options)
 
 
-def test_register_a_scheme():
-    register("test+rec", Recorded)
-    try:
-        storage = storage_for("test+rec://here/run", flavour="x")
-        assert isinstance(storage, Recorded) and isinstance(storage, ObjectStorage)
-        assert storage.given == ("test+rec://here/run", {"flavour": "x"})
-        assert "test+rec" in registry.known_schemes()
-        with pytest.raises(ValueError, match="already has a storage"):
-            register("test+rec", Recorded)
-        register("test+rec", MemoryStorage, replace=True)
-        assert type(storage_for("test+rec://x")) is MemoryStorage
-    finally:
-        unregister("test+rec")
+class Second(Recorded):
+    """Another storage offered for the same scheme."""
+
+
+class Offering:
+    """A plugin offering ``storages`` through ``register_storages``."""
+
+    def __init__(self, storages: dict) -> None:
+        self.storages = storages
+
+    @hookimpl
+    def register_storages(self) -> dict:
+        return self.storages
+
+
+@pytest.fixture
+def offer():
+    """Register plugins offering storages on the process's plugin manager."""
+    pm = registry.plugin_manager()
+    added: list[Offering] = []
+
+    def add(storages: dict) -> Offering:
+        added.append(Offering(storages))
+        pm.register(added[-1])
+        return added[-1]
+
+    yield add
+    for plugin in added:
+        if pm.is_registered(plugin):
+            pm.unregister(plugin)
+
+
+def test_a_plugin_offers_a_scheme(offer):
+    plugin = offer({"test+rec": Recorded})
+    storage = storage_for("test+rec://here/run", flavour="x")
+    assert isinstance(storage, Recorded) and isinstance(storage, ObjectStorage)
+    assert storage.given == ("test+rec://here/run", {"flavour": "x"})
+    assert "test+rec" in registry.known_schemes()
+    registry.plugin_manager().unregister(plugin)
     with pytest.raises(ConfigError):
         storage_for("test+rec://here/run")
 
 
+def test_of_a_scheme_offered_twice_the_plugin_called_first_wins(offer):
+    offer({"test+rec": Recorded})
+    offer({"test+rec": Second})  # registered last, called first
+    assert type(storage_for("test+rec://x")) is Second
+
+
 @pytest.mark.parametrize("scheme", ["", "S3", "1fs", "a b", "x/y", None])
-def test_register_refuses_what_is_not_a_scheme(scheme):
-    with pytest.raises(ValueError, match="not a URL scheme"):
-        register(scheme, Recorded)
+def test_an_offer_that_is_not_a_scheme_is_refused(offer, scheme):
+    offer({scheme: Recorded})
+    with pytest.raises(ConfigError, match="not a URL scheme"):
+        storage_for("other://x")
 
 
-def test_a_built_in_scheme_can_be_replaced_and_comes_back():
-    register("memory", Recorded, replace=True)
-    try:
-        assert isinstance(storage_for("memory://b/x"), Recorded)
-    finally:
-        unregister("memory")
-    assert type(storage_for("memory://b/x")) is MemoryStorage
+def test_an_offer_that_is_not_callable_is_refused(offer):
+    offer({"test+rec": "not a factory"})
+    with pytest.raises(ConfigError, match="is not callable"):
+        storage_for("test+rec://x")
 
 
-# -- entry points -----------------------------------------------------------------
+def test_a_plugin_cannot_replace_a_built_in_scheme_nor_file(offer, tmp_path):
+    offer({"gs": Recorded, "file": Recorded})
+    assert registry._factory("gs") is registry.BUILTIN["gs"]
+    assert "file" not in registry.known_schemes()
+    with pytest.raises(ConfigError, match="a local path is a directory store"):
+        storage_for(f"file://{tmp_path}")
 
-PLUGIN = '''
-from dp_ckpt_plugin.objectstore.memory import MemoryStorage
 
-LOADED = []
+# -- installed plugins ------------------------------------------------------------
+
+PLUGIN = """
+from doubles.memory import MemoryStorage
+
+from dp_ckpt_plugin import hookimpl
 
 
 def make(url, **options):
-    """A storage for tmpfs://bucket/prefix, kept in memory."""
-    LOADED.append(url)
+    \"\"\"A storage for tmpfs://bucket/prefix, kept in memory.\"\"\"
     storage = MemoryStorage("memory://" + url.partition("://")[2])
     storage.options = options
     return storage
-'''
+
+
+@hookimpl
+def register_storages():
+    return {"tmpfs": make, "gs": make}
+"""
 
 
 def installed(tmp_path: Path, points: dict[str, str]) -> Path:
@@ -262,55 +303,41 @@ CHILD = """
     from dp_ckpt_plugin.objectstore import registry
 
     out = {"loaded_at_start": "tmp_storage_plugin" in sys.modules}
-    storage = registry.storage_for("memory://plain/x")
+    registry.remote_url("s3://plain/x")
     out["loaded_for_a_builtin"] = "tmp_storage_plugin" in sys.modules
-    out["known"] = registry.known_schemes()
     try:
+        out["known"] = registry.known_schemes()
         storage = registry.storage_for("tmpfs://bucket/run", speed="fast")
         storage.put("k", b"v")
         out["made"] = [type(storage).__name__, storage.url, storage.options]
-        out["read"] = registry.storage_for("memory://bucket/run").get("k")[0].decode()
+        out["read"] = registry.storage_for("tmpfs://bucket/run").get("k")[0].decode()
+        out["builtin"] = registry._factory("gs") is registry.BUILTIN["gs"]
     except ConfigError as exc:
         out["made"] = str(exc)
-    try:
-        registry.storage_for("broken://x")
-    except ConfigError as exc:
-        out["broken"] = str(exc)
     print(json.dumps(out))
 """
 
 
-def test_a_storage_from_an_entry_point_is_loaded_when_its_scheme_is_asked(tmp_path):
-    site = installed(
-        tmp_path,
-        {"tmpfs": "tmp_storage_plugin:make", "broken": "broken_storage_plugin:make"},
-    )
+def test_a_storage_plugin_is_loaded_when_a_scheme_is_not_built_in(tmp_path):
+    site = installed(tmp_path, {"tmpfs": "tmp_storage_plugin"})
     out = run_child(site, CHILD)
     assert not out["loaded_at_start"] and not out["loaded_for_a_builtin"]
-    assert {"tmpfs", "broken", "s3", "file"} <= set(out["known"])
+    assert {"tmpfs", "s3"} <= set(out["known"])
     assert out["made"] == ["MemoryStorage", "memory://bucket/run", {"speed": "fast"}]
     assert out["read"] == "v"
-    assert out["broken"] == (
-        "the storage for broken:// (broken_storage_plugin:make) could not be "
-        "loaded: ImportError: no such lib"
+    assert out["builtin"] is True  # its offer of gs:// is ignored
+
+
+def test_a_plugin_that_cannot_be_loaded_is_one_line(tmp_path):
+    site = installed(tmp_path, {"broken": "broken_storage_plugin"})
+    out = run_child(site, CHILD)
+    assert out["made"] == (
+        "the plugins offering storages could not be loaded: ImportError: no such lib"
     )
 
 
-def test_a_blocked_entry_point_is_not_loaded(tmp_path):
-    site = installed(tmp_path, {"tmpfs": "tmp_storage_plugin:make"})
+def test_a_blocked_storage_plugin_is_not_loaded(tmp_path):
+    site = installed(tmp_path, {"tmpfs": "tmp_storage_plugin"})
     out = run_child(site, CHILD, DP_CKPT_DISABLE_PLUGINS="tmpfs")
     assert "tmpfs" not in out["known"]
     assert out["made"].startswith("tmpfs://bucket/run: no storage serves tmpfs://")
-
-
-def test_an_entry_point_does_not_replace_a_built_in_scheme(tmp_path):
-    site = installed(tmp_path, {"memory": "tmp_storage_plugin:make"})
-    code = """
-        import json, sys
-        from dp_ckpt_plugin.objectstore import registry
-        storage = registry.storage_for("memory://b/x")
-        print(json.dumps({"type": type(storage).__module__,
-                          "loaded": "tmp_storage_plugin" in sys.modules}))
-    """
-    out = run_child(site, code)
-    assert out == {"type": "dp_ckpt_plugin.objectstore.memory", "loaded": False}

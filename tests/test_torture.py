@@ -48,6 +48,7 @@ from helpers import (
     committed_paths,
     committed_steps,
     family,
+    is_temp,
     make_payload,
     open_manager,
     payload_mismatches,
@@ -57,7 +58,6 @@ from helpers import (
 
 from dp_ckpt_plugin import RestartNotFoundError
 from dp_ckpt_plugin.checkpoint.records import read_record, verify
-from dp_ckpt_plugin.storage.temp import is_temp
 
 pytestmark = pytest.mark.torture
 

@@ -38,7 +38,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import make_payload, open_manager, payload_mismatches, plugin_manager
+from helpers import (
+    is_temp,
+    make_payload,
+    open_manager,
+    payload_mismatches,
+    plugin_manager,
+)
 
 from dp_ckpt_plugin.commands import main as dp_ckpt
 from dp_ckpt_plugin.errors import (
@@ -47,7 +53,6 @@ from dp_ckpt_plugin.errors import (
     RestartNotFoundError,
 )
 from dp_ckpt_plugin.storage.local import LocalStorage
-from dp_ckpt_plugin.storage.temp import is_temp
 
 ERRORS = [errno.ENOSPC, errno.EIO, errno.EACCES, errno.EROFS, errno.EDQUOT, errno.EPERM]
 #: The mutating system calls of the storage layer, by method.

@@ -98,7 +98,6 @@ _CONDITIONAL = Capabilities(
     ranged_get=True,
     durable_put=True,
     multipart=True,
-    links=False,
 )
 #: What each kind of store enforces (obstore implements both conditional
 #: modes on S3, GCS and Azure).

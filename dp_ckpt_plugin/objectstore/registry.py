@@ -1,28 +1,19 @@
-"""One registry from URL scheme to storage.
+"""One registry from URL scheme to object storage.
 
-:func:`storage_for` is the one place a storage is chosen for a location:
+:func:`storage_for` is the one place a storage is chosen for a URL:
 
 =====================================  =========================================
-a plain path, ``file:///path``          :class:`~dp_ckpt_plugin.storage.local.LocalStorage`
-                                       (its root is the path)
-``memory://bucket/prefix``              :class:`~dp_ckpt_plugin.objectstore.memory.MemoryStorage`
-``s3://``, ``gs://``, ``az://``,        :class:`~dp_ckpt_plugin.objectstore.cloud.CloudStorage`
+``s3://``, ``gs://``, ``az://``,        ``objectstore.cloud.CloudStorage``
 ``abfs://``, ``abfss://``               (needs ``pip install "dp-ckpt-plugin[s3]"``)
 =====================================  =========================================
 
-Another storage is added by :func:`register` (``register("myfs", factory)``)
-or, from an installed package, through the ``dp_ckpt.storage`` entry-point
-group: the entry point's name is the scheme and its value a factory
-``callable(url, **options)`` returning an
-:class:`~dp_ckpt_plugin.storage.objects.ObjectStorage`::
-
-    [project.entry-points."dp_ckpt.storage"]
-    myfs = "my_package.storage:MyStorage"
-
-Entry points are read the first time a scheme is not known, and loaded one
-at a time, when their scheme is asked for; they cannot replace a built-in
-scheme (:func:`register` with ``replace=True`` can). A scheme named in
-``DP_CKPT_DISABLE_PLUGINS`` is not loaded from an entry point.
+Another scheme is offered by a plugin, through the ``register_storages``
+hook (``docs/hooks.md``), asked of the process's plugin manager
+(:func:`plugin_manager`: the ``dp_ckpt`` entry-point group, less what
+``DP_CKPT_DISABLE_PLUGINS`` blocks), built the first time a scheme is not
+a built-in one. A plugin cannot replace a built-in scheme. A plain path or a
+``file://`` URL is a directory store (:func:`local_path`), never an object
+storage.
 """
 
 from __future__ import annotations
@@ -30,43 +21,20 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Callable
-from importlib import metadata
 from urllib.parse import unquote, urlsplit
 
+import pluggy
+
 from ..errors import ConfigError
+from ..plugin import get_plugin_manager
+from ..plugin.hooks import Hooks
 from ..storage.forks import in_child
-from ..storage.objects import ObjectStorage
+from ..storage.objects import ObjectStorage, StorageFactory
 from ..text import shown
-
-#: Entry-point group third-party storages register under (name = scheme).
-ENTRY_POINT_GROUP = "dp_ckpt.storage"
-
-Factory = Callable[..., ObjectStorage]
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 #: A scheme and a colon followed by one slash or none (``s3:/bucket``).
 _NEAR_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):/?(?!/)(.*)", re.DOTALL)
-_VALID_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")
-
-
-def _local(url: str, **options) -> ObjectStorage:
-    from ..storage.local import LocalStorage
-
-    return LocalStorage(local_path(url), **options)
-
-
-def _memory(url: str, **options) -> ObjectStorage:
-    from .memory import MemoryStorage
-
-    if options:
-        raise ConfigError(
-            f"{url}: a memory storage takes no options ({', '.join(options)})"
-        )
-    try:
-        return MemoryStorage(url)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
 
 
 def _cloud(url: str, **options) -> ObjectStorage:
@@ -76,9 +44,7 @@ def _cloud(url: str, **options) -> ObjectStorage:
 
 
 #: The schemes this package serves itself.
-BUILTIN: dict[str, Factory] = {
-    "file": _local,
-    "memory": _memory,
+BUILTIN: dict[str, StorageFactory] = {
     "s3": _cloud,
     "gs": _cloud,
     "az": _cloud,
@@ -86,8 +52,7 @@ BUILTIN: dict[str, Factory] = {
     "abfss": _cloud,
 }
 
-_factories: dict[str, Factory] = dict(BUILTIN)
-_entry_points: dict[str, metadata.EntryPoint] | None = None
+_plugins: pluggy.PluginManager | None = None
 _lock = threading.Lock()
 
 
@@ -160,7 +125,7 @@ def check_not_mistyped(text: str | os.PathLike) -> None:
     if found is None or scheme_of(text.strip()):
         return
     scheme = found.group(1).lower()
-    if scheme == "file" or scheme not in known_schemes():
+    if scheme == "file" or (scheme not in BUILTIN and scheme not in _offered()):
         return
     meant = f"{scheme}://{found.group(2).lstrip('/') or 'BUCKET/PREFIX'}"
     raise ConfigError(
@@ -168,87 +133,63 @@ def check_not_mistyped(text: str | os.PathLike) -> None:
     )
 
 
-def register(scheme: str, factory: Factory, *, replace: bool = False) -> None:
-    """Serve ``scheme://`` URLs with ``factory(url, **options)``.
+def plugin_manager() -> pluggy.PluginManager:
+    """The process's plugin manager the storages of other schemes come from.
 
-    Raises
-    ------
-    ValueError
-        For a scheme that is not one (``[a-z][a-z0-9+.-]*``), or one already
-        served, unless ``replace``.
-    """
-    if not isinstance(scheme, str) or not _VALID_SCHEME.fullmatch(scheme):
-        raise ValueError(f"not a URL scheme: {scheme!r} (lowercase, like 's3')")
-    if not callable(factory):
-        raise ValueError(f"the storage factory for {scheme!r} is not callable")
-    with _lock:
-        if scheme in _factories and not replace:
-            raise ValueError(f"the scheme {scheme!r} already has a storage")
-        _factories[scheme] = factory
-
-
-def unregister(scheme: str) -> None:
-    """Stop serving ``scheme`` (a built-in one comes back as it was)."""
-    with _lock:
-        if scheme in BUILTIN:
-            _factories[scheme] = BUILTIN[scheme]
-        else:
-            _factories.pop(scheme, None)
-
-
-def _installed() -> dict[str, metadata.EntryPoint]:
-    """The entry points of the group, by scheme, read once (not loaded)."""
-    global _entry_points
-    if _entry_points is None:
-        from ..blocklist import blocked_names
-
-        blocked = set(blocked_names())
-        found = metadata.entry_points(group=ENTRY_POINT_GROUP)
-        _entry_points = {ep.name: ep for ep in found if ep.name not in blocked}
-    return _entry_points
-
-
-def _factory(scheme: str) -> Factory | None:
-    with _lock:
-        found = _factories.get(scheme)
-        if found is not None:
-            return found
-        ep = _installed().get(scheme)
-        if ep is None:
-            return None
-        try:
-            loaded = ep.load()
-        except Exception as exc:
-            raise ConfigError(
-                f"the storage for {scheme}:// ({ep.value}) could not be loaded: "
-                f"{type(exc).__name__}: {exc}"
-            ) from None
-        if not callable(loaded):
-            raise ConfigError(
-                f"the storage for {scheme}:// ({ep.value}) is not a callable factory"
-            )
-        _factories[scheme] = loaded
-        return loaded
-
-
-def known_schemes() -> list[str]:
-    """Every scheme served: built-in, registered and installed."""
-    with _lock:
-        return sorted({*_factories, *_installed()})
-
-
-def storage_for(url_or_path: str | os.PathLike, **options) -> ObjectStorage:
-    """The storage of a location: a path, or a URL whose scheme is known.
+    Built once, on first use, by
+    :func:`~dp_ckpt_plugin.plugin.get_plugin_manager`; a plugin registered
+    on it (``plugin_manager().register(plugin)``) offers its storages from
+    then on.
 
     Raises
     ------
     ConfigError
-        In one line, for a scheme no storage serves (listing the known ones)
-        or a URL its storage refuses.
+        In one line, when an installed plugin cannot be loaded.
+    """
+    global _plugins
+    with _lock:
+        if _plugins is None:
+            try:
+                _plugins = get_plugin_manager()
+            except Exception as exc:
+                raise ConfigError(
+                    "the plugins offering storages could not be loaded: "
+                    f"{type(exc).__name__}: {shown(str(exc))}"
+                ) from None
+        return _plugins
+
+
+def _offered() -> dict[str, StorageFactory]:
+    """The storages plugins offer, by scheme, less the built-in and ``file``."""
+    offered = Hooks(plugin_manager()).storages()
+    return {k: f for k, f in offered.items() if k not in BUILTIN and k != "file"}
+
+
+def _factory(scheme: str) -> StorageFactory | None:
+    return BUILTIN.get(scheme) or _offered().get(scheme)
+
+
+def known_schemes() -> list[str]:
+    """Every scheme served: built-in, and offered by a plugin."""
+    return sorted({*BUILTIN, *_offered()})
+
+
+def storage_for(url_or_path: str | os.PathLike, **options) -> ObjectStorage:
+    """The object storage of a URL whose scheme is known.
+
+    Raises
+    ------
+    ConfigError
+        In one line, for a local path or ``file://`` URL (a directory store,
+        not an object storage), a scheme no storage serves (listing the known
+        ones) or a URL its storage refuses.
     """
     check_not_mistyped(url_or_path)
     if local_path(url_or_path) is not None:
-        return _local(url_or_path, **options)
+        raise ConfigError(
+            f"{shown(os.fspath(url_or_path))}: a local path is a directory store, "
+            "not an object storage"
+        )
     if any(not c.isprintable() for c in url_or_path):
         raise ConfigError(
             f"{shown(url_or_path)}: a URL holds no control character (a "
@@ -260,8 +201,8 @@ def storage_for(url_or_path: str | os.PathLike, **options) -> ObjectStorage:
     if factory is None:
         known = ", ".join(f"{s}://" for s in known_schemes())
         raise ConfigError(
-            f"{url_or_path}: no storage serves {scheme}:// (known: {known}, and "
-            "plain paths)"
+            f"{url_or_path}: no storage serves {scheme}:// (known: {known}; or "
+            "give a local path)"
         )
     return factory(url_or_path, **options)
 
@@ -286,7 +227,7 @@ def remote_url(text: str) -> str:
             "an escape)"
         )
     if _factory(scheme) is None:
-        known = ", ".join(f"{s}://" for s in known_schemes() if s != "file")
+        known = ", ".join(f"{s}://" for s in known_schemes())
         raise ValueError(
             f"no storage serves {scheme}:// (known: {known}; or give a local path)"
         )

@@ -17,19 +17,24 @@ proposes is verified by the front door
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import pluggy
 
 from ..errors import CheckpointWriteError, ConfigError, CorruptCheckpointError
+from ..text import shown
 
 if TYPE_CHECKING:
     from ..checkpoint import Checkpoint, Commit
     from ..formats import FormatInfo
     from ..resolution import ResolveContext, Resolved
+    from ..storage.objects import StorageFactory
 
 log = logging.getLogger("dp_ckpt_plugin")
+
+_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")
 
 
 class Hooks:
@@ -81,6 +86,31 @@ class Hooks:
             if path.name.endswith(info.suffix):
                 return name
         return None
+
+    # -- storages ------------------------------------------------------------------
+    def storages(self) -> dict[str, StorageFactory]:
+        """Every object storage plugins offer, by scheme (the first offer wins).
+
+        Raises
+        ------
+        ConfigError
+            For an offer whose scheme is not one (``[a-z][a-z0-9+.-]*``) or
+            whose factory is not callable.
+        """
+        found: dict[str, StorageFactory] = {}
+        for offered in self.pm.hook.register_storages():
+            for scheme, factory in (offered or {}).items():
+                if not isinstance(scheme, str) or not _SCHEME.fullmatch(scheme):
+                    raise ConfigError(
+                        f"a plugin offers a storage for {shown(repr(scheme))}: not a "
+                        "URL scheme (lowercase, like 's3')"
+                    )
+                if not callable(factory):
+                    raise ConfigError(
+                        f"the storage a plugin offers for {scheme}:// is not callable"
+                    )
+                found.setdefault(scheme, factory)
+        return found
 
     # -- saving and loading -------------------------------------------------------
     def save_step(self, format: str, step: int, state: Any, file: BinaryIO) -> None:

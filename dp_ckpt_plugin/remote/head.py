@@ -364,10 +364,6 @@ class Head:
         segments = sorted([*segments, *new], key=lambda s: (s.first, -s.level))
         return self._with(prefix, replace(state, segments=tuple(segments)))
 
-    def without_archive(self, archive: str) -> Head:
-        """Forget an archive (its objects become unnamed)."""
-        return replace(self, archives=tuple(a for a in self.archives if a != archive))
-
     def _with(self, prefix: str, state: FamilyState) -> Head:
         families = dict(self.families)
         families[prefix] = state

@@ -82,9 +82,3 @@ def _try(storage: ObjectStorage) -> str | None:
     finally:
         with contextlib.suppress(StorageUnavailableError):
             storage.delete(key)
-
-
-def forget() -> None:
-    """Probe again next time (tests)."""
-    with _LOCK:
-        _PROBED.clear()

@@ -7,7 +7,7 @@ the plugin keeps in a process is one of two kinds (``docs/guarantees.md``,
 rule 43):
 
 - **the process's own**: module-level locks (torch's allowlist, the storage
-  registry, the in-memory buckets, the probe) are made anew in the child
+  registry, the probe) are made anew in the child
   (:func:`in_child`, run by ``os.register_at_fork``); BLAKE3's thread pool,
   which a child cannot get back, is not used there
   (:mod:`~dp_ckpt_plugin.checkpoint.digests` hashes on one thread);

@@ -16,33 +16,28 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import mmap
 import os
 import shutil
 import stat
 import threading
-import time
-import traceback
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO
 
 from ..errors import CheckpointWriteError, UnreadableFileError, describe_os_error
 from . import SMALL_FILE_LIMIT, Entry, PayloadBytes
-from .objects import (
-    SMALL_OBJECT_LIMIT,
-    Capabilities,
-    KeyExistsError,
-    KeyMissingError,
-    ObjectInfo,
-    ObjectTooLargeError,
-    Source,
-    VersionMismatchError,
-    check_key,
-    check_prefix,
+from .payload import (
+    FD_PATHS,
+    ErrorRecorder,
+    FinalName,
+    MeanwhileError,
+    digest_beside,
+    digest_while,
+    os_cause,
+    release_frames,
 )
-from .temp import is_temp, temp_name, temp_target
+from .temp import temp_name, temp_target
 
 try:
     import fcntl
@@ -57,10 +52,6 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
-#: Whether an open file can be named by a path (Linux ``/proc/self/fd``).
-_FD_PATHS = os.path.isdir("/proc/self/fd")
-#: Below this size a payload is hashed inline, not beside its fsync.
-_INLINE_DIGEST = 4 << 20
 #: Times a lock whose file vanished under it is tried again before giving up.
 _LOCK_ATTEMPTS = 5
 _KINDS = (
@@ -418,7 +409,7 @@ class LocalStorage:
 
         As :meth:`write_temp`, for a payload: the file object ``writer`` gets
         also carries ``os_path``, a path naming the open temporary file by
-        the payload's final name (see ``_FinalName``), when the system has
+        the payload's final name (see ``storage.payload.FinalName``), when the system has
         one (``/proc/self/fd``) and nothing interposes on the writes, so
         that a serializer faster with a path than with a Python file object
         (``torch.save``) writes by name into the file this storage created
@@ -471,19 +462,19 @@ class LocalStorage:
             with os.fdopen(fd, "w+b") as handle:
                 step = "write"
                 wrapped = self._wrap_handle(handle, tmp)
-                if digest is not None and wrapped is handle and _FD_PATHS:
-                    named = _FinalName(self, fd, tmp, path.name)
-                recorder = _ErrorRecorder(wrapped, named)
+                if digest is not None and wrapped is handle and FD_PATHS:
+                    named = FinalName(self, fd, tmp, path.name)
+                recorder = ErrorRecorder(wrapped, named)
                 try:
                     writer(recorder)
                 except Exception as exc:
                     if (
                         not recorder.named
                         or isinstance(exc, TypeError)
-                        or _os_cause(exc) is not None
+                        or os_cause(exc) is not None
                     ):
                         raise
-                    _release(exc)  # the failed writer's own descriptor
+                    release_frames(exc)  # the failed writer's own descriptor
                     del exc
                     # the serializer wrote by path and said why in its own
                     # words: write again through the file, which names the cause
@@ -505,9 +496,9 @@ class LocalStorage:
                         step = "fsync"
                         fsync = (lambda: self._sys_fsync(fd, tmp)) if durable else None
                         if meanwhile is not None and fsync is not None:
-                            found = _digest_beside(fd, digest, fsync, tmp, meanwhile)
+                            found = digest_beside(fd, digest, fsync, tmp, meanwhile)
                         else:
-                            found = _digest_while(fd, digest, fsync)
+                            found = digest_while(fd, digest, fsync)
                 finally:
                     if tidy is not None:
                         tidy.join()
@@ -516,9 +507,9 @@ class LocalStorage:
                 named.close()  # idempotent: nothing left if the tidy ran
             if step != "create":
                 self.remove_quietly(tmp)
-            if isinstance(exc, _Meanwhile):
+            if isinstance(exc, MeanwhileError):
                 raise exc.error from None
-            cause = _os_cause(exc)
+            cause = os_cause(exc)
             if step == "write" and recorder is not None and recorder.error is not None:
                 cause = recorder.error
             if cause is not None:
@@ -803,288 +794,6 @@ class LocalStorage:
             return False
         return (found.st_dev, found.st_ino) == (now.st_dev, now.st_ino)
 
-    # -- the object protocol: keys relative to ``root`` ---------------------------
-    #: What the POSIX storage enforces as an object storage.
-    capabilities = Capabilities(
-        create_if_absent=True, compare_and_swap=True, links=True, durable_put=True
-    )
-
-    def _sys_flock_object(self, fd: int, path: Path) -> None:
-        """Take the exclusive ``flock`` of an object's lock file (blocking)."""
-        fcntl.flock(fd, fcntl.LOCK_EX)
-
-    def _sys_set_mtime(self, fd: int, mtime_ns: int) -> None:
-        """Stamp a new object's modification time (part of its version)."""
-        os.utime(fd, ns=(mtime_ns, mtime_ns))
-
-    @property
-    def url(self) -> str:
-        """The root, as object keys are relative to it."""
-        return str(self._object_root())
-
-    def _object_root(self) -> Path:
-        if self.root is None:
-            raise CheckpointWriteError(
-                "this storage has no root directory: object keys need one"
-            )
-        return self.root
-
-    def url_of(self, key: str) -> str:
-        """The path of the object at ``key``, as text."""
-        return str(self._object_path(key))
-
-    def _object_path(self, key: str) -> Path:
-        check_key(key)
-        name = key.rpartition("/")[2]
-        if is_temp(name) or _is_object_lock(name):
-            raise ValueError(f"not an object key (a name this storage uses): {key!r}")
-        return self._object_root() / key
-
-    def _object_info(self, key: str, st: os.stat_result) -> ObjectInfo:
-        version = f"{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}"
-        return ObjectInfo(key, st.st_size, version, st.st_mtime_ns / 1e9)
-
-    @contextlib.contextmanager
-    def _object_lock(self, path: Path) -> Iterator[None]:
-        """Hold the ``flock`` of the lock file beside ``path``.
-
-        The lock file is checked to still be the one at its name once held
-        (a deleting writer removes it), else taken again.
-        """
-        lock = path.parent / _object_lock_name(path.name)
-        while True:
-            fd = self._open_lock(lock)
-            try:
-                try:
-                    self._sys_flock_object(fd, lock)
-                except OSError as exc:
-                    raise _fail("lock", path, exc) from exc
-                if self._names(lock, fd):
-                    yield
-                    return
-            finally:
-                os.close(fd)
-
-    def _new_object(self, path: Path, data: Source, *, after_ns: int = 0) -> Path:
-        """Write ``data`` under a temporary name beside ``path``, durably, stamped.
-
-        Its modification time is the clock's in nanoseconds (and later than
-        ``after_ns``), so that two objects written in one clock tick of the
-        file system still differ in version.
-        """
-
-        def write(handle: BinaryIO) -> None:
-            if isinstance(data, (bytes, bytearray, memoryview)):
-                handle.write(data)
-            else:
-                shutil.copyfileobj(data, handle, _COPY_CHUNK)
-            handle.flush()
-            stamp = max(time.time_ns(), after_ns + 1)
-            self._sys_set_mtime(handle.fileno(), stamp)
-
-        return self.write_temp(path, write, durable=True)
-
-    def _make_parent(self, path: Path) -> None:
-        if self.entry(path.parent, follow=True) is None:
-            self.make_dirs(path.parent, durable=True)
-
-    def _stat_object(self, path: Path) -> os.stat_result | None:
-        try:
-            st = os.lstat(path)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        except OSError as exc:
-            raise _fail("look up", path, exc) from exc
-        return st if stat.S_ISREG(st.st_mode) else None
-
-    def put(self, key: str, data: Source) -> ObjectInfo:
-        """Write a whole object, replacing any (temporary file, fsync, rename)."""
-        path = self._object_path(key)
-        self._check(path, "write")
-        self._make_parent(path)
-        with self._object_lock(path):
-            old = self._stat_object(path)
-            tmp = self._new_object(path, data, after_ns=old.st_mtime_ns if old else 0)
-            st = os.lstat(tmp)
-            self.move_into_place(tmp, path, durable=True)
-        return self._object_info(key, st)
-
-    def put_if_absent(self, key: str, data: bytes) -> ObjectInfo:
-        """Create an object if its key is free (a hard link: whole or not at all)."""
-        path = self._object_path(key)
-        self._check(path, "write")
-        self._make_parent(path)
-        tmp = self._new_object(path, data)
-        try:
-            st = os.lstat(tmp)
-            self._sys_link(tmp, path)
-        except FileExistsError:
-            raise KeyExistsError(self.url_of(key)) from None
-        except OSError as exc:
-            raise _fail("create", path, exc) from exc
-        finally:
-            self.remove_quietly(tmp)
-        self.sync_dir(path.parent, holding=[path])
-        return self._object_info(key, st)
-
-    def put_if_match(self, key: str, data: bytes, version: str) -> ObjectInfo:
-        """Replace an object still at ``version`` (under its lock file's ``flock``)."""
-        path = self._object_path(key)
-        self._check(path, "write")
-        if self._stat_object(path) is None:
-            raise VersionMismatchError(self.url_of(key))
-        with self._object_lock(path):
-            old = self._stat_object(path)
-            if old is None or self._object_info(key, old).version != version:
-                raise VersionMismatchError(self.url_of(key))
-            tmp = self._new_object(path, data, after_ns=old.st_mtime_ns)
-            st = os.lstat(tmp)
-            self.move_into_place(tmp, path, durable=True)
-        return self._object_info(key, st)
-
-    def _open_object(self, key: str) -> tuple[int, os.stat_result] | None:
-        """Open a regular file at ``key`` for reading (no link followed), or ``None``."""
-        path = self._object_path(key)
-        self._check(path, "read")
-        try:
-            fd = self._sys_open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.EISDIR):
-                return None
-            raise _fail("read", path, exc) from exc
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            os.close(fd)
-            return None
-        return fd, st
-
-    def get(
-        self, key: str, limit: int = SMALL_OBJECT_LIMIT
-    ) -> tuple[bytes, ObjectInfo] | None:
-        """A small object and its version (of the same file); ``None`` when absent."""
-        opened = self._open_object(key)
-        if opened is None:
-            return None
-        fd, st = opened
-        if st.st_size > limit:
-            os.close(fd)
-            raise ObjectTooLargeError(self.url_of(key), st.st_size, limit)
-        try:
-            data = _read_at(fd, 0, st.st_size)
-        except OSError as exc:
-            raise _fail("read", self.url_of(key), exc) from exc
-        finally:
-            os.close(fd)
-        self.count("small_read")
-        self.count("small_bytes", len(data))
-        return data, self._object_info(key, st)
-
-    def get_range(self, key: str, start: int, end: int) -> bytes:
-        """Bytes ``start`` to ``end`` (exclusive) of an object (fewer at its end)."""
-        if start < 0 or end < start:
-            raise ValueError(f"not a byte range: {start} to {end}")
-        opened = self._open_object(key)
-        if opened is None:
-            raise KeyMissingError(self.url_of(key))
-        fd, st = opened
-        try:
-            return _read_at(fd, start, max(0, min(end, st.st_size) - start))
-        except OSError as exc:
-            raise _fail("read", self.url_of(key), exc) from exc
-        finally:
-            os.close(fd)
-
-    def download(self, key: str, sink: BinaryIO) -> ObjectInfo:
-        """Copy an object into ``sink`` in chunks; return what it was."""
-        opened = self._open_object(key)
-        if opened is None:
-            raise KeyMissingError(self.url_of(key))
-        fd, st = opened
-        try:
-            done = 0
-            while done < st.st_size:
-                chunk = os.pread(fd, min(_COPY_CHUNK, st.st_size - done), done)
-                if not chunk:
-                    break
-                sink.write(chunk)
-                done += len(chunk)
-        except OSError as exc:
-            raise _fail("read", self.url_of(key), exc) from exc
-        finally:
-            os.close(fd)
-        return self._object_info(key, st)
-
-    def head(self, key: str) -> ObjectInfo | None:
-        """What the regular file at ``key`` is, or ``None``."""
-        path = self._object_path(key)
-        self._check(path, "read")
-        st = self._stat_object(path)
-        return None if st is None else self._object_info(key, st)
-
-    def list(self, prefix: str) -> Iterator[ObjectInfo]:
-        """The objects whose keys start with ``prefix`` (any string), by key.
-
-        Temporary files, lock files, links and anything but regular files
-        are not objects.
-        """
-        check_prefix(prefix)
-        root = self._object_root()
-        folder = prefix.rpartition("/")[0]
-        found: list[ObjectInfo] = []
-        pending = [folder] if folder else [""]
-        while pending:
-            base = pending.pop()
-            for name, kind in self.names(root / base if base else root):
-                key = f"{base}/{name}" if base else name
-                if not (key.startswith(prefix) or prefix.startswith(key + "/")):
-                    continue
-                if kind == "dir":
-                    pending.append(key)
-                elif kind == "file" and not (is_temp(name) or _is_object_lock(name)):
-                    st = self._stat_object(root / key)
-                    if st is not None and key.startswith(prefix):
-                        found.append(self._object_info(key, st))
-        return iter(sorted(found, key=lambda info: info.key))
-
-    def delete(self, key: str) -> bool:
-        """Remove an object (and its lock file); ``False`` if it was not there."""
-        path = self._object_path(key)
-        self._check(path, "remove")
-        if self._stat_object(path) is None:
-            return False
-        with self._object_lock(path):
-            gone = self._stat_object(path) is not None and self.remove(path)
-            self.remove_quietly(path.parent / _object_lock_name(path.name))
-        if gone:
-            self.sync_dir(path.parent, holding=[path])
-        return gone
-
-
-#: Bytes copied at a time into or out of an object.
-_COPY_CHUNK = 1 << 20
-_OBJECT_LOCK_SUFFIX = ".dp_ckpt-lock"
-
-
-def _object_lock_name(name: str) -> str:
-    return f".{name}{_OBJECT_LOCK_SUFFIX}"
-
-
-def _is_object_lock(name: str) -> bool:
-    return name.startswith(".") and name.endswith(_OBJECT_LOCK_SUFFIX)
-
-
-def _read_at(fd: int, start: int, size: int) -> bytes:
-    chunks, done = [], 0
-    while done < size:
-        chunk = os.pread(fd, size - done, start + done)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        done += len(chunk)
-    return b"".join(chunks)
-
 
 class _HeldLock:
     """A lock :meth:`LocalStorage.lock_file` took: the lock file and its descriptor."""
@@ -1095,259 +804,3 @@ class _HeldLock:
         self.path = path
         self.fd = fd
         self.fallback = fallback
-
-
-def _release(exc: BaseException | None) -> None:
-    """Free the locals of the finished frames of ``exc`` and the errors behind it.
-
-    A serializer that failed while writing by path keeps its own descriptor
-    of the file open as long as its frames live; a disk it filled stays full.
-    """
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        traceback.clear_frames(exc.__traceback__)
-        exc = exc.__cause__ or exc.__context__
-
-
-def _digest_while(fd: int, digest, fsync) -> str:
-    """``digest`` of the file open as ``fd``, read from a map of it, while ``fsync`` runs.
-
-    The digest runs on a thread of its own (hashlib and blake3 release the
-    GIL) and ``fsync`` on the caller's, so the storage's system calls stay on
-    the thread that asked for them. Small files are hashed inline.
-    """
-    size = os.fstat(fd).st_size
-    if size == 0:
-        if fsync is not None:
-            fsync()
-        return digest(memoryview(b""))
-    mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ)
-    try:
-        view = memoryview(mapped)
-        try:
-            if fsync is None or size < _INLINE_DIGEST:
-                if fsync is not None:
-                    fsync()
-                return digest(view)
-            found: dict = {}
-
-            def run() -> None:
-                try:
-                    found["digest"] = digest(view)
-                except BaseException as exc:  # raised in the caller's thread
-                    found["error"] = exc
-
-            thread = threading.Thread(target=run, name="dp_ckpt-digest")
-            thread.start()
-            try:
-                fsync()
-            finally:
-                thread.join()
-            if "error" in found:
-                raise found["error"]
-            return found["digest"]
-        finally:
-            view.release()
-    finally:
-        mapped.close()
-
-
-class _Meanwhile(Exception):
-    """The error of a ``meanwhile`` call, raised as it is by ``_write``."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-def _digest_beside(fd: int, digest, fsync, tmp: Path, meanwhile) -> str:
-    """``digest`` of the file open as ``fd``, then ``meanwhile(tmp, digest)``, beside ``fsync``.
-
-    ``fsync`` runs on a thread of its own from the start; the hash (from a
-    read-only map) and ``meanwhile`` run on the caller's thread. Returns once
-    both sides are done; the fsync's error first, then ``meanwhile``'s
-    (wrapped in ``_Meanwhile``).
-    """
-    found: dict = {}
-
-    def run() -> None:
-        try:
-            fsync()
-        except BaseException as exc:  # raised in the caller's thread
-            found["error"] = exc
-
-    name = f"{threading.current_thread().name}/dp_ckpt-fsync"
-    thread = threading.Thread(target=run, name=name)
-    thread.start()
-    try:
-        try:
-            value = _digest_while(fd, digest, None)
-        except BaseException:
-            thread.join()
-            raise
-        try:
-            meanwhile(tmp, value)
-        except BaseException as exc:
-            thread.join()
-            if "error" in found:
-                raise found["error"] from None
-            raise _Meanwhile(exc) from None
-    finally:
-        thread.join()
-    if "error" in found:
-        raise found["error"]
-    return value
-
-
-class _FinalName:
-    """The open temporary file of a payload, named by the payload's final name.
-
-    ``torch.save`` names the folder inside its zip archive after the file it
-    is given (``model.ckpt-30/`` for ``model.ckpt-30.pt``; ``3/`` for
-    ``/proc/self/fd/3``). So that a checkpoint is byte for byte the file
-    ``torch.save`` to its final path writes, the writer is given a path
-    ending in the final name: a hard link to the open temporary file, in a
-    new directory of the store with a temporary name (swept like a
-    temporary file when a crash leaves it), named through that directory's
-    descriptor (``/proc/self/fd/<n>/<final name>``), so that a link planted
-    on the way is never followed. The link and the directory go once the
-    writer returns, on a thread of their own while the payload is hashed
-    and flushed, and before the write returns (:meth:`close_beside`).
-    Where no hard link can be made, the open file's own
-    ``/proc/self/fd/<n>`` is given (the archive's folder is then named
-    after the descriptor).
-    """
-
-    def __init__(self, storage: LocalStorage, fd: int, tmp: Path, final: str) -> None:
-        self.storage = storage
-        self.fd = fd
-        self.tmp = tmp
-        self.final = final
-        self.folder: Path | None = None
-        self.dirfd: int | None = None
-
-    def path(self) -> str:
-        """Make the link; return the path naming the open file by its final name."""
-        folder = self.tmp.parent / temp_name(self.final)
-        self.storage._check(folder, "write")
-        try:
-            self.storage._sys_mkdir(folder)
-            self.folder = folder
-            self.storage._sys_link(self.tmp, folder / self.final)
-            self.dirfd = os.open(
-                folder, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC
-            )
-        except OSError:
-            self.close()
-            return f"/proc/self/fd/{self.fd}"
-        if not self.storage._names(folder / self.final, self.fd):
-            self.close()  # something else is at the temporary name: never write it
-            return f"/proc/self/fd/{self.fd}"
-        return f"/proc/self/fd/{self.dirfd}/{self.final}"
-
-    def close_beside(self) -> threading.Thread | None:
-        """:meth:`close` on a thread of its own, started; ``None`` if nothing is left."""
-        if self.folder is None and self.dirfd is None:
-            return None
-        thread = threading.Thread(
-            target=self.close, name=f"{threading.current_thread().name}/dp_ckpt-tidy"
-        )
-        thread.start()
-        return thread
-
-    def close(self) -> None:
-        """Remove the link and its directory (a crash leaves them to the sweep)."""
-        folder, self.folder = self.folder, None
-        if self.dirfd is not None:
-            os.close(self.dirfd)
-            self.dirfd = None
-        if folder is not None:
-            with contextlib.suppress(OSError):
-                self.storage._sys_unlink(folder / self.final)
-            with contextlib.suppress(OSError):
-                self.storage._sys_rmdir(folder)
-
-
-class _ErrorRecorder:
-    """A file object that remembers the first OS error its methods raised.
-
-    Serialization libraries report a failed write of the file they were given
-    in their own words (h5py: ``Unable to create file (truncated file...)``,
-    torch: ``RuntimeError: unexpected pos``), sometimes dropping the original
-    error; the store still reports the real cause (``No space left on device``).
-    """
-
-    def __init__(self, handle: BinaryIO, named: _FinalName | None = None) -> None:
-        self._handle = handle
-        self.error: OSError | None = None
-        self._named = named
-        self._path: str | None = None
-
-    @property
-    def os_path(self) -> str | None:
-        """A path naming the open file, for a writer to write by name, or None.
-
-        Made on first use (:class:`_FinalName`): a writer that never asks
-        for it (h5py) costs nothing.
-        """
-        if self._path is None and self._named is not None:
-            self._path = self._named.path()
-        return self._path
-
-    @property
-    def named(self) -> bool:
-        """Whether the writer was given a path (:attr:`os_path` was asked for)."""
-        return self._path is not None
-
-    def forget_path(self) -> None:
-        """Give no path from now on: the writer writes through the file object."""
-        self._named = None
-        self._path = None
-
-    def write(self, data) -> int:
-        """Write to the file, remembering an OS error (the hot path: no wrapper)."""
-        try:
-            return self._handle.write(data)
-        except OSError as exc:
-            self._note(exc)
-            raise
-
-    def _note(self, exc: OSError) -> None:
-        if self.error is None and exc.errno is not None:
-            self.error = exc
-
-    def __getattr__(self, name: str):
-        attr = getattr(self._handle, name)
-        if not callable(attr):
-            return attr
-
-        def call(*args, **kwargs):
-            try:
-                return attr(*args, **kwargs)
-            except OSError as exc:
-                self._note(exc)
-                raise
-
-        return call
-
-
-def _os_cause(exc: BaseException) -> OSError | None:
-    """Return the OS error behind ``exc``, looking through wrapping errors.
-
-    Serialization libraries wrap the error of a failed write in their own:
-    h5py raises ``OSError("File close failed")`` without an errno, torch a
-    ``RuntimeError``; the ``ENOSPC`` or ``EIO`` may be further down the chain.
-    """
-    first = None
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, CheckpointWriteError):
-            return None
-        if isinstance(exc, OSError):
-            if exc.errno is not None:
-                return exc
-            first = first or exc
-        exc = exc.__cause__ or exc.__context__
-    return first

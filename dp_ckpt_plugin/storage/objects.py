@@ -27,12 +27,10 @@ says which conditions a storage really enforces; the remote store refuses
 multi-writer safety where they are missing rather than pretend, and probes a
 server that claims them (``dp_ckpt_plugin.remote.probe.probe``).
 
-Three implementations ship: :class:`~dp_ckpt_plugin.storage.local.LocalStorage`
-(POSIX: ``O_EXCL`` and ``link`` for create-if-absent, ``flock`` and ``rename``
-for compare-and-swap, ``fsync``), :class:`~dp_ckpt_plugin.objectstore.memory.MemoryStorage`
-(in the process, under a lock) and ``dp_ckpt_plugin.objectstore.cloud.CloudStorage``
-(S3, GCS and Azure through ``obstore``, with conditional requests). The
-registry (``dp_ckpt_plugin.objectstore.registry``) picks one by URL scheme.
+One implementation ships: ``dp_ckpt_plugin.objectstore.cloud.CloudStorage``
+(S3, GCS and Azure through ``obstore``, with conditional requests); the
+registry (``dp_ckpt_plugin.objectstore.registry``) picks a storage by URL
+scheme. A local path is a directory store, never an object storage.
 
 Errors: a condition that does not hold raises :class:`KeyExistsError` or
 :class:`VersionMismatchError`; an object that is not there is ``None`` from
@@ -44,7 +42,7 @@ naming the URL and the cause.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol, runtime_checkable
 
@@ -124,9 +122,6 @@ class Capabilities:
         An object is durable once ``put`` returns (no fsync to ask for).
     multipart : bool
         Large payloads are sent in parts, retried part by part.
-    links : bool
-        The POSIX layout (symbolic links, renames, directory fsyncs, ``flock``)
-        is available: the storage can hold a local store.
     """
 
     create_if_absent: bool
@@ -134,7 +129,6 @@ class Capabilities:
     ranged_get: bool = True
     durable_put: bool = True
     multipart: bool = False
-    links: bool = False
 
     @property
     def conditional(self) -> bool:
@@ -198,6 +192,10 @@ class ObjectStorage(Protocol):
     def list(self, prefix: str) -> Iterator[ObjectInfo]: ...
 
     def delete(self, key: str) -> bool: ...
+
+
+#: What makes the storage of a URL: ``factory(url, **options)``.
+StorageFactory = Callable[..., ObjectStorage]
 
 
 @runtime_checkable
@@ -268,8 +266,3 @@ def check_prefix(prefix: str) -> str:
     ):
         raise ValueError(f"not a key prefix: {prefix!r}")
     return prefix
-
-
-def join_key(*parts: str) -> str:
-    """Join key parts with ``/`` (empty parts are dropped)."""
-    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))

@@ -35,11 +35,6 @@ def temp_name(final_name: str) -> str:
     return f".{final_name}{_TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
 
 
-def is_temp(name: str) -> bool:
-    """Whether a file name has exactly the form :func:`temp_name` gives."""
-    return _TEMP_RE.fullmatch(name) is not None
-
-
 def temp_target(name: str) -> str | None:
     """Return the final name a temporary file was meant for, or ``None``."""
     found = _TEMP_RE.fullmatch(name)

@@ -12,8 +12,8 @@ Tests can make any call fail (:meth:`MemoryStorage.fail`) or run code just
 before a call is carried out (:meth:`MemoryStorage.before`): a writer paused
 between reading HEAD and swapping it, a server that answers 503.
 
-This module is also the example of a storage added in one module and one
-registry entry (``memory`` in ``dp_ckpt_plugin.objectstore.registry``).
+A test double, not part of the package: the tests serve ``memory://`` with
+it through a plugin (:func:`serve_memory`, called by ``tests/conftest.py``).
 """
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import BinaryIO
 
-from ..storage.forks import in_child
-from ..storage.objects import (
+from dp_ckpt_plugin import hookimpl
+from dp_ckpt_plugin.errors import ConfigError
+from dp_ckpt_plugin.storage.forks import in_child
+from dp_ckpt_plugin.storage.objects import (
     SMALL_OBJECT_LIMIT,
     Capabilities,
     KeyExistsError,
@@ -38,7 +40,6 @@ from ..storage.objects import (
     VersionMismatchError,
     check_key,
     check_prefix,
-    join_key,
 )
 
 
@@ -290,6 +291,44 @@ class MemoryStorage:
         with self._bucket.lock:
             gone = self._bucket.objects.pop(full, None) is not None
         return self._answer("delete", key, gone)
+
+
+class MemoryPlugin:
+    """The plugin offering ``memory://`` (``register_storages``)."""
+
+    @hookimpl
+    def register_storages(self) -> dict:
+        return {"memory": _storage}
+
+
+def join_key(*parts: str) -> str:
+    """Join key parts with ``/`` (empty parts are dropped)."""
+    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
+
+def serve_memory() -> None:
+    """Serve ``memory://`` URLs with :class:`MemoryStorage` in this process.
+
+    Registers :class:`MemoryPlugin` on the process's plugin manager, as a
+    third party's storage plugin would be, once.
+    """
+    from dp_ckpt_plugin.objectstore.registry import plugin_manager
+
+    pm = plugin_manager()
+    if not pm.has_plugin("memory"):
+        pm.register(MemoryPlugin(), name="memory")
+
+
+def _storage(url: str, **options) -> MemoryStorage:
+    """The storage of a ``memory://`` URL, as the registry asks for one."""
+    if options:
+        raise ConfigError(
+            f"{url}: a memory storage takes no options ({', '.join(options)})"
+        )
+    try:
+        return MemoryStorage(url)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _read_source(data: Source) -> bytes:
