@@ -38,6 +38,7 @@ from ..checkpoint import Checkpoint, Commit
 from ..checkpoint.catalogue import committed
 from ..checkpoint.layout import Family, check_step
 from ..checkpoint.manifest import Manifest, describe, describe_store
+from ..checkpoint.records import CommitRecord
 from ..checkpoint.resume import ResumeState
 from ..plugin.hooks import Hooks
 from ..ranks import Ranks, SingleProcess
@@ -344,7 +345,7 @@ class CheckpointStore:
             family=fam,
             format=self.format.name,
             metrics=metrics.get(fam.prefix),
-            lineage=self.resume.lineage(fam, epoch, self.storage),
+            lineage=self.resume.lineage(fam, epoch),
             overlap=overlap,
         )
         checkpoint = Checkpoint(path, step, fam.prefix, self.resume.made(fam, record))
@@ -437,19 +438,22 @@ class CheckpointStore:
             for moved in found.moved_aside:  # corrupt files went to quarantine
                 for cfg in self.families.values():
                     self.catalogue.discard(cfg.family, moved.name)
-            self.protect_resumed(found.path, continues=continues)
+            self.protect_resumed(found.path, continues=continues, record=found.record)
             return found
 
-    def protect_resumed(self, path: Path, *, continues: bool = True) -> None:
+    def protect_resumed(
+        self, path: Path, *, continues: bool = True, record: CommitRecord | None = None
+    ) -> None:
         """Note the checkpoint this run starts from; keep it out of retention.
 
         Only a checkpoint of ``D`` counts. ``continues`` says whether the run
         goes on from its step (a restart) or starts its own count (an
         initialization): only the first keeps ``D``'s checkpoints up to that
-        step in place (rule 14).
+        step in place (rule 14). ``record``: its commit record, as resolved
+        (the lineage the run's checkpoints continue).
         """
         families = [c.family for c in self.families.values()]
-        self.resume.start_from(path, self.directory, families, self.storage, continues)
+        self.resume.start_from(path, self.place, families, continues, record)
 
     def load(self, resolved: Resolved) -> Any:
         """Read a resolved checkpoint through its format, from its verified bytes.
