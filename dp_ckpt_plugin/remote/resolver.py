@@ -5,10 +5,14 @@ It answers, when the run's ``save_dir`` is a remote store
 or key of one of its checkpoints; and, for any run, the URL of a remote store
 or of a checkpoint in one (``s3://bucket/run``,
 ``s3://bucket/run/e000002/model.ckpt-30.pt``). The checkpoint is found through
-HEAD and its record (:func:`~dp_ckpt_plugin.remote.fetch.find`), downloaded
-into the staging directory and verified on the way
-(:func:`~dp_ckpt_plugin.remote.fetch.fetch`); the front door then checks the
-local copy as it checks any file. Anything else is left to the other rules.
+HEAD and its record (:func:`~dp_ckpt_plugin.remote.fetch.find`) and
+downloaded into the staging directory, its record beside it
+(:func:`~dp_ckpt_plugin.remote.fetch.fetch`: bytes that do not match the
+record get no name there, and ``latest`` falls back to the previous
+checkpoint). What the front door gets is that local path alone: it reads the
+record beside it and verifies the file as it verifies any file
+(:func:`~dp_ckpt_plugin.resolution.admit`). Anything else is left to the other
+rules.
 """
 
 from __future__ import annotations
@@ -92,10 +96,11 @@ def fetch_cache(staging: Path | None, url: str) -> Path:
 
 
 def _resolved(source: RemoteSource, spec: str, family: str) -> Resolved:
+    """The local copy of what ``spec`` names: a path, for the front door to check."""
     found, path, warnings = fetch_first(source.storage, spec, family, source)
     return Resolved(
-        Checkpoint(path, found.entry.step, found.family, found.record),
-        "digest",
+        Checkpoint(path, None, None),
+        "unverified",
         f"{found.how} ({found.key_url})",
         warnings,
         rule="remote",
