@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..checkpoint import Checkpoint
 from ..markers import hookimpl
-from ..resolution import Resolved
+from ..resolution import ResolveContext, Resolved
 from ..resolution.sources import RemoteSource
 from ..storage.staging import staging_dir
 from .fetch import LATEST, fetch_first, read_head
@@ -36,17 +36,16 @@ def on_resolve_restart(spec, context):
     if context is None or not isinstance(spec, str):
         return None
     source = context.remote
-    family = context.family.prefix
     if source is not None:
         url = source.storage.url
         if spec in (*LATEST, "best", url, f"{url}/"):
             name = "latest" if spec in (url, f"{url}/") else spec
-            return _resolved(source, name, family)
+            return _resolved(source, name, context)
         if spec.startswith(f"{url}/"):
-            return _resolved(source, spec[len(url) + 1 :], family)
+            return _resolved(source, spec[len(url) + 1 :], context)
         bare = "://" not in spec and "/" not in spec
         if bare and (context.family.step_of(spec) is not None or _named(source, spec)):
-            return _resolved(source, spec, family)
+            return _resolved(source, spec, context)
     if "://" not in spec or spec.startswith("file://"):
         return None
     return _elsewhere(spec, context)
@@ -75,7 +74,7 @@ def _elsewhere(spec: str, context) -> Resolved:
             local = context.remote.local if context.remote else context.storage
             cache = fetch_cache(staging, storage.url)
             source = RemoteSource(storage, cache, local)
-            return _resolved(source, rest or "latest", context.family.prefix)
+            return _resolved(source, rest or "latest", context)
         base, _, last = base.rpartition("/")
         rest = f"{last}/{rest}".rstrip("/")
         if base.endswith(":/") or "://" not in base or base.split("://", 1)[1] == "":
@@ -95,9 +94,14 @@ def fetch_cache(staging: Path | None, url: str) -> Path:
     return staging_dir(url, base=base, purpose="fetched")
 
 
-def _resolved(source: RemoteSource, spec: str, family: str) -> Resolved:
-    """The local copy of what ``spec`` names: a path, for the front door to check."""
-    found, path, warnings = fetch_first(source.storage, spec, family, source)
+def _resolved(source: RemoteSource, spec: str, context: ResolveContext) -> Resolved:
+    """The local copy of what ``spec`` names: a path, for the front door to check.
+
+    A copy already staged has its record read through the context's verifier,
+    which the front door reads it from next: once.
+    """
+    family, records = context.family.prefix, context.verifier.record
+    found, path, warnings = fetch_first(source.storage, spec, family, source, records)
     return Resolved(
         Checkpoint(path, None, None),
         "unverified",
