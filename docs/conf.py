@@ -41,7 +41,8 @@ napoleon_type_aliases = {
         for module, names in {
             "checkpoint": ["Checkpoint", "Commit"],
             "plugin.hooks": ["Hooks"],
-            "checkpoint.catalogue": ["Catalogue"],
+            "store.catalogue": ["Catalogue"],
+            "store.place": ["StorePlace"],
             "checkpoint.resume": ["ResumeState"],
             "storage": ["Storage", "Entry", "PayloadBytes"],
             "storage.local": ["LocalStorage"],

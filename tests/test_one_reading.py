@@ -23,7 +23,7 @@ from helpers import (
     plugin_manager,
 )
 
-from dp_ckpt_plugin.checkpoint.layout import Family
+from dp_ckpt_plugin.checkpoint.layout import Family, record_name, record_target
 from dp_ckpt_plugin.commands.inspect import inspect_file
 from dp_ckpt_plugin.errors import CorruptCheckpointError
 from dp_ckpt_plugin.plugin.hooks import Hooks
@@ -67,6 +67,26 @@ def test_a_restore_opens_and_reads_the_payload_once(tmp_path, fmt, verify):
         assert reading_counts(m.store.storage) == (1, 1)
         assert m.store.storage.counts["payload_bytes"] == restored.path.stat().st_size
         assert restored.resolved.payload is None  # the bytes are not kept on
+
+
+@pytest.mark.parametrize("verify", ["size", "digest"])
+def test_a_restore_reads_the_commit_record_once(tmp_path, monkeypatch, verify):
+    """The rule that finds the checkpoint and the front door share one reading."""
+    read = []
+    read_small = LocalStorage.read_small
+
+    def counted(self, path, limit):
+        if record_target(Path(path).name) is not None:
+            read.append(Path(path).name)
+        return read_small(self, path, limit)
+
+    with open_manager(tmp_path / "models", "hdf5", verify=verify) as m:
+        for step in (1, 2):
+            m.save(step, make_payload(step, "hdf5"))
+        monkeypatch.setattr(LocalStorage, "read_small", counted)
+        restored = m.restore("latest")
+    assert restored.step == 2
+    assert read == [record_name(restored.path.name)]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

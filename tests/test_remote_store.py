@@ -17,6 +17,7 @@ import pytest
 from doubles.memory import MemoryStorage, forget
 from helpers import make_payload, payload_mismatches, remote_store
 
+from dp_ckpt_plugin.checkpoint.layout import record_name, record_target
 from dp_ckpt_plugin.errors import CheckpointWriteError, RestartNotFoundError
 from dp_ckpt_plugin.remote import head as heads
 from dp_ckpt_plugin.remote.keys import HEAD_KEY, LEASE_KEY, record_key
@@ -322,6 +323,30 @@ def test_staged_checkpoints_a_crash_left_unuploaded_go_up_at_the_next_open(
         assert kept_steps(mem) == [1]
         found = again.resolve("latest")
         assert found.step == 1
+
+
+@pytest.mark.parametrize("staged", [True, False], ids=["staged", "fetched"])
+def test_a_remote_restart_reads_its_local_record_once(
+    pm, tmp_path, mem, monkeypatch, staged
+):
+    """Fetched or already staged, the copy's record is read once on the way in."""
+    from dp_ckpt_plugin.storage.local import LocalStorage
+
+    with remote_store(pm, tmp_path / "a", mem, keep=0) as store:
+        save_steps(store, [1, 2])
+    read, read_small = [], LocalStorage.read_small
+
+    def counted(self, path, limit):
+        if record_target(path.name) is not None:
+            read.append(path.name)
+        return read_small(self, path, limit)
+
+    with remote_store(pm, tmp_path / ("a" if staged else "b"), mem) as store:
+        store.open()  # its catalogue is read here, before the restart
+        monkeypatch.setattr(LocalStorage, "read_small", counted)
+        found = store.resolve("latest")
+    assert found.step == 2 and found.rule == "remote"
+    assert read == [record_name(found.path.name)]
 
 
 def test_a_corrupt_newest_payload_falls_back_with_a_warning(pm, tmp_path, mem):

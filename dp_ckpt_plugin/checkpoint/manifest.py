@@ -141,31 +141,22 @@ def describe(format: str, families: list[tuple[Family, RetentionPolicy]]) -> Man
     )
 
 
-class Describer:
-    """Writes a store's manifest when what it says changed; never fatal."""
+def describe_store(
+    directory: Path, manifest: Manifest, last: Manifest | None, storage: Storage
+) -> Manifest | None:
+    """Write ``manifest`` unless it is ``last`` (written already); return what is on disk.
 
-    def __init__(self, directory: Path, storage: Storage) -> None:
-        self.directory = directory
-        self.storage = storage
-        self._last: Manifest | None = None
-
-    def describe(self, format: str, families: list[tuple[Family, RetentionPolicy]]):
-        """Write the manifest of ``format`` and ``families`` unless it is current.
-
-        Informative, like the lock's holder note: no fsync; a failure is a
-        warning.
-        """
-        manifest = describe(format, families)
-        if manifest == self._last:
-            return
-        try:
-            write_manifest(
-                self.directory, manifest, durable=False, storage=self.storage
-            )
-        except (OSError, ValueError) as exc:
-            log.warning("could not describe the store in %s: %s", self.directory, exc)
-            return
-        self._last = manifest
+    Informative, like the lock's holder note: no fsync; a failure is a
+    warning (and ``last`` is returned).
+    """
+    if manifest == last:
+        return last
+    try:
+        write_manifest(directory, manifest, durable=False, storage=storage)
+    except (OSError, ValueError) as exc:
+        log.warning("could not describe the store in %s: %s", directory, exc)
+        return last
+    return manifest
 
 
 def write_manifest(

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from .catalogue import read_record_or_none
 from .layout import Family
 from .lineage import Lineage, Link, chain_of
 from .records import CommitRecord
@@ -41,16 +40,23 @@ class ResumeState:
         self.continues = False
         self._protected: dict[str, Path] = {}
         self._chains: dict[str, tuple[Link, ...]] = {}
+        self._record: CommitRecord | None = None
 
-    def start_from(self, path, directory, families, storage, continues: bool) -> None:
-        """The run starts from ``path``; only a checkpoint of ``directory`` is noted."""
+    def start_from(self, path, place, families, continues: bool, record=None) -> None:
+        """The run starts from ``path`` (its commit record ``record``, as resolved).
+
+        Only a checkpoint of the store's directory (``place``: a
+        :class:`~dp_ckpt_plugin.store.place.StorePlace`) is noted.
+        """
         path = self.origin = Path(path)
+        directory, storage = place.directory, place.storage
         if storage.real(path.parent) == storage.real(directory):
             self.note(directory / path.name, families, continues=continues)
+            self._record = record
 
     def note(self, path: Path, families: Iterable[Family], *, continues: bool) -> None:
         """The run starts from ``path`` (a checkpoint of the store)."""
-        self.start, self.continues = path, continues
+        self.start, self.continues, self._record = path, continues, None
         self._protected.clear()
         self.apply(families)
 
@@ -89,21 +95,18 @@ class ResumeState:
             if path.name in names:
                 self._protected[prefix] = dest / path.name
 
-    def lineage(self, family: Family, epoch: int | None, storage) -> Lineage | None:
+    def lineage(self, family: Family, epoch: int | None) -> Lineage | None:
         """What the run's next checkpoint of ``family`` continues from.
 
         Its previous checkpoint of the family, else the checkpoint the run
-        continues from (read from its record in ``storage``), else nothing.
+        continues from (its record as resolved, not read again), else nothing.
         ``None`` for a run of no remote store (``epoch`` ``None``).
         """
         if epoch is None:
             return None
         chain = self._chains.get(family.prefix)
         if chain is None:
-            start = self.continues_from
-            record = (
-                None if start is None else read_record_or_none(start, storage=storage)
-            )
+            record = self._record if self.continues_from is not None else None
             chain = () if record is None else chain_of_record(record)
         return Lineage(epoch, chain)
 

@@ -104,6 +104,4 @@ def _publish_if_newer(store: CheckpointStore, cfg, newest: Checkpoint) -> None:
         for c in committed(store.directory, family, storage=store.storage)
     ):
         return
-    store.publisher.publish(
-        cfg, newest, lambda: store.catalogue.candidates(family, up_to=newest.step)
-    )
+    store.publisher.publish(cfg, newest)

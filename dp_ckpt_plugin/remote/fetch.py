@@ -15,6 +15,7 @@ is unusable, or for a checkpoint named by its file name).
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from itertools import chain
 from pathlib import Path
@@ -37,6 +38,9 @@ from .catalogue import find as find_entry
 from .catalogue import older
 from .head import Entry, Head
 from .keys import record_key
+
+#: Reads the commit record of a local file (``None``: it has none).
+RecordReader = Callable[[Path], CommitRecord | None]
 
 #: Specifications that mean "the published checkpoint of the family".
 LATEST = ("latest", "")
@@ -183,6 +187,7 @@ def fetch_first(
     spec: str,
     family: str,
     source: RemoteSource,
+    records: RecordReader | None = None,
 ) -> tuple[Found, Path, list[str]]:
     """Fetch the first of :func:`candidates` that downloads intact.
 
@@ -191,12 +196,18 @@ def fetch_first(
     ``latest`` and ``best`` fall back to the next, with one warning naming
     both checkpoints (rule 20); nothing is moved (the remote store belongs to
     its writer). Returns what was found, its local copy and the warnings.
+    ``records``: how a local copy's record is read (see :func:`fetch`).
     """
     defects: list[str] = []
     for found in candidates(storage, spec, family, best_family=source.best_family):
         try:
             path = fetch(
-                storage, found, source.staging, source.local, durable=source.durable
+                storage,
+                found,
+                source.staging,
+                source.local,
+                durable=source.durable,
+                records=records,
             )
         except CorruptCheckpointError as exc:
             if spec not in LATEST and spec != "best":
@@ -266,10 +277,15 @@ def fetch(
     local: Storage,
     *,
     durable: bool = True,
+    records: RecordReader | None = None,
 ) -> Path:
     """Download ``found`` into ``directory`` (verified); return the local file.
 
-    A committed copy already there with the same record is used as it is.
+    A committed copy already there with the same record is used as it is
+    (its record read by ``records``: the resolution's
+    :meth:`~dp_ckpt_plugin.resolution.Verifier.record`, which the front door
+    then reads it from, else
+    :func:`~dp_ckpt_plugin.checkpoint.records.read_record`).
     Raises :class:`CorruptCheckpointError` when the bytes downloaded do not
     match the record; nothing is left behind then.
     """
@@ -277,7 +293,7 @@ def fetch(
     path = directory / entry.name
     if local.entry(path) is not None:
         try:
-            have = read_record(path, storage=local)
+            have = records(path) if records else read_record(path, storage=local)
         except InvalidRecordError:
             have = None
         present = local.entry(path, follow=True)

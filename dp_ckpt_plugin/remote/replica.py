@@ -39,7 +39,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..checkpoint import Checkpoint
 from ..checkpoint.digests import digest_of_handle
@@ -59,6 +58,7 @@ from ..storage.objects import (
 )
 from ..store.archive import archive
 from ..store.family import FamilyConfig
+from ..store.replica import Staging
 from . import branches, catalogue
 from . import head as heads
 from .fetch import Found, copy_here
@@ -67,9 +67,6 @@ from .keys import archive_key, owned, payload_key, record_key
 from .lease import DEFAULT_TTL, Holder, Lease
 from .probe import probe
 from .recovery import recover
-
-if TYPE_CHECKING:
-    from ..store.core import CheckpointStore
 
 log = logging.getLogger("dp_ckpt_plugin")
 
@@ -159,7 +156,7 @@ class RemoteStore:
         self.recovered = threading.Event()
 
     # -- lifecycle -----------------------------------------------------------
-    def start(self, store: CheckpointStore | None = None) -> None:
+    def start(self, store: Staging | None = None) -> None:
         """Check the endpoint, take the lease and fence HEAD (once).
 
         Then what the staging store ``store`` holds newer than HEAD (a run
@@ -167,7 +164,7 @@ class RemoteStore:
         takeover, an endpoint ignoring conditions) is logged as a warning.
         """
         if store is not None:
-            self.staging = self.staging or store.storage
+            self.staging = self.staging or store.place.storage
         self._begin()
         for note in self.notes:
             log.warning("%s", note)
@@ -186,7 +183,7 @@ class RemoteStore:
         if jobs:
             log.warning(
                 "%s holds committed checkpoints newer than %s (%s): uploading them",
-                local.directory,
+                local.place.directory,
                 self.url,
                 ", ".join(f"{c.family.prefix} step {cp.step}" for c, cp in jobs),
             )
@@ -198,7 +195,10 @@ class RemoteStore:
     def _set_aside(self, store, family, state, dead) -> None:
         """Archive a dead branch in the staging directory, with its one line."""
         dest = archive(
-            store.directory, dead, storage=store.storage, durable=store.durable
+            store.place.directory,
+            dead,
+            storage=store.place.storage,
+            durable=store.place.durable,
         )
         for checkpoint in dead:
             store.catalogue.discard(family, checkpoint.name)
@@ -264,7 +264,7 @@ class RemoteStore:
                 f"{staging} {self.url}` uploads them"
             )
 
-    def source(self, store: CheckpointStore) -> RemoteSource:
+    def source(self, store: Staging) -> RemoteSource:
         """What resolution reads this store as."""
         ranked = next(
             (
@@ -274,8 +274,9 @@ class RemoteStore:
             ),
             None,
         )
+        place = store.place
         return RemoteSource(
-            self.storage, store.directory, store.storage, store.durable, ranked
+            self.storage, place.directory, place.storage, place.durable, ranked
         )
 
     def close(self, *, wait: float | None = None) -> list[Checkpoint]:
@@ -344,9 +345,7 @@ class RemoteStore:
         self.check()
         return True
 
-    def staged(
-        self, found: Resolved, store: CheckpointStore, *, continues: bool
-    ) -> Resolved:
+    def staged(self, found: Resolved, store: Staging, *, continues: bool) -> Resolved:
         """A resolved checkpoint of a remote store: on this rank's disk, protected.
 
         On the chief, a checkpoint of this store is the one the run starts
@@ -359,9 +358,10 @@ class RemoteStore:
             return found
         ours = source.url == self.url
         if not store.is_chief:
-            directory = store.directory if ours else found.path.parent
+            place = store.place
+            directory = place.directory if ours else found.path.parent
             storage = self.storage if ours else None
-            return copy_here(found, directory, store.storage, storage, store.durable)
+            return copy_here(found, directory, place.storage, storage, place.durable)
         if ours:
             self._resumed[source.family] = source.entry
             self._continues_from = source.entry if continues else None

@@ -5,10 +5,14 @@ It answers, when the run's ``save_dir`` is a remote store
 or key of one of its checkpoints; and, for any run, the URL of a remote store
 or of a checkpoint in one (``s3://bucket/run``,
 ``s3://bucket/run/e000002/model.ckpt-30.pt``). The checkpoint is found through
-HEAD and its record (:func:`~dp_ckpt_plugin.remote.fetch.find`), downloaded
-into the staging directory and verified on the way
-(:func:`~dp_ckpt_plugin.remote.fetch.fetch`); the front door then checks the
-local copy as it checks any file. Anything else is left to the other rules.
+HEAD and its record (:func:`~dp_ckpt_plugin.remote.fetch.find`) and
+downloaded into the staging directory, its record beside it
+(:func:`~dp_ckpt_plugin.remote.fetch.fetch`: bytes that do not match the
+record get no name there, and ``latest`` falls back to the previous
+checkpoint). What the front door gets is that local path alone: it reads the
+record beside it and verifies the file as it verifies any file
+(:func:`~dp_ckpt_plugin.resolution.admit`). Anything else is left to the other
+rules.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from pathlib import Path
 
 from ..checkpoint import Checkpoint
 from ..markers import hookimpl
-from ..resolution import Resolved
+from ..resolution import ResolveContext, Resolved
 from ..resolution.sources import RemoteSource
 from ..storage.staging import staging_dir
 from .fetch import LATEST, fetch_first, read_head
@@ -32,17 +36,16 @@ def on_resolve_restart(spec, context):
     if context is None or not isinstance(spec, str):
         return None
     source = context.remote
-    family = context.family.prefix
     if source is not None:
         url = source.storage.url
         if spec in (*LATEST, "best", url, f"{url}/"):
             name = "latest" if spec in (url, f"{url}/") else spec
-            return _resolved(source, name, family)
+            return _resolved(source, name, context)
         if spec.startswith(f"{url}/"):
-            return _resolved(source, spec[len(url) + 1 :], family)
+            return _resolved(source, spec[len(url) + 1 :], context)
         bare = "://" not in spec and "/" not in spec
         if bare and (context.family.step_of(spec) is not None or _named(source, spec)):
-            return _resolved(source, spec, family)
+            return _resolved(source, spec, context)
     if "://" not in spec or spec.startswith("file://"):
         return None
     return _elsewhere(spec, context)
@@ -71,7 +74,7 @@ def _elsewhere(spec: str, context) -> Resolved:
             local = context.remote.local if context.remote else context.storage
             cache = fetch_cache(staging, storage.url)
             source = RemoteSource(storage, cache, local)
-            return _resolved(source, rest or "latest", context.family.prefix)
+            return _resolved(source, rest or "latest", context)
         base, _, last = base.rpartition("/")
         rest = f"{last}/{rest}".rstrip("/")
         if base.endswith(":/") or "://" not in base or base.split("://", 1)[1] == "":
@@ -91,11 +94,17 @@ def fetch_cache(staging: Path | None, url: str) -> Path:
     return staging_dir(url, base=base, purpose="fetched")
 
 
-def _resolved(source: RemoteSource, spec: str, family: str) -> Resolved:
-    found, path, warnings = fetch_first(source.storage, spec, family, source)
+def _resolved(source: RemoteSource, spec: str, context: ResolveContext) -> Resolved:
+    """The local copy of what ``spec`` names: a path, for the front door to check.
+
+    A copy already staged has its record read through the context's verifier,
+    which the front door reads it from next: once.
+    """
+    family, records = context.family.prefix, context.verifier.record
+    found, path, warnings = fetch_first(source.storage, spec, family, source, records)
     return Resolved(
-        Checkpoint(path, found.entry.step, found.family, found.record),
-        "digest",
+        Checkpoint(path, None, None),
+        "unverified",
         f"{found.how} ({found.key_url})",
         warnings,
         rule="remote",

@@ -33,7 +33,13 @@ from typing import Protocol
 
 from ..checkpoint import Checkpoint
 from ..checkpoint.layout import Family, step_in_name
-from ..checkpoint.records import CommitRecord, check_payload, read_record, verify
+from ..checkpoint.records import (
+    CommitRecord,
+    check_payload,
+    read_record,
+    record_path,
+    verify,
+)
 from ..errors import (
     CorruptCheckpointError,
     InvalidRecordError,
@@ -64,6 +70,9 @@ class Verifier:
     With ``keep``, a file is checked by reading it whole from one opening
     (:meth:`~dp_ckpt_plugin.storage.local.LocalStorage.read_payload`) and the bytes last found good are kept
     (:meth:`payload`): the caller loads exactly what was verified.
+
+    A commit record is read once per resolution too (:meth:`record`): the rule
+    that proposes a checkpoint and the front door that admits it share it.
     """
 
     def __init__(self, storage: Storage, *, keep: bool = False) -> None:
@@ -71,6 +80,31 @@ class Verifier:
         self.keep = keep
         self._done: dict[tuple, bool] = {}
         self._kept: tuple[tuple, bool, PayloadBytes] | None = None
+        self._records: dict[Path, tuple[tuple, CommitRecord | None]] = {}
+
+    def record(self, path: Path) -> CommitRecord | None:
+        """:func:`~dp_ckpt_plugin.checkpoint.records.read_record`, remembered.
+
+        Read again only when the record file changed meanwhile (its device,
+        inode, size or time) or was never there.
+
+        Raises
+        ------
+        InvalidRecordError
+            When it exists but is malformed or describes another file.
+        """
+        try:
+            found = self.storage.entry(record_path(path))
+        except UnreadableFileError:
+            found = None
+        key = found and (found.dev, found.ino, found.size, found.mtime_ns)
+        kept = self._records.get(path)
+        if key and kept is not None and kept[0] == key:
+            return kept[1]
+        record = read_record(path, storage=self.storage)
+        if key:
+            self._records[path] = (key, record)
+        return record
 
     def verify(self, path: Path, record: CommitRecord, *, digest: bool) -> None:
         """:func:`~dp_ckpt_plugin.checkpoint.records.verify`, remembered.
@@ -349,7 +383,7 @@ def admit(found: Resolved, ctx: ResolveContext) -> Resolved:
         what = "does not exist" if entry is None else f"is not a file ({entry.kind})"
         raise RestartNotFoundError(f"restart checkpoint {named} {what}")
     try:
-        record = read_record(path, storage=storage)
+        record = ctx.verifier.record(path)
     except InvalidRecordError as exc:
         raise RestartNotFoundError(
             f"{path} is not a committed checkpoint: {exc}"

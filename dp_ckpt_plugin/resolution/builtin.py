@@ -258,7 +258,7 @@ class _Search:
         if path in self.bad or path in self.skipped:
             return None
         try:
-            record = read_record(path, storage=self.storage)
+            record = self.ctx.verifier.record(path)
         except InvalidRecordError as exc:
             if explicit:
                 raise RestartNotFoundError(

@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..checkpoint import Checkpoint
-from ..checkpoint.catalogue import Catalogue
 from ..checkpoint.layout import ARCHIVE_DIR, Family, record_name
 from ..checkpoint.pointers import link_or_pointer_target
 from ..checkpoint.records import record_path
 from ..errors import CheckpointWriteError, UnreadableFileError
 from ..storage import Storage
+from .catalogue import Catalogue
 
 log = logging.getLogger("dp_ckpt_plugin")
 
@@ -156,19 +156,15 @@ def links_to_archive(
 
 
 def archive_earlier_run(
-    directory: Path,
-    catalogue: Catalogue,
-    continues_from: Path | None,
-    *,
-    storage: Storage,
-    durable: bool = True,
+    catalogue: Catalogue, continues_from: Path | None
 ) -> tuple[Path | None, list[Checkpoint]]:
-    """Archive what an earlier run left in ``directory`` (see the module docs).
+    """Archive what an earlier run left in the catalogue's store (see the module docs).
 
     Returns the archive folder (``None`` when nothing moved) and the
     checkpoints moved; they are dropped from ``catalogue``.
     """
-    families = catalogue.families
+    place, families = catalogue.place, catalogue.families
+    directory, storage = place.directory, place.storage
     doomed = earlier_run(
         {f: sorted(catalogue.of(f).values(), key=lambda c: c.step) for f in families},
         continues_from,
@@ -177,7 +173,7 @@ def archive_earlier_run(
     links = links_to_archive(
         directory, families, names, everything=continues_from is None, storage=storage
     )
-    dest = archive(directory, doomed, links, storage=storage, durable=durable)
+    dest = archive(directory, doomed, links, storage=storage, durable=place.durable)
     if dest is not None:
         log.info(
             "archived %d checkpoint(s) of an earlier run (steps %s) to %s",

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
 
 from ..checkpoint import Checkpoint
-from ..checkpoint.catalogue import Catalogue, read_record_or_none
+from ..checkpoint.catalogue import read_record_or_none
 from ..checkpoint.digests import digest_of_view, write_hashed
 from ..checkpoint.layout import Family
 from ..checkpoint.limits import MAX_INPUT_BYTES
@@ -47,6 +47,7 @@ from ..checkpoint.records import (
 from ..errors import CheckpointWriteError
 from ..storage import Storage
 from .archive import archive
+from .catalogue import Catalogue
 
 log = logging.getLogger("dp_ckpt_plugin")
 
@@ -62,38 +63,16 @@ class Committer:
     archived first, never overwritten; otherwise :func:`write_new`. Before
     each write, free space is checked against the family's previous size.
 
-    Parameters
-    ----------
-    directory : Path
-        The store directory.
-    catalogue : Catalogue
-        Its committed checkpoints.
-    storage : Storage
-        Where the files are.
-    durable : bool
-        Whether to fsync.
-    check_free_space : bool
-        Whether to refuse a write when space is short.
+    ``catalogue`` holds the store's committed checkpoints and its place
+    (directory, storage, durability); ``check_free_space`` says whether a
+    write is refused when space is short.
     """
 
-    def __init__(
-        self,
-        directory: Path,
-        catalogue: Catalogue,
-        storage: Storage,
-        *,
-        durable: bool,
-        check_free_space: bool,
-    ) -> None:
-        self.directory = directory
+    def __init__(self, catalogue: Catalogue, *, check_free_space: bool) -> None:
         self.catalogue = catalogue
-        self.storage = storage
-        self.durable = durable
+        self.place = catalogue.place
         self.check_free_space = check_free_space
         self.written: set[str] = set()
-        #: Whether a first save overlaps its fsyncs (:func:`write_new`); the
-        #: store turns it off for a background save.
-        self.overlap = True
         #: What every record this committer writes says of its origin.
         self.provenance: Provenance | None = None
         self._input: Mapping[str, Any] | None = None
@@ -140,16 +119,22 @@ class Committer:
         format: str,
         metrics: Mapping[str, float] | None,
         lineage: Lineage | None = None,
+        overlap: bool = True,
     ) -> CommitRecord:
-        """Write and commit ``path``; return its record (carrying ``lineage``)."""
+        """Write and commit ``path``; return its record (carrying ``lineage``).
+
+        ``overlap``: whether a first save overlaps its fsyncs (:func:`write_new`);
+        off for a background save.
+        """
+        place = self.place
         self._check_space(family, path)
         if self._input is not None:  # kept once, before the first record names it
             try:
                 write_input(
-                    self.directory,
+                    place.directory,
                     self._input,
-                    storage=self.storage,
-                    durable=self.durable,
+                    storage=place.storage,
+                    durable=place.durable,
                 )
             except CheckpointWriteError as exc:  # the checkpoint matters more
                 log.warning("the training input is not kept: %s", exc)
@@ -158,8 +143,8 @@ class Committer:
             "step": step,
             "family": family.prefix,
             "format": format,
-            "durable": self.durable,
-            "storage": self.storage,
+            "durable": place.durable,
+            "storage": place.storage,
             "metrics": metrics,
             "provenance": self.provenance,
             "lineage": lineage,
@@ -167,20 +152,20 @@ class Committer:
         # publication, next, fsyncs the directory after the pointer and alias
         # moved: the payload's name is made durable with them
         fresh = {"sync_name": False}
-        if self.storage.entry(path) is not None:
-            old = read_record_or_none(path, storage=self.storage)
+        if place.storage.entry(path) is not None:
+            old = read_record_or_none(path, storage=place.storage)
             if old is not None and path.name in self.written:
                 return rewrite(path, serialize, old=old, **details)
             # an earlier run's checkpoint, or a file that is not ours: keep it
             dest = archive(
-                self.directory,
+                place.directory,
                 [Checkpoint(path, step, family.prefix, old)],
-                storage=self.storage,
-                durable=self.durable,
+                storage=place.storage,
+                durable=place.durable,
             )
             self.catalogue.discard(family, path.name)
             log.info("moved %s, written before this run, to %s", path, dest)
-        record = write_new(path, serialize, **details, **fresh, overlap=self.overlap)
+        record = write_new(path, serialize, **details, **fresh, overlap=overlap)
         self.written.add(path.name)
         return record
 
@@ -188,7 +173,7 @@ class Committer:
         newest = self.catalogue.newest(family) if self.check_free_space else None
         if newest is None:
             return
-        free = self.storage.free_bytes(self.directory)
+        free = self.place.storage.free_bytes(self.place.directory)
         if free is not None and free < int(newest.record.size * SPACE_HEADROOM):
             raise CheckpointWriteError(
                 f"could not write {path}: not enough space ({free} bytes free, "

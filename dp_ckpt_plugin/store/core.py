@@ -27,6 +27,7 @@ import logging
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +35,10 @@ import pluggy
 
 from ..background.saves import BackgroundWriter
 from ..checkpoint import Checkpoint, Commit
-from ..checkpoint.catalogue import Catalogue, committed
+from ..checkpoint.catalogue import committed
 from ..checkpoint.layout import Family, check_step
-from ..checkpoint.manifest import Describer
+from ..checkpoint.manifest import Manifest, describe, describe_store
+from ..checkpoint.records import CommitRecord
 from ..checkpoint.resume import ResumeState
 from ..plugin.hooks import Hooks
 from ..ranks import Ranks, SingleProcess
@@ -44,9 +46,11 @@ from ..resolution import ResolveContext, Resolved, payload_of, resolve_restart
 from ..storage import Storage, local_storage
 from ..storage.forks import OwnedLock
 from .archive import archive_earlier_run, prune_archives
+from .catalogue import Catalogue
 from .commit import Committer, serializer
 from .family import FamilyConfig
 from .lock import StoreLock
+from .place import StorePlace
 from .pruning import Pruner
 from .publish import Publisher
 from .replica import Replica
@@ -122,7 +126,7 @@ class CheckpointStore:
         writer: str = "auto",
         remote: Replica | None = None,
     ) -> None:
-        self.directory = Path(os.path.abspath(directory))
+        directory = Path(os.path.abspath(directory))
         self.remote = remote
         self.max_archives = max_archives
         self.hooks = Hooks.of(pm)
@@ -135,30 +139,26 @@ class CheckpointStore:
         self.families = {c.family.prefix: c for c in configs}
         self.primary = configs[0].family
         self.ranks = ranks or SingleProcess()
-        self.durable = durable
         mirrors = [m.path for c in configs for m in c.mirrors]
-        self.storage = storage or local_storage(self.directory, mirrors=mirrors)
-        self._lock = StoreLock(self.directory, storage=self.storage) if lock else None
+        storage = storage or local_storage(directory, mirrors=mirrors)
+        #: Where the store is, held once and handed to every step of its save line.
+        self.place = StorePlace(directory, storage, durable)
+        self._lock = StoreLock(directory, storage=storage) if lock else None
         self._ready = self._started = False
         self.resume = ResumeState()
-        self.catalogue = Catalogue(
-            self.directory, [c.family for c in configs], storage=self.storage
-        )
-        self.committer = Committer(
-            self.directory,
-            self.catalogue,
-            self.storage,
-            durable=durable,
-            check_free_space=check_free_space,
-        )
-        self.publisher = Publisher(self.directory, self.storage, durable=durable)
-        self.pruner = Pruner(
-            self.directory, self.catalogue, self.resume, self.storage, durable=durable
-        )
-        self.pruner.uploading = remote.protected if remote is not None else None
-        self.describer = Describer(self.directory, self.storage)
+        self.catalogue = Catalogue(self.place, [c.family for c in configs])
+        self.committer = Committer(self.catalogue, check_free_space=check_free_space)
+        self.publisher = Publisher(self.catalogue)
+        uploading = remote.protected if remote is not None else None
+        self.pruner = Pruner(self.catalogue, self.resume, uploading)
+        self._described: Manifest | None = None
         self._mutex = OwnedLock(f"the checkpoint store of {self.directory}")
         self._background = BackgroundWriter.for_store(self, writer)
+
+    # what the store's place holds, read through it (held nowhere else)
+    directory = property(attrgetter("place.directory"), doc="``D``, absolute.")
+    storage = property(attrgetter("place.storage"), doc="How files are touched.")
+    durable = property(attrgetter("place.durable"), doc="Whether files are fsynced.")
 
     # -- lifecycle ---------------------------------------------------------
     @property
@@ -316,20 +316,22 @@ class CheckpointStore:
         interpreter lock cost more than it saved (docs/performance.md).
         """
         with self._mutex:
-            self.committer.overlap = self.publisher.overlap = overlap
             if self.remote is not None:
                 self.remote.check()  # a run fenced off stops here, with one line
             saved = [
-                self._save(step, s, f, paths[f], metrics) for f, s in states.items()
+                self._save(step, s, f, paths[f], metrics, overlap)
+                for f, s in states.items()
             ]
             if self.remote is not None:
                 self.remote.submit(saved)
 
-    def _save(self, step: int, state: Any, family: str, path: Path, metrics):
+    def _save(
+        self, step: int, state: Any, family: str, path: Path, metrics, overlap: bool
+    ):
         """The straight line of :meth:`save`, on the chief, holding the mutex.
 
         Returns the family's configuration and the checkpoint committed
-        (``metrics``: of every family).
+        (``metrics``: of every family; ``overlap``: see :meth:`_save_states`).
         """
         cfg = self.family(family)
         self.open()
@@ -343,15 +345,18 @@ class CheckpointStore:
             family=fam,
             format=self.format.name,
             metrics=metrics.get(fam.prefix),
-            lineage=self.resume.lineage(fam, epoch, self.storage),
+            lineage=self.resume.lineage(fam, epoch),
+            overlap=overlap,
         )
         checkpoint = Checkpoint(path, step, fam.prefix, self.resume.made(fam, record))
         self.catalogue.add(fam, checkpoint)
-        published = self.publisher.publish(
-            cfg, checkpoint, lambda: self.catalogue.candidates(fam, up_to=step)
-        )
-        self.describer.describe(
-            self.format.name, [(c.family, c.policy) for c in self.families.values()]
+        published = self.publisher.publish(cfg, checkpoint, overlap=overlap)
+        families = [(c.family, c.policy) for c in self.families.values()]
+        self._described = describe_store(
+            self.directory,
+            describe(self.format.name, families),
+            self._described,
+            self.storage,
         )
         fams = tuple(self.families)
         self.hooks.commit(
@@ -371,13 +376,7 @@ class CheckpointStore:
         if self._started or not self.is_chief:
             return None
         self._started = True
-        dest, doomed = archive_earlier_run(
-            self.directory,
-            self.catalogue,
-            self.resume.continues_from,
-            storage=self.storage,
-            durable=self.durable,
-        )
+        dest, doomed = archive_earlier_run(self.catalogue, self.resume.continues_from)
         if dest is not None:
             self.resume.moved([c.name for c in doomed], dest)
         if self.remote is not None:
@@ -439,19 +438,22 @@ class CheckpointStore:
             for moved in found.moved_aside:  # corrupt files went to quarantine
                 for cfg in self.families.values():
                     self.catalogue.discard(cfg.family, moved.name)
-            self.protect_resumed(found.path, continues=continues)
+            self.protect_resumed(found.path, continues=continues, record=found.record)
             return found
 
-    def protect_resumed(self, path: Path, *, continues: bool = True) -> None:
+    def protect_resumed(
+        self, path: Path, *, continues: bool = True, record: CommitRecord | None = None
+    ) -> None:
         """Note the checkpoint this run starts from; keep it out of retention.
 
         Only a checkpoint of ``D`` counts. ``continues`` says whether the run
         goes on from its step (a restart) or starts its own count (an
         initialization): only the first keeps ``D``'s checkpoints up to that
-        step in place (rule 14).
+        step in place (rule 14). ``record``: its commit record, as resolved
+        (the lineage the run's checkpoints continue).
         """
         families = [c.family for c in self.families.values()]
-        self.resume.start_from(path, self.directory, families, self.storage, continues)
+        self.resume.start_from(path, self.place, families, continues, record)
 
     def load(self, resolved: Resolved) -> Any:
         """Read a resolved checkpoint through its format, from its verified bytes.

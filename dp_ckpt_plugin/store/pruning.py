@@ -20,55 +20,41 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..checkpoint import Checkpoint
-from ..checkpoint.catalogue import Catalogue
 from ..checkpoint.layout import Family
 from ..checkpoint.pointers import named_by
 from ..checkpoint.records import record_path
 from ..checkpoint.resume import ResumeState
 from ..retention import plan_prune
 from ..storage import Storage
+from .catalogue import Catalogue
 
 
 class Pruner:
     """Retention of one store.
 
-    Parameters
-    ----------
-    directory : Path
-        The store directory.
-    catalogue : Catalogue
-        Its committed checkpoints (kept up to date here).
-    resume : ResumeState
-        What the run started from.
-    storage : Storage
-        Where the files are.
-    durable : bool
-        Whether to fsync.
+    ``catalogue``: its committed checkpoints (kept up to date here) and its
+    place; ``resume``: what the run started from; ``uploading(prefix)``: the
+    names of a family's checkpoints still to be uploaded to a remote store
+    (kept until they are), if any.
     """
 
     def __init__(
         self,
-        directory: Path,
         catalogue: Catalogue,
         resume: ResumeState,
-        storage: Storage,
-        *,
-        durable: bool,
+        uploading: Callable[[str], set[str]] | None = None,
     ) -> None:
-        self.directory = directory
-        #: ``uploading(prefix)``: names of a family's checkpoints still to be
-        #: uploaded to a remote store (kept until they are), if any.
-        self.uploading: Callable[[str], set[str]] | None = None
         self.catalogue = catalogue
+        self.place = catalogue.place
         self.resume = resume
-        self.storage = storage
-        self.durable = durable
+        self.uploading = uploading
         #: Records whose payloads were removed, waiting for a directory fsync.
         self.pending: list[Path] = []
 
     def protected(self, family: Family, current: Path | None = None) -> set[str]:
         """Names retention must not remove in ``family``."""
-        named = named_by(self.directory, family, storage=self.storage).values()
+        named = named_by(self.place.directory, family, storage=self.place.storage)
+        named = named.values()
         names = {n for n in named if n}
         if current is not None:
             names.add(current.name)
@@ -87,13 +73,14 @@ class Pruner:
         """
         if not self.pending:
             return
+        storage = self.place.storage
         if not synced:
-            self.storage.sync_dir(self.directory, holding=self.pending)
+            storage.sync_dir(self.place.directory, holding=self.pending)
         records, self.pending = self.pending, []
         try:
-            remove_records(records, storage=self.storage)
+            remove_records(records, storage=storage)
         finally:
-            self.pending = [r for r in records if self.storage.entry(r) is not None]
+            self.pending = [r for r in records if storage.entry(r) is not None]
 
     def prune(self, config, checkpoint: Checkpoint) -> list[Path]:
         """Apply ``config``'s policy after ``checkpoint`` was committed and published.
@@ -112,14 +99,15 @@ class Pruner:
             protected=self.protected(family, checkpoint.path),
             policy=config.policy,
         )
-        paths = [self.directory / name for name in doomed]
+        place = self.place
+        paths = [place.directory / name for name in doomed]
         try:
             remove_payloads(
-                paths, durable=self.durable, storage=self.storage, left=self.pending
+                paths, durable=place.durable, storage=place.storage, left=self.pending
             )
         finally:  # a failed removal leaves its checkpoint in the catalogue
             for path in paths:
-                if self.storage.entry(path) is None:
+                if place.storage.entry(path) is None:
                     self.catalogue.discard(family, path.name)
         return paths
 

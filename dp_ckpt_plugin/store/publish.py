@@ -25,6 +25,7 @@ from typing import Literal
 from ..checkpoint.pointers import MAX_POINTER_BYTES, pointer_text
 from ..errors import CheckpointWriteError, UnreadableFileError
 from ..storage import Storage
+from .catalogue import Catalogue
 from .commit import at_once
 
 
@@ -64,48 +65,43 @@ class Publisher:
     ``leader``: its best. Never a step below one this publisher published already: a save
     that finishes late (another thread's) does not move ``latest`` back.
 
-    Parameters
-    ----------
-    directory : Path
-        The store directory.
-    storage : Storage
-        Where the files are.
-    durable : bool
-        Whether to fsync.
+    ``catalogue``: the store's committed checkpoints (a family ranked by a
+    metric picks its leader among them, up to the step published) and its
+    place.
     """
 
-    def __init__(self, directory: Path, storage: Storage, *, durable: bool) -> None:
-        self.directory = directory
-        self.storage = storage
-        self.durable = durable
+    def __init__(self, catalogue: Catalogue) -> None:
+        self.catalogue = catalogue
+        self.place = catalogue.place
         self._steps: dict[str, int] = {}
-        #: Whether mirrored pointers are written beside the fsync of the
-        #: store directory (:func:`publish`); off for a background save.
-        self.overlap = True
 
-    def publish(self, config, checkpoint, candidates) -> Path:
+    def publish(self, config, checkpoint, *, overlap: bool = True) -> Path:
         """Publish what ``config``'s family names after ``checkpoint``; return it.
 
-        ``candidates()`` gives the family's committed checkpoints up to its
-        step, as retention sees them; it is called only for a family ranked
-        by a metric (listing them costs in proportion to the number kept).
+        ``overlap``: whether mirrored pointers are written beside the fsync
+        of the store directory (:func:`publish`); off for a background save.
         """
+        directory, storage, durable = (
+            self.place.directory,
+            self.place.storage,
+            self.place.durable,
+        )
         family = config.family
         chosen, step = checkpoint.path, checkpoint.step
         last = self._steps.get(family.prefix, -1)
         if config.policy.ranked:
-            best = config.policy.leader(candidates())
-            chosen = self.directory / best.name if best is not None else chosen
+            best = config.policy.leader(self.catalogue.candidates(family, up_to=step))
+            chosen = directory / best.name if best is not None else chosen
         elif step < last:
-            if self.durable:  # the new payload's name, which publication makes durable
-                self.storage.sync_dir(self.directory, holding=[checkpoint.path])
-            return self.directory / family.numbered(last)
+            if durable:  # the new payload's name, which publication makes durable
+                storage.sync_dir(directory, holding=[checkpoint.path])
+            return directory / family.numbered(last)
         publish(
             chosen,
-            targets(self.directory, family, config.mirrors),
-            storage=self.storage,
-            durable=self.durable,
-            overlap=self.overlap,
+            targets(directory, family, config.mirrors),
+            storage=storage,
+            durable=durable,
+            overlap=overlap,
         )
         self._steps[family.prefix] = max(step, last)
         return chosen

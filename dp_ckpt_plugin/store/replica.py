@@ -10,15 +10,38 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from ..checkpoint import Checkpoint
 from ..resolution import Resolved
 from ..resolution.sources import RemoteSource
+from .catalogue import Catalogue
 from .family import FamilyConfig
+from .place import StorePlace
 
-if TYPE_CHECKING:
-    from .core import CheckpointStore
+
+class Staging(Protocol):
+    """What a remote store reads of the local store that stages for it."""
+
+    @property
+    def place(self) -> StorePlace:
+        """The staging directory, its storage and durability."""
+        ...
+
+    @property
+    def catalogue(self) -> Catalogue:
+        """Its committed checkpoints."""
+        ...
+
+    @property
+    def families(self) -> dict[str, FamilyConfig]:
+        """Its families by prefix."""
+        ...
+
+    @property
+    def is_chief(self) -> bool:
+        """Whether this process writes."""
+        ...
 
 
 @runtime_checkable
@@ -35,7 +58,7 @@ class Replica(Protocol):
         """This writer's epoch once started (its checkpoints' lineage), else ``None``."""
         ...
 
-    def start(self, store: CheckpointStore | None = None) -> None:
+    def start(self, store: Staging | None = None) -> None:
         """Take the lease and fence HEAD; queue what ``store`` staged and never sent."""
         ...
 
@@ -59,13 +82,11 @@ class Replica(Protocol):
         """Archive what an earlier run left in the remote store, once; its key."""
         ...
 
-    def source(self, store: CheckpointStore) -> RemoteSource:
+    def source(self, store: Staging) -> RemoteSource:
         """What resolution reads the remote store as."""
         ...
 
-    def staged(
-        self, found: Resolved, store: CheckpointStore, *, continues: bool
-    ) -> Resolved:
+    def staged(self, found: Resolved, store: Staging, *, continues: bool) -> Resolved:
         """``found`` on this rank's disk, protected when it is one of this store's."""
         ...
 

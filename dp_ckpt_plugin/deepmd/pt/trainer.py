@@ -8,7 +8,9 @@ host enters, and only there:
 
 - the two stores are replaced by :class:`StoreFamily` views of the plugin's
   store: ``path_for`` names the store's files, ``publish`` and ``prune`` do
-  nothing (the store publishes and retains after its commit);
+  nothing (the store publishes and retains after its commit); the step
+  ``path_for`` was given is what the write of that path is saved under (the
+  name is never parsed back);
 - ``_write_checkpoint`` hands a numbered checkpoint's payload, exactly as
   deepmd-kit assembled it (``model``, ``optimizer``, EMA state; multi-task
   ``model_dict`` runs included), to the store. The periodic payload waits
@@ -72,12 +74,18 @@ class StoreFamily:
     def __init__(self, run: HostRun, prefix: str, deepmds: Any = None) -> None:
         self.run = run
         self.prefix = prefix
-        self.family = run.store.family(prefix).family
         self.deepmds = deepmds
+        #: The path :meth:`path_for` built last (absolute) and its step.
+        self._built: tuple[Path, int] | None = None
 
     def path_for(self, step: int) -> Path:
-        """Where the checkpoint of ``step`` goes, spelled as deepmd-kit spells it."""
+        """Where the checkpoint of ``step`` goes, spelled as deepmd-kit spells it.
+
+        deepmd-kit hands the path back to ``_write_checkpoint``, which asks
+        :meth:`step_of` for the step given here rather than parse the name.
+        """
         path = self.run.store.path_for(step, self.prefix)
+        self._built = (path, step)
         spelled = getattr(self.deepmds, "path_for", None)
         if spelled is not None:
             theirs = Path(spelled(step))
@@ -89,11 +97,9 @@ class StoreFamily:
         return Path(os.path.normpath(os.path.join(self.run.cwd or "", path)))
 
     def step_of(self, path: Path) -> int | None:
-        """The step of a numbered checkpoint of this family in the store, else ``None``."""
-        path = self._absolute(Path(path))
-        if path.parent != self.run.store.directory:
-            return None
-        return self.family.step_of(path.name)
+        """The step :meth:`path_for` last built ``path`` for, else ``None``."""
+        built = self._built
+        return built[1] if built and self._absolute(Path(path)) == built[0] else None
 
     def prepare(self) -> None:
         """The store creates its directory itself."""
