@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..checkpoint import Checkpoint
-from ..checkpoint.digests import digest_of_handle
+from ..checkpoint.digests import digest_of_view
 from ..checkpoint.limits import MAX_INPUT_BYTES
 from ..checkpoint.provenance import INPUTS_DIR, input_path, parse_input
 from ..checkpoint.records import CommitRecord
@@ -688,24 +688,23 @@ class RemoteStore:
         name = checkpoint.name
         upload = self._uploads.get(name, 0)
         key = payload_key(self.epoch, name, upload)
-        try:
-            handle = self.staging.open_payload(checkpoint.path)
-        except (UnreadableFileError, FileNotFoundError) as exc:
-            raise NotSent(
-                f"staged checkpoint {checkpoint.path} is gone ({exc}); "
-                f"it is not uploaded to {self.url}"
-            ) from None
-        with handle:
-            found = digest_of_handle(handle, record.algorithm)
-            size = handle.tell()
-            if size != record.size or found != record.digest:
+        with contextlib.ExitStack() as held:
+            try:
+                view = held.enter_context(self.staging.map_payload(checkpoint.path))
+            except (UnreadableFileError, FileNotFoundError) as exc:
+                raise NotSent(
+                    f"staged checkpoint {checkpoint.path} is gone ({exc}); "
+                    f"it is not uploaded to {self.url}"
+                ) from None
+            # what is hashed and sent is the page cache's: no read call, no copy
+            found = digest_of_view(view, record.algorithm)
+            if view.nbytes != record.size or found != record.digest:
                 raise NotSent(
                     f"staged checkpoint {checkpoint.path} no longer matches its "
                     "commit record (corrupt, or saved again meanwhile); it is not "
                     f"uploaded to {self.url}"
                 )
-            handle.seek(0)
-            self.storage.put(key, handle)
+            self.storage.put(key, view)
         self._uploads[name] = upload + 1
         text = record.to_json().encode("utf-8")
         try:

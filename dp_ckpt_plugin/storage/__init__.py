@@ -38,6 +38,7 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import BinaryIO, NamedTuple, Protocol, runtime_checkable
 
@@ -119,6 +120,8 @@ class Storage(Protocol):
     def real(self, path: Path) -> Path: ...
 
     def open_payload(self, path: Path) -> BinaryIO: ...
+
+    def map_payload(self, path: Path) -> AbstractContextManager[memoryview]: ...
 
     def read_payload(self, path: Path) -> PayloadBytes: ...
 
