@@ -31,7 +31,7 @@ from ..storage import Storage, default_storage
 from ..store.adoption import why_not
 from ..text import MAX_LOG_LINE, shown
 from . import FAILURE, UsageError, add_digest_flag, is_remote, output
-from .views import locate
+from .open_store import locate
 
 HELP = "show what one checkpoint holds: step, format, record, payload structure"
 DESCRIPTION = (

@@ -20,7 +20,8 @@ from typing import Any
 
 from ..retention import Verdict, ranking_of
 from . import output, store_directory
-from .views import Aside, Listing, Shelf, open_view
+from .open_store import open_view
+from .views import Aside, Listing, Shelf
 
 HELP = "list checkpoints and what keeps each"
 DESCRIPTION = (

@@ -39,7 +39,8 @@ from ..store.archive import archive_folders, archives_beyond, remove_archive
 from ..store.lock import StoreLock
 from ..text import shown
 from . import UsageError, is_remote, output, store_directory
-from .views import Leased, Listed, Listing, Shelf, StoreView, open_view
+from .open_store import open_view
+from .views import Leased, Listed, Listing, Shelf, StoreView
 
 HELP = "remove what a retention policy does not keep"
 DESCRIPTION = (

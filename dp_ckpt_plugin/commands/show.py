@@ -23,8 +23,9 @@ from typing import Any
 
 from ..text import MAX_LOG_LINE, shown
 from . import UsageError, add_digest_flag, is_remote, one_line, output, store_directory
+from .open_store import locate, open_view
 from .origins import input_text, provenance_json, provenance_rows
-from .views import Resolution, StoreView, locate, open_view
+from .views import Resolution, StoreView
 
 HELP = "the checkpoint a restart would use (resolve, with the store first)"
 DESCRIPTION = (

@@ -32,7 +32,8 @@ from ..errors import InvalidRecordError, UnreadableFileError
 from ..storage import default_storage
 from . import is_remote, output, refuse_sha256
 from .directory_view import listed
-from .views import Aside, Check, Listed, StoreView, locate, open_view
+from .open_store import locate, open_view
+from .views import Aside, Check, Listed, StoreView
 
 HELP = "check checkpoints against their commit records"
 DESCRIPTION = (

@@ -3,8 +3,8 @@
 ``ls``, ``verify``, ``resolve``/``show``, ``inspect`` and ``prune`` are
 written once over this view. It has two implementations: a store directory
 (``directory_view``) and a store on object storage read through its HEAD
-(``head_view``); :func:`open_view` and :func:`locate` pick one from a
-command-line value. Every field of these values that came from object
+(``head_view``); ``open_store.open_view`` and ``open_store.locate`` pick
+one from a command-line value. Every field of these values that came from object
 storage is shown through ``text.shown`` by the commands.
 """
 
@@ -18,7 +18,6 @@ from typing import Any, Protocol, runtime_checkable
 from ..checkpoint.records import CommitRecord
 from ..remote.head import Entry
 from ..retention import Candidate, KeepBest, RetentionPolicy, Verdict, explain_prune
-from . import is_remote
 
 
 @dataclass(frozen=True)
@@ -224,33 +223,6 @@ class Leased(Protocol):
 
     def release_lease(self) -> str | None:
         """Release a lease whose holder is gone; why, or ``None`` when none."""
-
-
-def open_view(value: Path | str) -> StoreView:
-    """The view of the store a command-line value names (a directory or a URL)."""
-    if is_remote(value):
-        from .head_view import HeadView
-
-        return HeadView.at(str(value))
-    from .directory_view import DirectoryView
-
-    return DirectoryView(Path(value))
-
-
-def locate(value: Path | str) -> tuple[StoreView, str]:
-    """The store holding the checkpoint ``value`` names, and its name in it.
-
-    A URL is looked up for a HEAD at it or above it; a path is a file of the
-    directory it lies in.
-    """
-    if is_remote(value):
-        from .head_view import HeadView
-
-        return HeadView.above(str(value))
-    from .directory_view import DirectoryView
-
-    path = Path(value).absolute()
-    return DirectoryView(path.parent), path.name
 
 
 def select(families: list[Shelf], prefix: str | None, where: str) -> list[Shelf]:

@@ -17,13 +17,10 @@ import os
 import threading
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO, Protocol
 
 from ..errors import CheckpointWriteError
 from .temp import temp_name
-
-if TYPE_CHECKING:
-    from .local import LocalStorage
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -137,6 +134,18 @@ def digest_beside(fd: int, digest, fsync, tmp: Path, meanwhile) -> str:
     return value
 
 
+class Seams(Protocol):
+    """The storage's checked system calls that :class:`FinalName` goes through
+    (``LocalStorage``'s, which tests override to inject faults)."""
+
+    def _check(self, path: Path, what: str) -> None: ...
+    def _names(self, path: Path, fd: int) -> bool: ...
+    def _sys_mkdir(self, path: Path) -> None: ...
+    def _sys_link(self, source: Path, dest: Path) -> None: ...
+    def _sys_unlink(self, path: Path) -> None: ...
+    def _sys_rmdir(self, path: Path) -> None: ...
+
+
 class FinalName:
     """The open temporary file of a payload, named by the payload's final name.
 
@@ -156,7 +165,7 @@ class FinalName:
     after the descriptor).
     """
 
-    def __init__(self, storage: LocalStorage, fd: int, tmp: Path, final: str) -> None:
+    def __init__(self, storage: Seams, fd: int, tmp: Path, final: str) -> None:
         self.storage = storage
         self.fd = fd
         self.tmp = tmp
