@@ -130,3 +130,43 @@ def test_supported_versions(version, supported):
     from dp_ckpt_plugin.deepmd.takeover import is_supported
 
     assert is_supported(version) is supported
+
+
+def _imports_of_the_package():
+    """Every ``from X import names`` of the package naming one of its modules."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for path in sorted((root / "dp_ckpt_plugin").rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        package = parts[:-1]  # a module's package, or the package itself
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                target = ".".join(base + ((node.module,) if node.module else ()))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] == "dp_ckpt_plugin":
+                names = [a.name for a in node.names]
+                yield f"{path.relative_to(root)}:{node.lineno}", target, names
+
+
+def test_every_import_of_the_package_names_what_is_there():
+    """Imports inside functions too (ruff does not resolve them): a name moved
+    or removed must not leave a command that fails only when it runs."""
+    import importlib
+
+    missing = []
+    for where, target, names in _imports_of_the_package():
+        module = importlib.import_module(target)
+        for name in names:
+            if hasattr(module, name):
+                continue
+            try:
+                importlib.import_module(f"{target}.{name}")
+            except ModuleNotFoundError:
+                missing.append(f"{where}: {target}.{name}")
+    assert not missing, missing

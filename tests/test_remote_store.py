@@ -1,6 +1,6 @@
 """The remote store on the in-process storage: layout, uploads, restarts, retention.
 
-The storage checks its conditions under a lock (:mod:`dp_ckpt_plugin.objectstore.memory`),
+The storage checks its conditions under a lock (the memory storage of the tests' doubles),
 so these tests can race writers and inject a failure at any call; the same
 store runs against a real S3 server in ``test_remote_s3.py``.
 """

@@ -98,9 +98,9 @@ def side_of(value: str) -> Side:
     if entry is None:
         raise UsageError(f"{value}: no such file or directory")
     if entry.is_dir:
-        from .show import resolve_in
+        from .directory_view import DirectoryView
 
-        path = resolve_in(path, "latest", digest=False).path
+        path = Path(DirectoryView(path).resolve("latest", digest=False).item.where)
     elif path.suffix == ".json":
         return Side("input", path.absolute(), config=read_input_file(path, storage))
     path = storage.real(path.absolute())
