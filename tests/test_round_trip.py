@@ -181,6 +181,22 @@ def torch_values():
 VALUES = {**numpy_values(), **python_values()}
 
 
+#: x87's 80-bit extended float, stored in 16 bytes of which 10 hold the value.
+_EXTENDED = (
+    np.finfo(np.longdouble).nmant == 63 and np.dtype(np.longdouble).itemsize == 16
+)
+
+
+def _value_bytes(x) -> bytes:
+    """The bytes of ``x``'s values; an 80-bit extended float's 6 bytes of
+    padding are left out (they hold whatever the memory held, so two equal
+    values need not share them)."""
+    raw = np.ascontiguousarray(x)
+    if _EXTENDED and raw.dtype.type in (np.longdouble, np.clongdouble):
+        return raw.view(np.uint8).reshape(-1, 16)[:, :10].tobytes()
+    return raw.tobytes()
+
+
 def same(a, b) -> bool:
     """Equal with identical types at every level; floats bit for bit."""
     if type(a) is not type(b):
@@ -206,7 +222,7 @@ def same(a, b) -> bool:
         if a.dtype.kind == "O":
             pairs = zip(np.ravel(a), np.ravel(b), strict=True)
             return all(same(x, y) for x, y in pairs)
-        return np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
+        return _value_bytes(a) == _value_bytes(b)
     if HAS_TORCH:
         import torch
 
