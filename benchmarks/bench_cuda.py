@@ -30,7 +30,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-TENSORS = 16
+sys.path.insert(0, str(Path(__file__).parent))
+from run import TENSORS, fsync_path
+
 STALL_TARGET = 1.1
 DURABLE_TARGET = 1.0
 
@@ -75,11 +77,7 @@ def torch_save_fsync(work: Path, state) -> Callable[[], float]:
         torch.cuda.synchronize()
         start = time.perf_counter()
         torch.save(state, path)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(path)
         seconds = time.perf_counter() - start
         path.unlink()
         return seconds
