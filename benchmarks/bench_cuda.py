@@ -31,7 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from run import TENSORS, fsync_path
+from run import TENSORS
+from run import torch_save_fsync as saved_and_fsynced
 
 STALL_TARGET = 1.1
 DURABLE_TARGET = 1.0
@@ -69,18 +70,14 @@ def bare_pinned_copy(state) -> Callable[[], float]:
 
 
 def torch_save_fsync(work: Path, state) -> Callable[[], float]:
+    """run.py's baseline (``torch.save`` to a path + fsync), the GPU idle first."""
     import torch
 
-    path = work / "baseline.pt"
+    timed = saved_and_fsynced(work, state)
 
     def run() -> float:
         torch.cuda.synchronize()
-        start = time.perf_counter()
-        torch.save(state, path)
-        fsync_path(path)
-        seconds = time.perf_counter() - start
-        path.unlink()
-        return seconds
+        return timed()
 
     return run
 
