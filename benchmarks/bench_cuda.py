@@ -30,7 +30,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-TENSORS = 16
+sys.path.insert(0, str(Path(__file__).parent))
+from run import TENSORS
+from run import torch_save_fsync as saved_and_fsynced
+
 STALL_TARGET = 1.1
 DURABLE_TARGET = 1.0
 
@@ -67,22 +70,14 @@ def bare_pinned_copy(state) -> Callable[[], float]:
 
 
 def torch_save_fsync(work: Path, state) -> Callable[[], float]:
+    """run.py's baseline (``torch.save`` to a path + fsync), the GPU idle first."""
     import torch
 
-    path = work / "baseline.pt"
+    timed = saved_and_fsynced(work, state)
 
     def run() -> float:
         torch.cuda.synchronize()
-        start = time.perf_counter()
-        torch.save(state, path)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        seconds = time.perf_counter() - start
-        path.unlink()
-        return seconds
+        return timed()
 
     return run
 
