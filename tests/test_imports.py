@@ -185,3 +185,20 @@ def test_every_import_of_the_package_names_what_is_there():
     )
     assert len(imports) > 500  # the walk found the package's imports
     assert json.loads(out.stdout.splitlines()[-1]) == []
+
+
+def test_a_background_save_of_a_numpy_state_does_not_import_torch(tmp_path):
+    """The CUDA side of a snapshot is entered only for a CUDA tensor: an HDF5
+    loop without torch saves in the background without it."""
+    code = (
+        "import sys, numpy as np\n"
+        "from dp_ckpt_plugin import CheckpointManager\n"
+        f"with CheckpointManager({str(tmp_path)!r}, format='hdf5', async_save=True) as m:\n"
+        "    m.save(1, {'w': np.ones(3)})\n"
+        "    m.wait()\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["False"]

@@ -103,6 +103,8 @@ class SideStreamCopies:
 
     def finish(self) -> None:
         """End a snapshot's copies: the loop's stream waits for them; record events."""
+        if not self._open:  # nothing was copied (a CPU or NumPy state)
+            return
         import torch
 
         for device, side in self._open.items():
