@@ -58,20 +58,10 @@ class HeadView:
     @classmethod
     def above(cls, url: str) -> tuple[HeadView, str]:
         """The store with a HEAD at ``url`` or above it, and the rest of ``url``."""
-        from ..remote.resolver import _LEVELS
+        from ..remote.resolver import store_above
 
-        base, rest = url.rstrip("/"), ""
-        for _ in range(_LEVELS + 1):
-            storage = storage_for(base)
-            if heads.read(storage)[0] is not None:
-                return cls(storage), rest or "latest"
-            base, _, last = base.rpartition("/")
-            rest = f"{last}/{rest}".rstrip("/")
-            if "://" not in base or base.split("://", 1)[1] == "":
-                break
-        raise RestartNotFoundError(
-            f"{url} names no checkpoint store: no HEAD at it or above it"
-        )
+        storage, rest = store_above(url)
+        return cls(storage), rest
 
     def head(self) -> Head:
         """HEAD with its catalogue segments' entries (every kept entry)."""
@@ -150,10 +140,10 @@ class HeadView:
         """Record against HEAD, object size against record, then (with
         ``digest``) the payload hashed as it streams: what is wrong, if
         anything, and the bytes hashed."""
-        from ..remote.fetch import _record
+        from ..remote.fetch import record_of
 
         try:
-            record = _record(self.storage, entry)
+            record = record_of(self.storage, entry)
             found = self.storage.head(entry.key)
             if found is None:
                 return "missing", 0

@@ -252,7 +252,7 @@ def _fetch_input(storage, record, directory: Path, local: LocalStorage) -> None:
 
 def download(url: str, directory: Path) -> tuple[list[dict], list[str]]:
     """Fetch every checkpoint the store at ``url`` keeps into ``directory``."""
-    from ..remote.fetch import Found, _record, fetch
+    from ..remote.fetch import Found, fetch, record_of
     from ..store.lock import StoreLock
 
     storage = storage_for(url)
@@ -266,7 +266,7 @@ def download(url: str, directory: Path) -> tuple[list[dict], list[str]]:
         for prefix, state in head.families.items():
             for entry in state.kept:
                 try:
-                    record = _record(storage, entry)
+                    record = record_of(storage, entry)
                     found = Found(storage.url, prefix, entry, record, "sync")
                     path = fetch(storage, found, directory, local)
                 except CheckpointError as exc:

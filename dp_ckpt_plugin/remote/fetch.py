@@ -155,7 +155,7 @@ def candidates(
         yielded = False
         for position, entry in enumerate(order):
             try:
-                record = _record(storage, entry)
+                record = record_of(storage, entry)
             except CorruptCheckpointError as exc:
                 warnings.append(f"{exc}{_OLDER}")
                 continue
@@ -179,7 +179,7 @@ def candidates(
             f"(it keeps {', '.join(names[-5:])})"
         )
     prefix, entry = found
-    yield Found(storage.url, prefix, entry, _record(storage, entry), "by its name")
+    yield Found(storage.url, prefix, entry, record_of(storage, entry), "by its name")
 
 
 def fetch_first(
@@ -238,7 +238,7 @@ def fell_back(found: Found, defects: list[str]) -> Found:
     return replace(found, fell_back=True, warnings=(warning,))
 
 
-def _record(storage: ObjectStorage, entry: Entry) -> CommitRecord:
+def record_of(storage: ObjectStorage, entry: Entry) -> CommitRecord:
     """The commit record of ``entry``, which must agree with it."""
     url = storage.url_of(record_key(entry.key))
     try:

@@ -23,6 +23,7 @@ from ..checkpoint import Checkpoint
 from ..markers import hookimpl
 from ..resolution import ResolveContext, Resolved
 from ..resolution.sources import RemoteSource
+from ..storage.objects import ObjectStorage
 from ..storage.staging import staging_dir
 from .fetch import LATEST, fetch_first, read_head
 
@@ -62,25 +63,38 @@ def _named(source: RemoteSource, spec: str) -> bool:
 
 def _elsewhere(spec: str, context) -> Resolved:
     """A URL of another store (or of a checkpoint in one)."""
+    storage, rest = store_above(spec)
+    staging = context.remote.staging if context.remote else None
+    local = context.remote.local if context.remote else context.storage
+    source = RemoteSource(storage, fetch_cache(staging, storage.url), local)
+    return _resolved(source, rest, context)
+
+
+def store_above(url: str) -> tuple[ObjectStorage, str]:
+    """The storage of the store with a HEAD at ``url`` or up to
+    :data:`_LEVELS` folders above it, and what of ``url`` lies below it
+    (``"latest"`` when nothing).
+
+    Raises
+    ------
+    RestartNotFoundError
+        When no HEAD is there.
+    """
     from ..errors import RestartNotFoundError
     from ..objectstore.registry import storage_for
     from .head import read
 
-    base, rest = spec.rstrip("/"), ""
+    base, rest = url.rstrip("/"), ""
     for _ in range(_LEVELS + 1):
         storage = storage_for(base)
         if read(storage)[0] is not None:
-            staging = context.remote.staging if context.remote else None
-            local = context.remote.local if context.remote else context.storage
-            cache = fetch_cache(staging, storage.url)
-            source = RemoteSource(storage, cache, local)
-            return _resolved(source, rest or "latest", context)
+            return storage, rest or "latest"
         base, _, last = base.rpartition("/")
         rest = f"{last}/{rest}".rstrip("/")
         if base.endswith(":/") or "://" not in base or base.split("://", 1)[1] == "":
             break
     raise RestartNotFoundError(
-        f"{spec} names no checkpoint store: no HEAD at it or above it"
+        f"{url} names no checkpoint store: no HEAD at it or above it"
     )
 
 
