@@ -26,7 +26,7 @@ from helpers import (
 
 from dp_ckpt_plugin.errors import CheckpointError
 from dp_ckpt_plugin.remote import head as heads
-from dp_ckpt_plugin.remote.fetch import _record
+from dp_ckpt_plugin.remote.fetch import record_of
 from dp_ckpt_plugin.storage.objects import (
     KeyExistsError,
     StorageUnavailableError,
@@ -139,7 +139,7 @@ def check_case(pm, root, index, op, error, after):
         state = head.family("model.ckpt")
         for entry in state.kept:
             assert storage.head(entry.key) is not None, where
-            _record(storage, entry)  # agrees with HEAD, or raises
+            record_of(storage, entry)  # agrees with HEAD, or raises
         kept = [e.step for e in state.kept]
     newest = max(kept, default=0)
     for step in saved:
