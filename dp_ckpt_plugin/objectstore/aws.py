@@ -177,7 +177,7 @@ def check_endpoint(name: str, value: str | None) -> str | None:
         )
     if not parts.hostname:
         raise refuse("the endpoint URL names no host")
-    if not (_HOST.fullmatch(parts.hostname) or _ip(parts.hostname)):
+    if not (_HOST.fullmatch(parts.hostname) or is_ip(parts.hostname)):
         raise refuse(f"{shown(parts.hostname)!r} is not a host name")
     if port == 0:
         raise refuse("the port must be a number from 1 to 65535")
@@ -186,7 +186,8 @@ def check_endpoint(name: str, value: str | None) -> str | None:
     return value
 
 
-def _ip(text: str) -> bool:
+def is_ip(text: str) -> bool:
+    """Whether ``text`` is an IP address."""
     try:
         ipaddress.ip_address(text)
     except ValueError:
@@ -279,49 +280,27 @@ def resolve(options: Mapping[str, object], environ: Mapping[str, str]) -> AwsSet
         opt.get("virtual_hosted_style_request")
         or environ.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST")
     )
+    keys: tuple[str | None, ...] = (None, None, None)
+    source, provider = "options", None
     if opt.get("access_key_id") and opt.get("secret_access_key"):
         token = opt.get("session_token") or opt.get("token")
-        return AwsSettings(
-            region,
-            endpoint,
-            opt["access_key_id"],
-            opt["secret_access_key"],
-            token,
-            "options",
-            virtual,
-            session=session,
+        keys = (opt["access_key_id"], opt["secret_access_key"], token)
+    else:
+        anonymous = truthy(
+            opt.get("skip_signature") or environ.get("AWS_SKIP_SIGNATURE")
         )
-    anonymous = truthy(opt.get("skip_signature") or environ.get("AWS_SKIP_SIGNATURE"))
-    found = None if anonymous else _credentials(session, name)
-    if found is None:
-        return AwsSettings(region, endpoint, None, None, None, "", virtual)
-    credentials, source = found
-    if _refreshed(credentials):
-        from obstore.auth.boto3 import Boto3CredentialProvider
+        found = None if anonymous else _credentials(session, name)
+        if found is None:
+            return AwsSettings(region, endpoint, *keys, "", virtual)
+        credentials, source = found
+        if _refreshed(credentials):
+            from obstore.auth.boto3 import Boto3CredentialProvider
 
-        provider = Boto3CredentialProvider(session)
-        return AwsSettings(
-            region,
-            endpoint,
-            None,
-            None,
-            None,
-            source,
-            virtual,
-            provider=provider,
-            session=session,
-        )
-    frozen = credentials.get_frozen_credentials()
-    return AwsSettings(
-        region,
-        endpoint,
-        frozen.access_key,
-        frozen.secret_key,
-        frozen.token,
-        source,
-        virtual,
-        session=session,
-    )
+            provider = Boto3CredentialProvider(session)
+        else:
+            frozen = credentials.get_frozen_credentials()
+            keys = (frozen.access_key, frozen.secret_key, frozen.token)
+    return AwsSettings(region, endpoint, *keys, source, virtual, provider, session)
 
 
 def _endpoint_of(profile: Mapping[str, object]) -> str | None:
@@ -403,15 +382,13 @@ class MultipartUploads:
         from botocore.config import Config
 
         self.bucket = bucket
-        self._errors = (
-            botocore.exceptions.BotoCoreError,
-            botocore.exceptions.ClientError,
-        )
+        errors = botocore.exceptions
+        self._errors = (errors.BotoCoreError, errors.ClientError)
         self._unanswered = (
-            botocore.exceptions.EndpointConnectionError,
-            botocore.exceptions.ConnectionClosedError,
-            botocore.exceptions.ReadTimeoutError,
-            botocore.exceptions.ConnectTimeoutError,
+            errors.EndpointConnectionError,
+            errors.ConnectionClosedError,
+            errors.ReadTimeoutError,
+            errors.ConnectTimeoutError,
         )
         session = settings.session or botocore.session.Session()
         config = Config(
@@ -420,15 +397,13 @@ class MultipartUploads:
             retries={"max_attempts": REQUEST_ATTEMPTS, "mode": "standard"},
             s3={"addressing_style": "virtual" if settings.virtual_hosted else "path"},
         )
-        keys = (
-            {
+        keys = {}
+        if settings.static:
+            keys = {
                 "aws_access_key_id": settings.access_key_id,
                 "aws_secret_access_key": settings.secret_access_key,
                 "aws_session_token": settings.session_token,
             }
-            if settings.static
-            else {}
-        )
         try:
             self._client = session.create_client(
                 "s3",

@@ -36,8 +36,8 @@ obstore is imported when a storage is made, never when this module is.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
-import ipaddress
 import os
 import re
 import threading
@@ -92,16 +92,11 @@ CONFLICT_RETRIES = 3
 #: Scheme -> obstore's kind of store.
 SCHEMES = {"s3": "s3", "gs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure"}
 
-_CONDITIONAL = Capabilities(
-    create_if_absent=True,
-    compare_and_swap=True,
-    ranged_get=True,
-    durable_put=True,
-    multipart=True,
-)
-#: What each kind of store enforces (obstore implements both conditional
+#: What every kind of store enforces (obstore implements both conditional
 #: modes on S3, GCS and Azure).
-CAPABILITIES = {"s3": _CONDITIONAL, "gcs": _CONDITIONAL, "azure": _CONDITIONAL}
+CAPABILITIES = Capabilities(
+    create_if_absent=True, compare_and_swap=True, multipart=True
+)
 
 _S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _GCS_BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")
@@ -190,13 +185,11 @@ def parse_url(url: str) -> tuple[str, str, str, str]:
 
 def _valid_bucket(kind: str, name: str) -> bool:
     if kind == "s3":
-        if not _S3_BUCKET.fullmatch(name) or ".." in name:
-            return False
-        try:
-            ipaddress.ip_address(name)
-        except ValueError:
-            return True
-        return False
+        return (
+            bool(_S3_BUCKET.fullmatch(name))
+            and ".." not in name
+            and not aws.is_ip(name)
+        )
     if kind == "gcs":
         return bool(_GCS_BUCKET.fullmatch(name)) and (
             len(name) <= 63 or all(len(p) <= 63 for p in name.split("."))
@@ -270,7 +263,7 @@ class CloudStorage:
         self.url = f"{scheme}://{url.split('://', 1)[1].split('/', 1)[0]}" + (
             f"/{prefix}" if prefix else ""
         )
-        self.capabilities = CAPABILITIES[self.kind]
+        self.capabilities = CAPABILITIES
         #: Calls made, by primitive (``put``, ``head``, ...), and ``requests``:
         #: the HTTP requests they took (not counting obstore's retries).
         self.counts: Counter[str] = Counter()
@@ -301,10 +294,7 @@ class CloudStorage:
             return  # anonymous requests, asked for
         said = _NO_CREDENTIALS
         if not aws.truthy(environ.get("AWS_EC2_METADATA_DISABLED")):
-            said += (
-                " (none in the environment or the profile files, and the instance "
-                "metadata service did not answer)"
-            )
+            said = _NO_METADATA
         raise StorageUnavailableError(self.url, "reach", said)
 
     def _open(self, options: dict, environ: Mapping[str, str], account: str):
@@ -325,38 +315,16 @@ class CloudStorage:
             },
             **(options.pop("retry_config", None) or {}),
         }
-        prefix = self.prefix or None
         try:
             if self.kind == "s3":
-                return self._open_s3(store_module, options, client, retry, prefix)
-            endpoints = [
-                str(v)
-                for k, v in [*options.items(), *environ.items()]
-                if re.search(r"URL|ENDPOINT", k, re.I) and isinstance(v, str)
-            ]
-            if any(e.startswith("http://") for e in endpoints):
-                client.setdefault("allow_http", True)
-            if self.kind == "gcs":
-                return store_module.GCSStore(
-                    self.bucket,
-                    prefix=prefix,
-                    client_options=client,
-                    retry_config=retry,
-                    **options,
-                )
-            if account:
-                options.setdefault("account_name", account)
-            if not (
-                options.get("account_name") or environ.get("AZURE_STORAGE_ACCOUNT_NAME")
-            ):
-                raise ConfigError(
-                    f"{self.url}: no Azure storage account: set "
-                    "AZURE_STORAGE_ACCOUNT_NAME, or write "
-                    f"abfss://{self.bucket}@ACCOUNT.dfs.core.windows.net/..."
-                )
-            return store_module.AzureStore(
+                store, options = store_module.S3Store, self._s3_options(options, client)
+            else:
+                self._other_options(options, client, environ, account)
+                gcs = self.kind == "gcs"
+                store = store_module.GCSStore if gcs else store_module.AzureStore
+            return store(
                 self.bucket,
-                prefix=prefix,
+                prefix=self.prefix or None,
                 client_options=client,
                 retry_config=retry,
                 **options,
@@ -364,40 +332,45 @@ class CloudStorage:
         except (ValueError, TypeError, self._obstore.exceptions.BaseError) as exc:
             raise ConfigError(f"{self.url}: {self._cause(exc)}") from None
 
-    def _open_s3(self, store_module, options: dict, client: dict, retry: dict, prefix):
+    def _s3_options(self, options: dict, client: dict) -> dict:
+        """obstore's S3 options: the resolved settings (:mod:`.aws`), and the rest."""
         settings = self.settings
-        handled = (
-            "profile",
-            "region",
-            "endpoint",
-            "aws_endpoint_url_s3",
-            "access_key_id",
-            "secret_access_key",
-            "session_token",
-            "token",
-        )
-        config = {k: v for k, v in options.items() if k not in handled}
+        config = {k: v for k, v in options.items() if k not in _RESOLVED}
         config["region"] = settings.region
         if settings.endpoint:
             config["endpoint"] = settings.endpoint
             if settings.endpoint.startswith("http://"):
                 client.setdefault("allow_http", True)
-        provider = None
         if settings.static:
             config["access_key_id"] = settings.access_key_id
             config["secret_access_key"] = settings.secret_access_key
             if settings.session_token:
                 config["session_token"] = settings.session_token
-        elif settings.provider is not None:
-            provider = settings.provider  # botocore's chain, renewed by obstore
-        return store_module.S3Store(
-            self.bucket,
-            prefix=prefix,
-            client_options=client,
-            retry_config=retry,
-            credential_provider=provider,
-            **config,
-        )
+        # else botocore's chain, renewed by obstore (or anonymous: none)
+        config["credential_provider"] = settings.provider
+        return config
+
+    def _other_options(self, options: dict, client: dict, environ, account: str):
+        """Complete the options of a GCS or Azure store (in place)."""
+        endpoints = [
+            str(v)
+            for k, v in [*options.items(), *environ.items()]
+            if re.search(r"URL|ENDPOINT", k, re.I) and isinstance(v, str)
+        ]
+        if any(e.startswith("http://") for e in endpoints):
+            client.setdefault("allow_http", True)
+        if self.kind != "azure":
+            return
+        if account:
+            options.setdefault("account_name", account)
+        if not (
+            options.get("account_name") or environ.get("AZURE_STORAGE_ACCOUNT_NAME")
+        ):
+            raise ConfigError(
+                f"{self.url}: no Azure storage account: set "
+                "AZURE_STORAGE_ACCOUNT_NAME, or write "
+                f"abfss://{self.bucket}@ACCOUNT.dfs.core.windows.net/..."
+            )
 
     # -- plumbing ---------------------------------------------------------------
     def url_of(self, key: str) -> str:
@@ -432,13 +405,7 @@ class CloudStorage:
         errors = self._obstore.exceptions
         try:
             return call()
-        except (
-            errors.BaseError,
-            OSError,
-            ValueError,
-            RuntimeError,
-            TimeoutError,
-        ) as exc:
+        except (errors.BaseError, OSError, ValueError, RuntimeError) as exc:
             if isinstance(exc, (KeyExistsError, VersionMismatchError, KeyMissingError)):
                 raise
             raise self._fail(what, key, exc) from None
@@ -465,17 +432,8 @@ class CloudStorage:
         parts = -(-size // PART_SIZE) if size > PART_SIZE else 0
         self._count("put", parts + 2 if parts else 1)
         put = self._obstore.put
-        found = self._run(
-            "write",
-            key,
-            lambda: put(
-                self._store,
-                key,
-                source,
-                chunk_size=PART_SIZE,
-                max_concurrency=PART_CONCURRENCY,
-            ),
-        )
+        parts = {"chunk_size": PART_SIZE, "max_concurrency": PART_CONCURRENCY}
+        found = self._run("write", key, lambda: put(self._store, key, source, **parts))
         return ObjectInfo(key, size, self._version(found), time.time())
 
     def _conditional(self, op: str, what: str, key: str, data: bytes, mode):
@@ -492,8 +450,7 @@ class CloudStorage:
                 if conflict and attempt < CONFLICT_RETRIES:
                     # a concurrent conditional write was in flight: S3 says
                     # to send it again (obstore words it as the condition)
-                    with self._count_lock:
-                        self.counts["requests"] += 1
+                    self._count("requests", 0)
                     time.sleep(FIRST_BACKOFF * 2**attempt)
                     continue
                 if conflict:
@@ -506,7 +463,6 @@ class CloudStorage:
                     raise VersionMismatchError(self.url_of(key)) from None
                 raise self._fail(what, key, exc) from None
             return ObjectInfo(key, len(payload), self._version(found), time.time())
-        raise AssertionError("unreachable")
 
     def put_if_absent(self, key: str, data: bytes) -> ObjectInfo:
         """Create an object; :class:`KeyExistsError` if one is there."""
@@ -562,8 +518,7 @@ class CloudStorage:
                     if "range" not in str(exc).lower() and "416" not in str(exc):
                         raise
             # an empty range, or one past the end: the object must still be there
-            with self._count_lock:
-                self.counts["requests"] += 1
+            self._count("requests", 0)
             if self._head(key) is None:
                 raise KeyMissingError(self.url_of(key))
             return b""
@@ -585,15 +540,12 @@ class CloudStorage:
             info = self._head(key)
             if info is None:
                 raise KeyMissingError(self.url_of(key))
-            with self._count_lock:
-                self.counts["requests"] += 1 + -(-info.size // DOWNLOAD_PART)
+            self._count("requests", -(-info.size // DOWNLOAD_PART))
+            generation = self.kind == "gcs" and info.version.isdigit()
+            same = "version" if generation else "if_match"
             for start in range(0, info.size, DOWNLOAD_PART):
                 end = min(start + DOWNLOAD_PART, info.size)
-                options = {"range": (start, end)}
-                if self.kind == "gcs" and info.version.isdigit():
-                    options["version"] = info.version
-                else:
-                    options["if_match"] = info.version
+                options = {"range": (start, end), same: info.version}
                 try:
                     found = get(self._store, key, options=options)
                 except (errors.PreconditionError, FileNotFoundError):
@@ -602,8 +554,7 @@ class CloudStorage:
                     sink.write(chunk)
             return info
 
-        with self._count_lock:
-            self.counts["download"] += 1
+        self._count("download", 0)
         return self._run("read", key, call)
 
     def _head(self, key: str) -> ObjectInfo | None:
@@ -628,8 +579,7 @@ class CloudStorage:
         def call():
             found = []
             for chunk in listing(self._store, folder or None, chunk_size=1000):
-                with self._count_lock:
-                    self.counts["requests"] += 1
+                self._count("requests", 0)
                 found += [
                     self._info(meta["path"], meta)
                     for meta in chunk
@@ -643,12 +593,7 @@ class CloudStorage:
             if not self._unparsed(exc):
                 raise
         found, _ = self._listed(prefix, None)
-        return iter(
-            sorted(
-                (ObjectInfo(k, size, tag, when) for k, size, tag, when in found),
-                key=lambda info: info.key,
-            )
-        )
+        return iter(sorted(found, key=lambda info: info.key))
 
     def _unparsed(self, exc: StorageUnavailableError) -> bool:
         """Whether obstore refused a listing for a key it cannot parse (and
@@ -657,24 +602,31 @@ class CloudStorage:
 
     def _listed(self, prefix: str, delimiter: str | None):
         """A listing through botocore: keys relative to the root (see :mod:`.aws`)."""
-        base = f"{self.prefix}/" if self.prefix else ""
+        base = self._base
         self._count("list")
-        try:
+        with self._botocore(f"{self.url}/{prefix}*" if prefix else self.url, "list"):
             found, folders = self._multipart().objects(base + prefix, delimiter)
-        except (aws.S3RequestError, OSError, ValueError) as exc:
-            raise StorageUnavailableError(
-                self._prefix_url(prefix),
-                "list",
-                self._scrub(str(exc).splitlines()[0]),
-            ) from None
         return (
-            [(k[len(base) :], size, tag, when) for k, size, tag, when in found],
+            [
+                ObjectInfo(k[len(base) :], size, tag, when)
+                for k, size, tag, when in found
+            ],
             [f[len(base) :] for f in folders],
         )
 
-    def _prefix_url(self, prefix: str) -> str:
-        """The URL of a listed prefix, for messages."""
-        return f"{self.url}/{prefix}*" if prefix else self.url
+    @property
+    def _base(self) -> str:
+        """The prefix's folder in the bucket (``""`` at its root)."""
+        return f"{self.prefix}/" if self.prefix else ""
+
+    @contextlib.contextmanager
+    def _botocore(self, url: str, what: str) -> Iterator[None]:
+        """A call of :mod:`.aws`, its error turned into one clear error."""
+        try:
+            yield
+        except (aws.S3RequestError, OSError, ValueError) as exc:
+            cause = self._scrub(str(exc).splitlines()[0])
+            raise StorageUnavailableError(url, what, cause) from None
 
     def delete(self, key: str) -> bool:
         """Remove an object; ``False`` if it was not there."""
@@ -705,11 +657,11 @@ class CloudStorage:
         """
         self._count("check")
         listing = self._obstore.list
-
-        def call():
-            next(iter(listing(self._store, None, chunk_size=1)), None)
-
-        self._run("reach", None, call)
+        self._run(
+            "reach",
+            None,
+            lambda: next(iter(listing(self._store, None, chunk_size=1)), None),
+        )
 
     @property
     def aborts_uploads(self) -> bool:
@@ -751,13 +703,9 @@ class CloudStorage:
         if not self.aborts_uploads:
             raise StorageUnavailableError(self.url, what, _NO_UPLOADS)
         self._count("list_uploads")
-        base = f"{self.prefix}/" if self.prefix else ""
-        try:
+        base = self._base
+        with self._botocore(self.url, what):
             found, now = self._multipart().list(base + prefix, page)
-        except (aws.S3RequestError, OSError, ValueError) as exc:
-            raise StorageUnavailableError(
-                self.url, what, self._scrub(str(exc).splitlines()[0])
-            ) from None
         return [
             PendingUpload(u.key[len(base) :], u.upload_id, u.initiated)
             for u in found
@@ -766,18 +714,12 @@ class CloudStorage:
 
     def abort_upload(self, upload: PendingUpload) -> bool:
         """Abort one incomplete upload; ``False`` if it was gone already."""
-        base = f"{self.prefix}/" if self.prefix else ""
         self._count("abort_upload")
-        try:
+        with self._botocore(f"{self.url}/{upload.key}", "abort the upload"):
+            key = self._base + upload.key
             return self._multipart().abort(
-                aws.Upload(base + upload.key, upload.upload_id, upload.initiated)
+                aws.Upload(key, upload.upload_id, upload.initiated)
             )
-        except (aws.S3RequestError, OSError, ValueError) as exc:
-            raise StorageUnavailableError(
-                self.url_of(upload.key),
-                "abort the upload",
-                self._scrub(str(exc).splitlines()[0]),
-            ) from None
 
     def abort_incomplete_uploads(
         self, prefix: str, older_than_seconds: float, *, page: int = 1000
@@ -814,6 +756,9 @@ class CloudStorage:
         )
 
 
+#: The options :func:`.aws.resolve` reads (obstore is given what it resolved).
+_RESOLVED = {"profile", "region", "endpoint", "aws_endpoint_url_s3", "token"}
+_RESOLVED |= {"access_key_id", "secret_access_key", "session_token"}
 _NO_UPLOADS = (
     "only S3 storage with credentials can list them; set a lifecycle rule on the "
     "bucket instead"
@@ -822,6 +767,10 @@ _NO_CREDENTIALS = (
     "no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
     "AWS_PROFILE with a profile in ~/.aws/credentials or ~/.aws/config (keys, "
     "a role, SSO or a credential_process)"
+)
+_NO_METADATA = (
+    f"{_NO_CREDENTIALS} (none in the environment or the profile files, and the "
+    "instance metadata service did not answer)"
 )
 
 
@@ -879,24 +828,13 @@ def describe(exc: BaseException, scrub: Callable[[str], str], bucket: str) -> st
     performing = _PERFORMING.search(flat)
     target = performing.group(2) if performing else ""
     if "/latest/api/token" in target or "/latest/meta-data" in target:
-        return (
-            _NO_CREDENTIALS
-            + " (none in the environment or the profile files, and the instance "
-            "metadata service did not answer)"
-        )
+        return _NO_METADATA
     if status:
         said = f"{status.group(1)}{status.group(2) or ''}"
-        details = [
-            f"{code.group(1)}: {code.group(2)}" if code and code.group(2) else ""
-        ]
-        details.append(after)
-        inner = "; ".join(d for d in details if d)
-        lead = (
-            "access denied, the server answered"
-            if said[:3] in ("401", "403")
-            else ("the server answered")
-        )
-        return f"{lead} {said}" + (f" ({inner})" if inner else "")
+        coded = f"{code.group(1)}: {code.group(2)}" if code and code.group(2) else ""
+        inner = "; ".join(d for d in (coded, after) if d)
+        denied = "access denied, " if status.group(1) in ("401", "403") else ""
+        return f"{denied}the server answered {said}" + (f" ({inner})" if inner else "")
     if performing and ("sending request" in flat or "connect" in flat.lower()):
         split = urlsplit(target)
         where = f"{split.scheme}://{split.netloc}" if split.netloc else target

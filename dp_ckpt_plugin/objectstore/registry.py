@@ -44,13 +44,9 @@ def _cloud(url: str, **options) -> ObjectStorage:
 
 
 #: The schemes this package serves itself.
-BUILTIN: dict[str, StorageFactory] = {
-    "s3": _cloud,
-    "gs": _cloud,
-    "az": _cloud,
-    "abfs": _cloud,
-    "abfss": _cloud,
-}
+BUILTIN: dict[str, StorageFactory] = dict.fromkeys(
+    ("s3", "gs", "az", "abfs", "abfss"), _cloud
+)
 
 _plugins: pluggy.PluginManager | None = None
 _lock = threading.Lock()
@@ -92,11 +88,7 @@ def local_path(text: str | os.PathLike) -> str | None:
         return text
     if scheme != "file":
         return None
-    if any(not c.isprintable() for c in text):
-        raise ConfigError(
-            f"{shown(text)}: a URL holds no control character (a newline, a tab, "
-            "an escape)"
-        )
+    _check_printable(text)
     parts = urlsplit(text.strip())
     if parts.netloc.lower() not in ("", "localhost") or parts.query or parts.fragment:
         raise ConfigError(
@@ -190,21 +182,27 @@ def storage_for(url_or_path: str | os.PathLike, **options) -> ObjectStorage:
             f"{shown(os.fspath(url_or_path))}: a local path is a directory store, "
             "not an object storage"
         )
-    if any(not c.isprintable() for c in url_or_path):
-        raise ConfigError(
-            f"{shown(url_or_path)}: a URL holds no control character (a "
-            "newline, a tab, an escape)"
-        )
+    _check_printable(url_or_path)
     url_or_path = url_or_path.strip()
     scheme = scheme_of(url_or_path)
     factory = _factory(scheme)
     if factory is None:
-        known = ", ".join(f"{s}://" for s in known_schemes())
-        raise ConfigError(
-            f"{url_or_path}: no storage serves {scheme}:// (known: {known}; or "
-            "give a local path)"
-        )
+        raise ConfigError(f"{url_or_path}: {_unserved(scheme)}")
     return factory(url_or_path, **options)
+
+
+def _check_printable(text: str) -> None:
+    """Refuse a URL holding a control character, in one line."""
+    if any(not c.isprintable() for c in text):
+        raise ConfigError(
+            f"{shown(text)}: a URL holds no control character (a newline, a tab, "
+            "an escape)"
+        )
+
+
+def _unserved(scheme: str) -> str:
+    known = ", ".join(f"{s}://" for s in known_schemes())
+    return f"no storage serves {scheme}:// (known: {known}; or give a local path)"
 
 
 def remote_url(text: str) -> str:
@@ -227,10 +225,7 @@ def remote_url(text: str) -> str:
             "an escape)"
         )
     if _factory(scheme) is None:
-        known = ", ".join(f"{s}://" for s in known_schemes())
-        raise ValueError(
-            f"no storage serves {scheme}:// (known: {known}; or give a local path)"
-        )
+        raise ValueError(_unserved(scheme))
     bucket, _, prefix = text.split("://", 1)[1].partition("/")
     if not bucket:
         raise ValueError(f"the URL names no bucket ({scheme}://bucket/run)")
