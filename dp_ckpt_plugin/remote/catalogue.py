@@ -223,18 +223,18 @@ def _newest_first(storage, prefix: str, segment: Segment):
         yield from _newest_first(storage, prefix, child)
 
 
-def spillable(state: FamilyState, policy, protected: set[str]) -> list[Entry]:
-    """The entries of a family that may move into a segment, oldest first.
+def spill_plan(state: FamilyState, policy, protected: set[str]) -> list[Entry]:
+    """The entries to move into a new segment now: :data:`SPILL` of them, or none.
 
-    Those retention keeps for good (``policy.settles``), not published, not
-    ``protected``, not among the :data:`RECENT` newest; none of a ranked
-    family (it publishes its best, which may be any).
+    Of those retention keeps for good (``policy.settles``), not published, not
+    ``protected``, not among the :data:`RECENT` newest, oldest first; none of
+    a ranked family (it publishes its best, which may be any).
     """
     settles = getattr(policy, "settles", None)
     if settles is None or getattr(policy, "ranked", False):
         return []
     recent = {e.key for e in state.kept[-RECENT:]}
-    return [
+    found = [
         e
         for e in state.kept
         if e.key not in recent
@@ -242,11 +242,6 @@ def spillable(state: FamilyState, policy, protected: set[str]) -> list[Entry]:
         and e.name not in protected
         and settles(e.step)
     ]
-
-
-def spill_plan(state: FamilyState, policy, protected: set[str]) -> list[Entry]:
-    """The entries to move into a new segment now: :data:`SPILL` of them, or none."""
-    found = spillable(state, policy, protected)
     return found[:SPILL] if len(found) >= SPILL else []
 
 

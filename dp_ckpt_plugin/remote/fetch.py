@@ -111,9 +111,7 @@ def find(
 ) -> Found:
     """The entry ``spec`` names in the store, its record read and checked.
 
-    ``spec`` is ``latest`` (or empty: the store itself), ``best`` (the
-    published checkpoint of ``best_family``), or a checkpoint's file name or
-    key. See :func:`candidates`; this is the first of them.
+    The first of :func:`candidates`.
     """
     return next(iter(candidates(storage, spec, family, best_family=best_family)))
 
@@ -126,6 +124,10 @@ def candidates(
     best_family: str | None = None,
 ):
     """The entries ``spec`` may mean, best first, each with its record checked.
+
+    ``spec`` is ``latest`` (or empty: the store itself), ``best`` (the
+    published checkpoint of ``best_family``), or a checkpoint's file name or
+    key.
 
     For ``latest`` and ``best``: the published entry, then the others newest
     first; one whose record is missing or disagrees is skipped, with a

@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from ..checkpoint.limits import (
     MAX_HEAD_BYTES,
@@ -122,15 +122,9 @@ class Entry:
     metrics: dict[str, float | None] | None = field(default=None, hash=False)
 
     def to_dict(self) -> dict:
-        data = {
-            "key": self.key,
-            "name": self.name,
-            "step": self.step,
-            "size": self.size,
-            "digest": self.digest,
-        }
-        if self.metrics is not None:
-            data["metrics"] = self.metrics
+        data = asdict(self)
+        if self.metrics is None:
+            del data["metrics"]
         return data
 
     @property
@@ -163,14 +157,9 @@ class Segment:
     level: int = 0
 
     def to_dict(self) -> dict:
-        data = {
-            "key": self.key,
-            "count": self.count,
-            "first": self.first,
-            "last": self.last,
-        }
-        if self.level:
-            data["level"] = self.level
+        data = asdict(self)
+        if not self.level:
+            del data["level"]
         return data
 
     @classmethod
@@ -179,13 +168,7 @@ class Segment:
         fields = {"key", "count", "first", "last"}
         if type(item) is not dict or set(item) not in (fields, fields | {"level"}):
             return None
-        segment = cls(
-            item["key"],
-            item["count"],
-            item["first"],
-            item["last"],
-            item.get("level", 0),
-        )
+        segment = cls(**item)
         try:
             _check_segments([segment])
         except ValueError:
@@ -440,7 +423,7 @@ class Head:
                 link.check()
             _check_segments(state.segments)
         for archive in self.archives:
-            if not _archive_key(check_text(archive, "an archive of HEAD")):
+            if not _is(check_text(archive, "an archive of HEAD"), ARCHIVE):
                 raise ValueError(f"{shown(archive)} is not an archive key")
 
     @classmethod
@@ -486,7 +469,7 @@ class Head:
                 )
             families[prefix] = _family(state, prefix, source)
         archives = raw.get("archives", [])
-        if type(archives) is not list or not all(_archive_key(a) for a in archives):
+        if type(archives) is not list or not all(_is(a, ARCHIVE) for a in archives):
             raise InvalidRecordError(
                 f"HEAD {source}: 'archives' must be a list of archive keys "
                 "(archive/<UTC>.json)"
@@ -513,9 +496,10 @@ def _entry_key(key: object, name: object) -> bool:
     return parsed is not None and parsed.kind == PAYLOAD and parsed.name == name
 
 
-def _archive_key(key: object) -> bool:
+def _is(key: object, kind: str) -> bool:
+    """Whether ``key`` is a key of the store's grammar, of ``kind``."""
     parsed = parse_key(key)
-    return parsed is not None and parsed.kind == ARCHIVE
+    return parsed is not None and parsed.kind == kind
 
 
 def _family(raw: Mapping, prefix: str, source: str) -> FamilyState:
@@ -594,7 +578,7 @@ def _check_segments(segments) -> None:
     if len(segments) > MAX_SEGMENTS:
         raise ValueError(f"HEAD names at most {MAX_SEGMENTS} segments of a family")
     for segment in segments:
-        if not _segment_key(segment.key):
+        if not _is(segment.key, SEGMENT):
             raise ValueError(f"{shown(segment.key)} is not a segment key")
         for value in (segment.count, segment.first, segment.last):
             check_int(value, "a segment's count or step")
@@ -612,11 +596,6 @@ def parse_segments(raw: object, prefix: str, source: str) -> tuple[Segment, ...]
             "(catalogue/e<epoch>-<n>.json), a count, two steps and a level"
         )
     return tuple(found)
-
-
-def _segment_key(key: object) -> bool:
-    parsed = parse_key(key)
-    return parsed is not None and parsed.kind == SEGMENT
 
 
 def _lineage_kept(before: FamilyState, after: FamilyState) -> FamilyState:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..checkpoint.layout import parse_numbered, record_name, record_target
 from ..checkpoint.limits import MAX_TEXT
@@ -46,21 +46,15 @@ PROBE_PREFIX = ".probe/"
 SEGMENT_PREFIX = "catalogue/"
 
 _EPOCH_DIR = re.compile(r"e(?P<epoch>[0-9]{6,})")
-_UPLOAD_DIR = re.compile(r"v(?P<upload>[1-9][0-9]*)")
+#: A payload's or record's key: its epoch's folder, ``v<n>/`` of a re-save, a name.
+_OBJECT = re.compile(r"(?P<folder>[^/]+)/(?:v(?P<upload>[1-9][0-9]*)/)?(?P<last>[^/]+)")
 _ARCHIVE = re.compile(r"archive/[0-9]{8}T[0-9]{6}Z(-[1-9][0-9]{0,3})?\.json")
 _PROBE = re.compile(r"\.probe/[0-9]+-[0-9a-f]{8}")
 _SEGMENT = re.compile(r"catalogue/e(?P<epoch>[0-9]{6,})-(?P<n>0|[1-9][0-9]*)\.json")
 
 #: The kinds of key a store writes.
-HEAD, LEASE, ARCHIVE, PAYLOAD, RECORD, PROBE, SEGMENT = (
-    "head",
-    "lease",
-    "archive",
-    "payload",
-    "record",
-    "probe",
-    "segment",
-)
+HEAD, LEASE, ARCHIVE, PAYLOAD = "head", "lease", "archive", "payload"
+RECORD, PROBE, SEGMENT = "record", "probe", "segment"
 
 
 @dataclass(frozen=True)
@@ -94,28 +88,17 @@ class StoreKey:
     @property
     def payload(self) -> StoreKey | None:
         """The payload a record describes (itself for a payload)."""
-        if self.kind == PAYLOAD:
-            return self
         if self.kind == RECORD:
-            return StoreKey(
-                payload_key(self.epoch, self.name, self.upload),
-                PAYLOAD,
-                self.epoch,
-                self.name,
-                self.upload,
-            )
-        return None
+            text = payload_key(self.epoch, self.name, self.upload)
+            return replace(self, text=text, kind=PAYLOAD)
+        return self if self.kind == PAYLOAD else None
 
     @property
     def record(self) -> StoreKey | None:
         """The commit record of a payload (itself for a record)."""
-        if self.kind == RECORD:
-            return self
         if self.kind == PAYLOAD:
-            return StoreKey(
-                record_key(self.text), RECORD, self.epoch, self.name, self.upload
-            )
-        return None
+            return replace(self, text=record_key(self.text), kind=RECORD)
+        return self if self.kind == RECORD else None
 
 
 def epoch_dir(epoch: int) -> str:
@@ -162,19 +145,11 @@ def parse_key(text: object) -> StoreKey | None:
         if segment_key(epoch, int(found.group("n"))) != text:
             return None
         return StoreKey(text, SEGMENT, epoch, upload=int(found.group("n")))
-    parts = text.split("/")
-    if len(parts) not in (2, 3):
-        return None
-    epoch = parse_epoch_dir(parts[0])
+    found = _OBJECT.fullmatch(text)
+    epoch = parse_epoch_dir(found.group("folder")) if found is not None else None
     if epoch is None:
         return None
-    upload = 0
-    if len(parts) == 3:
-        found = _UPLOAD_DIR.fullmatch(parts[1])
-        if found is None:
-            return None
-        upload = int(found.group("upload"))
-    last = parts[-1]
+    upload, last = int(found.group("upload") or 0), found.group("last")
     if checkpoint_name(last):
         return StoreKey(text, PAYLOAD, epoch, last, upload)
     target = record_target(last)
@@ -204,11 +179,6 @@ def record_key(payload: str) -> str:
     """The key of the commit record beside ``payload``."""
     folder, _, name = payload.rpartition("/")
     return f"{folder}/{record_name(name)}" if folder else record_name(name)
-
-
-def name_of(key: str) -> str:
-    """The file name of a payload key (its last part)."""
-    return key.rpartition("/")[2]
 
 
 def archive_key(when: float | None = None, again: int = 0) -> str:

@@ -155,29 +155,24 @@ class LeaseState:
             raw = load_json(data.decode("utf-8"), source, "lease")
         except UnicodeDecodeError:
             raise InvalidRecordError(f"lease {source} is not UTF-8 text") from None
-        holder = raw.get("holder") if type(raw) is dict else None
+        who = raw.get("holder") if type(raw) is dict else None
         try:
-            fields = (
-                raw["epoch"],
-                Holder(
-                    str(holder["host"])[:MAX_HOLDER_HOST],
-                    holder["pid"],
-                    str(holder["command"])[:MAX_HOLDER_COMMAND],
-                    str(holder["since"])[:MAX_HOLDER_SINCE],
-                ),
-                raw["renewed"],
-                raw["ttl"],
-                raw.get("released", False),
+            epoch, renewed, ttl = raw["epoch"], raw["renewed"], raw["ttl"]
+            released = raw.get("released", False)
+            holder = Holder(
+                str(who["host"])[:MAX_HOLDER_HOST],
+                who["pid"],
+                str(who["command"])[:MAX_HOLDER_COMMAND],
+                str(who["since"])[:MAX_HOLDER_SINCE],
             )
         except (KeyError, TypeError):
             raise InvalidRecordError(
                 f"lease {source} is malformed; if no run writes this store, "
                 "remove it (dp-ckpt prune --release-lease)"
             ) from None
-        epoch, holder_, renewed, ttl, released = fields
         if not (
             is_int(epoch, MAX_EPOCH, low=1)
-            and is_int(holder_.pid, MAX_INT)
+            and is_int(holder.pid, MAX_INT)
             and is_time(renewed)
             and type(ttl) in (int, float)
             and 0 < ttl < MAX_LEASE_SECONDS
@@ -187,7 +182,7 @@ class LeaseState:
                 f"lease {source} holds a value out of range; if no run writes this "
                 "store, remove it (dp-ckpt prune --release-lease)"
             )
-        return cls(epoch, holder_, float(renewed), float(ttl), released)
+        return cls(epoch, holder, float(renewed), float(ttl), released)
 
 
 def program_name() -> str:
@@ -205,12 +200,10 @@ def alive(pid: int) -> bool:
     """Whether a process of this host with ``pid`` exists."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
-        return True
-    except OverflowError:
-        return False
+        pass
     return True
 
 
@@ -394,27 +387,25 @@ class Lease:
         """
         watched: tuple | None = None
         while True:
-            found = self.storage.get(LEASE_KEY, MAX_LEASE_BYTES)
-            if found is None:
-                return None
-            data, info = found
             try:
-                state = LeaseState.parse(data, self.url)
+                state, version = self.read()
             except InvalidRecordError:
                 self.storage.delete(LEASE_KEY)
                 return "it was malformed, so it was removed"
+            if state is None:
+                return None
             if state.released:
                 return "it was released already"
             why = self._free(state)
             if why is None:
-                watched, why = self._watch(state, info.version, watched)
+                watched, why = self._watch(state, version, watched)
                 if why is None:
                     continue
             released = LeaseState(
                 state.epoch, self.holder, self._wall(), state.ttl, True
             )
             try:
-                self.storage.put_if_match(LEASE_KEY, released.to_bytes(), info.version)
+                self.storage.put_if_match(LEASE_KEY, released.to_bytes(), version)
             except VersionMismatchError:
                 watched = None  # it moved as it was released: look again
                 continue

@@ -36,8 +36,8 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..checkpoint import Checkpoint
@@ -48,7 +48,7 @@ from ..checkpoint.records import CommitRecord
 from ..errors import CheckpointError, CheckpointWriteError, UnreadableFileError
 from ..resolution import Resolved
 from ..resolution.sources import RemoteSource
-from ..retention import plan_prune
+from ..retention import Candidate, plan_prune
 from ..storage import Storage
 from ..storage.forks import OwnedLock
 from ..storage.objects import (
@@ -136,7 +136,6 @@ class RemoteStore:
         self._lock = threading.Condition()
         self._owner = OwnedLock(f"the remote store {self.url}")  # its threads'
         self._queue: list[_Job] = []
-        self._busy = False
         self._closing = False
         self._fatal: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -144,8 +143,8 @@ class RemoteStore:
         self._resumed: dict[str, Entry] = {}
         self._continues_from: Entry | None = None
         self._continues_chain: tuple = ()
-        self._published: dict[str, int] = {}
         self._behind_said = 0.0
+        #: Names of the checkpoints being uploaded, by family (empty when idle).
         self._sending: dict[str, set[str]] = {}
         self._inputs_sent: set[str] = set()
         #: What the store should say once (a takeover, an unsafe endpoint).
@@ -202,10 +201,10 @@ class RemoteStore:
         )
         for checkpoint in dead:
             store.catalogue.discard(family, checkpoint.name)
-        where = f"kept in {dest}"
-        log.warning(
-            "%s", branches.dead_line(self.url, family.prefix, state, dead, where)
+        said = branches.dead_line(
+            self.url, family.prefix, state, dead, f"kept in {dest}"
         )
+        log.warning("%s", said)
 
     def _begin(self) -> None:
         if self.epoch is not None:
@@ -286,14 +285,8 @@ class RemoteStore:
         staging directory only); each is said in one line.
         """
         limit = self.upload_wait if wait is None else wait
-        left: list[Checkpoint] = []
         with self._lock:
-            deadline = time.monotonic() + limit
-            while (self._queue or self._busy) and self._fatal is None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._lock.wait(min(remaining, 1.0))
+            self._drain(time.monotonic() + limit)
             self._closing = True
             left = [j.checkpoint for j in self._queue]
             self._queue.clear()
@@ -328,21 +321,26 @@ class RemoteStore:
                 for j in self._queue
                 if j.config.family.prefix == prefix
             }
-            if self._busy:
-                names |= self._sending.get(prefix, set())
-            return names
+            return names | self._sending.get(prefix, set())
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued upload is done; ``False`` on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         self._owner.check()  # the upload thread is not in a forked child
         with self._lock:
-            while (self._queue or self._busy) and self._fatal is None:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                self._lock.wait(remaining if remaining is not None else 1.0)
+            if not self._drain(deadline):
+                return False
         self.check()
+        return True
+
+    def _drain(self, deadline: float | None) -> bool:
+        """Wait (lock held) until no upload is queued nor running, or uploads
+        stopped for good; ``False`` when ``deadline`` came first."""
+        while (self._queue or self._sending) and self._fatal is None:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            self._lock.wait(min(remaining, 1.0) if remaining is not None else 1.0)
         return True
 
     def staged(self, found: Resolved, store: Staging, *, continues: bool) -> Resolved:
@@ -402,20 +400,15 @@ class RemoteStore:
         if not doomed and not any(moved.values()):
             return None
         gone = {e.key for e in doomed}
-        archived = Head(
-            seq=head.seq,
-            epoch=head.epoch,
-            format=head.format,
-            families={
-                p: heads.FamilyState(
-                    tuple(e for e in s.kept if e.key in gone),
-                    s.latest if s.latest in gone else None,
-                    segments=moved[p],
-                )
-                for p, s in head.families.items()
-            },
-            updated=head.updated,
-        )
+        families = {
+            p: heads.FamilyState(
+                tuple(e for e in s.kept if e.key in gone),
+                s.latest if s.latest in gone else None,
+                segments=moved[p],
+            )
+            for p, s in head.families.items()
+        }
+        archived = replace(head, families=families, archives=())
         now = time.time()
         for again in range(ARCHIVE_ATTEMPTS):
             key = archive_key(now, again)
@@ -430,14 +423,7 @@ class RemoteStore:
                 f"{self.storage.url_of(archive_key(now))} and "
                 f"{ARCHIVE_ATTEMPTS - 1} more names exist"
             )
-        swap = heads.update(
-            self.storage,
-            self.epoch,
-            lambda h: self._relinked(h.archived(key, keep, keep_segment)),
-            known=self._head,
-            format=self.format,
-        )
-        self._head = (swap.head, swap.version)
+        self._swap(lambda h: self._relinked(h.archived(key, keep, keep_segment)))
         steps = sorted({e.step for e in doomed})
         spans = [f"{g.first}-{g.last}" for gs in moved.values() for g in gs]
         log.info(
@@ -476,10 +462,7 @@ class RemoteStore:
                 if self._closing:
                     return
                 batch = self._take()
-                self._busy = True
-                self._sending = {
-                    p: {j.checkpoint.name for j in jobs} for p, jobs in batch.items()
-                }
+                self._sending = {p: {j.checkpoint.name} for p, j in batch.items()}
             try:
                 self._upload(batch)
                 pause = self.first_pause
@@ -506,11 +489,10 @@ class RemoteStore:
                 raise
             finally:
                 with self._lock:
-                    self._busy = False
                     self._sending = {}
                     self._lock.notify_all()
 
-    def _take(self) -> dict[str, list[_Job]]:
+    def _take(self) -> dict[str, _Job]:
         """The jobs to upload now: the newest step of each family (lock held)."""
         by_family: dict[str, list[_Job]] = {}
         for job in self._queue:
@@ -532,7 +514,7 @@ class RemoteStore:
                     newest.checkpoint.path.parent,
                     newest.checkpoint.step,
                 )
-            batch[prefix] = [newest]
+            batch[prefix] = newest
         oldest = min(j.since for jobs in by_family.values() for j in jobs)
         now = time.monotonic()
         if now - oldest > BEHIND_REPORT and now - self._behind_said > BEHIND_REPORT:
@@ -544,13 +526,11 @@ class RemoteStore:
 
     def _retry_later(self, batch, exc: BaseException, pause: float) -> None:
         with self._lock:
-            queued = {(j.config.family.prefix) for j in self._queue}
-            for prefix, jobs in batch.items():
+            queued = {j.config.family.prefix for j in self._queue}
+            for prefix, job in batch.items():
                 if prefix not in queued:  # a newer save supersedes a failed one
-                    self._queue[:0] = jobs
-        steps = ", ".join(
-            f"{p} step {j.checkpoint.step}" for p, js in batch.items() for j in js
-        )
+                    self._queue.insert(0, job)
+        steps = ", ".join(f"{p} step {j.checkpoint.step}" for p, j in batch.items())
         log.warning(
             "upload to %s failed (%s); %s stay(s) committed in the staging directory, "
             "trying again in %.0f s",
@@ -575,12 +555,9 @@ class RemoteStore:
             self._fatal = exc
             self._lock.notify_all()
 
-    def _upload(self, batch: dict[str, list[_Job]], *, delete: bool = True) -> None:
-        entries, chains = {}, {}
-        for prefix, jobs in batch.items():
-            for job in jobs:
-                entries[prefix] = (job.config, self._send(job.checkpoint))
-                chains[prefix] = branches.chain(job.checkpoint)
+    def _upload(self, batch: dict[str, _Job], *, delete: bool = True) -> None:
+        entries = {p: (j.config, self._send(j.checkpoint)) for p, j in batch.items()}
+        chains = {p: branches.chain(j.checkpoint) for p, j in batch.items()}
         self.lease.check()
         self.lease.renew_if_due()
         for prefix, (_, entry) in entries.items():
@@ -614,10 +591,7 @@ class RemoteStore:
             if e.step == entry.step and e.key != entry.key
             for k in e.keys
         }
-        swap = heads.update(
-            self.storage, self.epoch, change, known=self._head, format=self.format
-        )
-        self._head = (swap.head, swap.version)
+        swap = self._swap(change)
         unnamed = swap.unnamed([*doomed, *replaced]) if delete else set()
         for key in sorted(k for k in unnamed if owned(k)):
             try:
@@ -650,14 +624,7 @@ class RemoteStore:
                 self.storage, self.epoch, self.head.seq + 1, prefix, moving
             )
             keys = [e.key for e in moving]
-            swap = heads.update(
-                self.storage,
-                self.epoch,
-                lambda h, p=prefix, g=segment, k=keys: h.spilled(p, g, k),
-                known=self._head,
-                format=self.format,
-            )
-            self._head = (swap.head, swap.version)
+            swap = self._swap(lambda h, p=prefix, g=segment, k=keys: h.spilled(p, g, k))
             if segment not in swap.head.family(prefix).segments:
                 self.storage.delete(segment.key)  # nothing names it
                 continue
@@ -671,14 +638,7 @@ class RemoteStore:
             self.storage, self.epoch, self.head.seq + 1, prefix, children=merging
         )
         old = [s.key for s in merging]
-        swap = heads.update(
-            self.storage,
-            self.epoch,
-            lambda h: h.resegmented(prefix, old, [parent]),
-            known=self._head,
-            format=self.format,
-        )
-        self._head = (swap.head, swap.version)
+        swap = self._swap(lambda h: h.resegmented(prefix, old, [parent]))
         if parent not in swap.head.family(prefix).segments:
             self.storage.delete(parent.key)  # nothing names it
 
@@ -746,17 +706,20 @@ class RemoteStore:
         matches its commit record.
         """
         job = _Job(config, checkpoint, time.monotonic())
-        self._upload({config.family.prefix: [job]}, delete=False)
+        self._upload({config.family.prefix: job}, delete=False)
         return self.uploaded[-1]
 
     def publish(self, prefix: str, entry: Entry) -> None:
         """Make ``entry``, kept in HEAD, the published checkpoint of ``prefix`` (one swap)."""
+        self._swap(lambda head: head.with_entry(prefix, entry, publish=entry.key))
 
-        def change(head: Head) -> Head:
-            return head.with_entry(prefix, entry, publish=entry.key)
-
-        swap = heads.update(self.storage, self.epoch, change, known=self._head)
+    def _swap(self, change: Callable[[Head], Head]) -> heads.Swap:
+        """Move HEAD by ``change`` from what this writer last saw of it."""
+        swap = heads.update(
+            self.storage, self.epoch, change, known=self._head, format=self.format
+        )
         self._head = (swap.head, swap.version)
+        return swap
 
     def sent_url(self, name: str) -> str | None:
         """The URL of the newest upload of the checkpoint file ``name``, or ``None``."""
@@ -778,7 +741,7 @@ class RemoteStore:
         leader = getattr(policy, "leader", None)
         state = head.family(config.family.prefix)
         if leader is not None:
-            best = leader([_candidate(e) for e in state.kept])
+            best = leader([Candidate(e.name, e.step, e.metrics) for e in state.kept])
             if best is not None:
                 return next(e.key for e in state.kept if e.name == best.name)
         published = state.published
@@ -803,9 +766,3 @@ class RemoteStore:
             metrics={e.name: e.metrics or {} for e in state.kept},
         )
         return [e for e in state.kept if e.name in set(names)]
-
-
-def _candidate(entry: Entry):
-    from ..retention import Candidate
-
-    return Candidate(entry.name, entry.step, entry.metrics)
