@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
+from ..storage.objects import ObjectInfo, PendingUpload
 from ..text import scrub_url, shown
 
 #: The region when nothing names one (as AWS's tools assume).
@@ -355,15 +356,6 @@ class S3RequestError(Exception):
         self.status = status
 
 
-@dataclass(frozen=True)
-class Upload:
-    """An incomplete multipart upload: its key in the bucket, id and start time."""
-
-    key: str
-    upload_id: str
-    initiated: float
-
-
 class MultipartUploads:
     """``ListMultipartUploads`` and ``AbortMultipartUpload`` on one bucket,
     with botocore's S3 client.
@@ -430,12 +422,12 @@ class MultipartUploads:
             )
         return S3RequestError(f"{what} failed: {_line(exc)}")
 
-    def list(self, prefix: str, page: int = 1000) -> tuple[list[Upload], float]:
+    def list(self, prefix: str, page: int = 1000) -> tuple[list[PendingUpload], float]:
         """The incomplete uploads under ``prefix`` and the server's time now.
 
         ``page`` uploads are asked for at a time (S3 gives at most 1000).
         """
-        found: list[Upload] = []
+        found: list[PendingUpload] = []
         server_now = time.time()
         pages = self._client.get_paginator("list_multipart_uploads").paginate(
             Bucket=self.bucket, Prefix=prefix, PaginationConfig={"PageSize": page}
@@ -448,7 +440,7 @@ class MultipartUploads:
 
                     server_now = parsedate_to_datetime(date).timestamp()
                 found += [
-                    Upload(u["Key"], u["UploadId"], _seconds(u["Initiated"]))
+                    PendingUpload(u["Key"], u["UploadId"], _seconds(u["Initiated"]))
                     for u in answer.get("Uploads", [])
                 ]
         except self._errors as exc:
@@ -457,9 +449,9 @@ class MultipartUploads:
 
     def objects(
         self, prefix: str, delimiter: str | None = None, page: int = 1000
-    ) -> tuple[list[tuple[str, int, str, float]], list[str]]:
-        """(key, size, ETag, time) of the objects under ``prefix``, and the
-        common prefixes when ``delimiter`` is given (``ListObjectsV2``)."""
+    ) -> tuple[list[ObjectInfo], list[str]]:
+        """The objects under ``prefix`` (keys in the bucket), and the common
+        prefixes when ``delimiter`` is given (``ListObjectsV2``)."""
         found, folders = [], []
         options = {"Delimiter": delimiter} if delimiter else {}
         pages = self._client.get_paginator("list_objects_v2").paginate(
@@ -471,7 +463,9 @@ class MultipartUploads:
         try:
             for answer in pages:
                 found += [
-                    (o["Key"], int(o["Size"]), o["ETag"], _seconds(o["LastModified"]))
+                    ObjectInfo(
+                        o["Key"], int(o["Size"]), o["ETag"], _seconds(o["LastModified"])
+                    )
                     for o in answer.get("Contents", [])
                 ]
                 folders += [c["Prefix"] for c in answer.get("CommonPrefixes", [])]
@@ -479,7 +473,7 @@ class MultipartUploads:
             raise self._fail("listing objects", exc) from None
         return found, folders
 
-    def abort(self, upload: Upload) -> bool:
+    def abort(self, upload: PendingUpload) -> bool:
         """Abort one upload; ``False`` if it was already gone."""
         try:
             self._client.abort_multipart_upload(

@@ -44,6 +44,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from typing import BinaryIO, TypeVar
 from urllib.parse import urlsplit
 
@@ -166,14 +167,12 @@ def parse_url(url: str) -> tuple[str, str, str, str]:
         )
     if parts.query or parts.fragment:
         raise ConfigError(f"{url}: an object-store URL has no query or fragment")
+    word = "container" if kind == "azure" else "bucket"
     if not netloc:
         raise ConfigError(
-            f"{url} names no bucket: write {scheme}://BUCKET/PREFIX"
-            if kind != "azure"
-            else f"{url} names no container: write {scheme}://CONTAINER/PREFIX"
+            f"{url} names no {word}: write {scheme}://{word.upper()}/PREFIX"
         )
     if not _valid_bucket(kind, netloc):
-        word = "container" if kind == "azure" else "bucket"
         raise ConfigError(
             f"{url}: {netloc!r} is not a valid {word} name ({_BUCKET_RULES[kind]})"
         )
@@ -287,14 +286,10 @@ class CloudStorage:
     # -- making the store -------------------------------------------------------
     def _check_credentials(self, environ: Mapping[str, str]) -> None:
         """No credentials anywhere in the chain: one line now, before any request."""
-        settings = self.settings
-        if settings is None or settings.signed:
-            return
-        if aws.truthy(environ.get("AWS_SKIP_SIGNATURE")):
-            return  # anonymous requests, asked for
-        said = _NO_CREDENTIALS
-        if not aws.truthy(environ.get("AWS_EC2_METADATA_DISABLED")):
-            said = _NO_METADATA
+        if self.settings.signed or aws.truthy(environ.get("AWS_SKIP_SIGNATURE")):
+            return  # signed, or anonymous requests asked for
+        metadata = not aws.truthy(environ.get("AWS_EC2_METADATA_DISABLED"))
+        said = _NO_METADATA if metadata else _NO_CREDENTIALS
         raise StorageUnavailableError(self.url, "reach", said)
 
     def _open(self, options: dict, environ: Mapping[str, str], account: str):
@@ -607,10 +602,7 @@ class CloudStorage:
         with self._botocore(f"{self.url}/{prefix}*" if prefix else self.url, "list"):
             found, folders = self._multipart().objects(base + prefix, delimiter)
         return (
-            [
-                ObjectInfo(k[len(base) :], size, tag, when)
-                for k, size, tag, when in found
-            ],
+            [replace(info, key=info.key[len(base) :]) for info in found],
             [f[len(base) :] for f in folders],
         )
 
@@ -706,20 +698,14 @@ class CloudStorage:
         base = self._base
         with self._botocore(self.url, what):
             found, now = self._multipart().list(base + prefix, page)
-        return [
-            PendingUpload(u.key[len(base) :], u.upload_id, u.initiated)
-            for u in found
-            if u.key.startswith(base + prefix)
-        ], now
+        ours = [u for u in found if u.key.startswith(base + prefix)]
+        return [replace(u, key=u.key[len(base) :]) for u in ours], now
 
     def abort_upload(self, upload: PendingUpload) -> bool:
         """Abort one incomplete upload; ``False`` if it was gone already."""
         self._count("abort_upload")
         with self._botocore(f"{self.url}/{upload.key}", "abort the upload"):
-            key = self._base + upload.key
-            return self._multipart().abort(
-                aws.Upload(key, upload.upload_id, upload.initiated)
-            )
+            return self._multipart().abort(replace(upload, key=self._base + upload.key))
 
     def abort_incomplete_uploads(
         self, prefix: str, older_than_seconds: float, *, page: int = 1000
@@ -810,8 +796,7 @@ def describe(exc: BaseException, scrub: Callable[[str], str], bucket: str) -> st
     (SlowDown: Please reduce your request rate; after 3 retries)``,
     ``the bucket b does not exist``, ``access denied (AccessDenied: ...)``.
     """
-    text = scrub(str(exc).split("Debug source:")[0])
-    flat = " ".join(text.split())
+    flat = " ".join(scrub(str(exc).split("Debug source:")[0]).split())
     code = _CODE.search(flat)
     status = _STATUS.search(flat)
     retried = _RETRIES.search(flat)
@@ -835,14 +820,11 @@ def describe(exc: BaseException, scrub: Callable[[str], str], bucket: str) -> st
         inner = "; ".join(d for d in (coded, after) if d)
         denied = "access denied, " if status.group(1) in ("401", "403") else ""
         return f"{denied}the server answered {said}" + (f" ({inner})" if inner else "")
-    if performing and ("sending request" in flat or "connect" in flat.lower()):
+    sending = "sending request" in flat
+    if performing and (sending or "connect" in flat.lower()):
         split = urlsplit(target)
         where = f"{split.scheme}://{split.netloc}" if split.netloc else target
-        reason = (
-            "error sending request"
-            if "sending request" in flat
-            else "connection failed"
-        )
+        reason = "error sending request" if sending else "connection failed"
         return f"no answer from {where} ({reason}" + (f", {after})" if after else ")")
     if "builder error" in flat:
         return f"the request could not be built ({flat[:200]})"
