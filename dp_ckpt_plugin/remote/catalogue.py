@@ -118,16 +118,20 @@ def read_children(
     return sorted(children, key=lambda c: c.first)
 
 
-def leaves(storage, prefix: str, segment: Segment, step: int | None = None):
-    """``(segment, entries)`` of each level-0 segment under ``segment``, oldest first;
-    only those whose steps may hold ``step`` when it is given."""
+def leaves(
+    storage, prefix: str, segment: Segment, step: int | None = None, newest=False
+):
+    """``(segment, entries)`` of each level-0 segment under ``segment``, oldest
+    first (``newest``: newest first, each read only when reached); only those
+    whose steps may hold ``step`` when it is given."""
     if step is not None and not segment.holds(step):
         return
     if segment.level == 0:
         yield segment, read_segment(storage, prefix, segment)
         return
-    for child in read_children(storage, prefix, segment):
-        yield from leaves(storage, prefix, child, step)
+    children = read_children(storage, prefix, segment)
+    for child in reversed(children) if newest else children:
+        yield from leaves(storage, prefix, child, step, newest)
 
 
 def write_segment(
@@ -212,15 +216,8 @@ def find(storage: ObjectStorage, head: Head, name: str) -> tuple[str, Entry] | N
 def older(storage: ObjectStorage, prefix: str, state: FamilyState):
     """The entries of ``prefix``'s segments, newest first (read lazily)."""
     for top in sorted(state.segments, key=lambda s: s.last, reverse=True):
-        yield from _newest_first(storage, prefix, top)
-
-
-def _newest_first(storage, prefix: str, segment: Segment):
-    if segment.level == 0:
-        yield from reversed(read_segment(storage, prefix, segment))
-        return
-    for child in reversed(read_children(storage, prefix, segment)):
-        yield from _newest_first(storage, prefix, child)
+        for _, entries in leaves(storage, prefix, top, newest=True):
+            yield from reversed(entries)
 
 
 def spill_plan(state: FamilyState, policy, protected: set[str]) -> list[Entry]:

@@ -546,14 +546,8 @@ def parse_entries(items: list, prefix: str, source: str) -> list[Entry]:
             metrics = check_metrics(item.get("metrics"))
         except (TypeError, ValueError) as exc:
             raise InvalidRecordError(f"HEAD {source}: {exc}") from None
-        entry = Entry(
-            item.get("key"),
-            item.get("name"),
-            item.get("step"),
-            item.get("size"),
-            item.get("digest"),
-            metrics,
-        )
+        fields = [item.get(name) for name in ("key", "name", "step", "size", "digest")]
+        entry = Entry(*fields, metrics)
         if not _entry_key(entry.key, entry.name):
             raise InvalidRecordError(
                 f"HEAD {source}: an entry of family {prefix!r} names "

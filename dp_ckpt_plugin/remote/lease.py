@@ -342,9 +342,8 @@ class Lease:
         why: str,
         previous: LeaseState | None = None,
     ) -> bool:
-        state = LeaseState(epoch, self.holder, self._wall(), self.ttl)
         try:
-            data = state.to_bytes()
+            data = self._state(epoch).to_bytes()
         except ValueError as exc:
             raise CheckpointWriteError(f"{self.url}: {exc}") from None
         started = self._clock()
@@ -411,6 +410,10 @@ class Lease:
                 continue
             return why
 
+    def _state(self, epoch: int, *, released: bool = False) -> LeaseState:
+        """This run's lease of ``epoch``, renewed now."""
+        return LeaseState(epoch, self.holder, self._wall(), self.ttl, released)
+
     # -- holding -----------------------------------------------------------------
     def held(self) -> threading.RLock:
         """The lock under which :attr:`lost` changes (for a caller that sets it)."""
@@ -446,19 +449,14 @@ class Lease:
             self.check()
             if self.epoch is None:
                 raise FencedError(self.storage.url, "this run holds no lease")
-            state = LeaseState(self.epoch, self.holder, self._wall(), self.ttl)
+            data = self._state(self.epoch).to_bytes()
             started = self._clock()
             try:
-                info = self.storage.put_if_match(
-                    LEASE_KEY, state.to_bytes(), self.version
-                )
+                info = self.storage.put_if_match(LEASE_KEY, data, self.version)
             except VersionMismatchError:
                 now, version = self.read()
-                if (
-                    now is not None
-                    and now.epoch == self.epoch
-                    and now.holder == self.holder
-                ):
+                mine = (self.epoch, self.holder)
+                if now is not None and (now.epoch, now.holder) == mine:
                     # our own renewal, whose answer was lost: it holds
                     self.version, self._renewed_at = version, started
                     return
@@ -508,7 +506,7 @@ class Lease:
         with self._lock:
             if self.epoch is None or self.lost is not None:
                 return
-            state = LeaseState(self.epoch, self.holder, self._wall(), self.ttl, True)
+            data = self._state(self.epoch, released=True).to_bytes()
             with contextlib.suppress(VersionMismatchError, StorageUnavailableError):
-                self.storage.put_if_match(LEASE_KEY, state.to_bytes(), self.version)
+                self.storage.put_if_match(LEASE_KEY, data, self.version)
             self.epoch = None

@@ -47,10 +47,8 @@ def probe(storage: ObjectStorage) -> str | None:
     with _LOCK:
         if storage.url in _PROBED:
             return _PROBED[storage.url]
-    caps = storage.capabilities
-    if not caps.conditional:
-        found = "this storage does not offer conditional writes"
-    else:
+    found = "this storage does not offer conditional writes"
+    if storage.capabilities.conditional:
         found = _try(storage)
     with _LOCK:
         _PROBED[storage.url] = found

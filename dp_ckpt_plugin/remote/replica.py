@@ -265,14 +265,9 @@ class RemoteStore:
 
     def source(self, store: Staging) -> RemoteSource:
         """What resolution reads this store as."""
-        ranked = next(
-            (
-                c.family.prefix
-                for c in store.families.values()
-                if getattr(c.policy, "leader", None) is not None
-            ),
-            None,
-        )
+        configs = store.families.values()
+        leaders = [c for c in configs if getattr(c.policy, "leader", None) is not None]
+        ranked = leaders[0].family.prefix if leaders else None
         place = store.place
         return RemoteSource(
             self.storage, place.directory, place.storage, place.durable, ranked
