@@ -307,12 +307,8 @@ def fetch(
         ):
             return path
         # another checkpoint under that name (one never uploaded, say): keep it
-        archive(
-            directory,
-            [Checkpoint(path, record.step, found.family, have)],
-            storage=local,
-            durable=durable,
-        )
+        other = Checkpoint(path, record.step, found.family, have)
+        archive(directory, [other], storage=local, durable=durable)
     local.make_dirs(directory, durable=durable)
     missing: list[KeyMissingError] = []
 

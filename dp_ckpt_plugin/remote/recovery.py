@@ -29,6 +29,7 @@ from ..errors import CheckpointError
 from ..storage.objects import (
     AbortsUploads,
     ListsFolders,
+    ObjectInfo,
     ObjectStorage,
     StorageUnavailableError,
 )
@@ -106,24 +107,20 @@ def leftovers(storage: ObjectStorage, head: Head, epoch: int):
     keep = named(storage, head)
     if keep is None:
         return None
-    found = []
-    for folder in older_epochs(storage, epoch):
-        for info in storage.list(f"{folder}/"):
-            key = parse_key(info.key)
-            if key is None or key.kind not in (PAYLOAD, RECORD):
-                continue  # not ours: a nested store, a user's object
-            if key.epoch < epoch and key.text not in keep:
-                found.append(info)
-    for info in storage.list(SEGMENT_PREFIX):
-        key = parse_key(info.key)
-        if key is not None and key.kind == SEGMENT and key.epoch < epoch:
-            found += [info] if key.text not in keep else []
     now = time.time()
-    for info in storage.list(PROBE_PREFIX):
+
+    def leftover(info: ObjectInfo) -> bool:
         key = parse_key(info.key)
-        if key is not None and key.kind == PROBE and now - info.modified > PROBE_AGE:
-            found.append(info)
-    return found
+        if key is None:  # not ours: a nested store, a user's object
+            return False
+        if key.kind == PROBE:
+            return now - info.modified > PROBE_AGE
+        ours = key.kind in (PAYLOAD, RECORD, SEGMENT)
+        return ours and key.epoch < epoch and key.text not in keep
+
+    folders = [f"{folder}/" for folder in older_epochs(storage, epoch)]
+    listed = [*folders, SEGMENT_PREFIX, PROBE_PREFIX]
+    return [i for prefix in listed for i in storage.list(prefix) if leftover(i)]
 
 
 def recover(

@@ -20,12 +20,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..checkpoint import Checkpoint
+from ..errors import CheckpointError, RestartNotFoundError
 from ..markers import hookimpl
 from ..resolution import ResolveContext, Resolved
 from ..resolution.sources import RemoteSource
 from ..storage.objects import ObjectStorage
 from ..storage.staging import staging_dir
 from .fetch import LATEST, fetch_first, read_head
+from .head import read
 
 #: How many folders above a checkpoint's URL its store's HEAD is looked for.
 _LEVELS = 3
@@ -53,8 +55,6 @@ def on_resolve_restart(spec, context):
 
 
 def _named(source: RemoteSource, spec: str) -> bool:
-    from ..errors import CheckpointError
-
     try:
         return read_head(source.storage).find(spec) is not None
     except CheckpointError:
@@ -80,9 +80,7 @@ def store_above(url: str) -> tuple[ObjectStorage, str]:
     RestartNotFoundError
         When no HEAD is there.
     """
-    from ..errors import RestartNotFoundError
     from ..objectstore.registry import storage_for
-    from .head import read
 
     base, rest = url.rstrip("/"), ""
     for _ in range(_LEVELS + 1):
