@@ -4,17 +4,23 @@ Everything here works from the repository checkout and the Python that runs
 the tests: ``dp`` and ``torchrun`` are looked up next to ``sys.executable``, the
 example input and data generator under ``examples/``. Each command is run in a
 subprocess with one thread per process, timed, and its wall time printed (run
-pytest with ``-s`` to see it) and kept in :data:`TIMINGS`.
+pytest with ``-s`` to see it) and kept in :data:`TIMINGS`. A ``dp`` command
+starts from a fork of :mod:`dp_fork_server`, which has imported torch and the
+libraries deepmd-kit builds on (not deepmd-kit, not the plugin), unless
+``DP_CKPT_TESTS_FORK_SERVER=0`` asks for a fresh interpreter each time;
+commands that are signalled, and ``torchrun``'s ranks, always start fresh.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -192,20 +198,119 @@ def run(
     argv = [str(a) for a in args]
     shown = " ".join([Path(argv[0]).name, *argv[1:]])
     label = label or shown
+    env = dict(env) if env is not None else dp_env()
     start = time.monotonic()
-    proc = subprocess.run(
-        argv,
-        cwd=cwd,
-        env=dict(env) if env is not None else dp_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    server = fork_server(env) if argv[0] == str(DP) else None
+    if server is not None:
+        proc = server.run(argv, cwd, env, timeout)
+    else:
+        proc = subprocess.run(
+            argv,
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
     seconds = time.monotonic() - start
     TIMINGS.append((f"{label}  [{cwd.name}]", seconds))
     print(f"\n[e2e] {seconds:6.1f} s  {label}  (in {cwd.name}, exit {proc.returncode})")
     return Result(label, argv, cwd, proc.returncode, proc.stdout, proc.stderr, seconds)
+
+
+FORK_SERVER = os.environ.get("DP_CKPT_TESTS_FORK_SERVER", "1") != "0"
+"""Whether ``dp`` commands start from :mod:`dp_fork_server` (``0``: each from a
+fresh interpreter)."""
+
+#: What an interpreter reads at its start: a server serves a command only
+#: when these agree.
+_STARTUP = re.compile(r"^(PYTHON|LD_)")
+
+
+class ForkServer:
+    """A running :mod:`dp_fork_server`, for commands whose start agrees with it."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        import tempfile
+
+        self.folder = Path(tempfile.mkdtemp(prefix="dp-fork-"))
+        self.socket = self.folder / "server.sock"
+        self.startup = startup_of(env)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(Path(__file__).with_name("dp_fork_server.py")),
+                str(self.socket),
+            ],
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("the dp fork server did not start")
+
+    def run(
+        self, argv: list[str], cwd: Path, env: Mapping[str, str], timeout: float
+    ) -> subprocess.CompletedProcess:
+        """Run ``argv`` in a fork of the server, as ``subprocess.run`` would."""
+        import socket
+        import uuid
+
+        stdout = self.folder / f"{uuid.uuid4().hex}.out"
+        stderr = stdout.with_suffix(".err")
+        request = {
+            "argv": argv,
+            "cwd": str(cwd),
+            "env": dict(env),
+            "stdout": str(stdout),
+            "stderr": str(stderr),
+        }
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.connect(str(self.socket))
+            connection.sendall(json.dumps(request).encode() + b"\n")
+            reader = connection.makefile("rb")
+            pid = json.loads(reader.readline())["pid"]
+            connection.settimeout(timeout)
+            try:
+                answer = reader.readline()
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                raise subprocess.TimeoutExpired(argv, timeout) from None
+        returncode = json.loads(answer)["returncode"]
+        out = stdout.read_text("utf-8", "replace")
+        err = stderr.read_text("utf-8", "replace")
+        stdout.unlink()
+        stderr.unlink()
+        return subprocess.CompletedProcess(argv, returncode, out, err)
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def startup_of(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if _STARTUP.match(k)}
+
+
+_SERVERS: list[ForkServer] = []
+
+
+def fork_server(env: Mapping[str, str]) -> ForkServer | None:
+    """The server for a ``dp`` command in ``env``, started at first use; ``None``
+    when commands start from fresh interpreters or ``env`` starts otherwise."""
+    if not FORK_SERVER:
+        return None
+    if not _SERVERS:
+        import atexit
+
+        _SERVERS.append(ForkServer(dp_env()))
+        atexit.register(_SERVERS[0].stop)
+    server = _SERVERS[0]
+    return server if startup_of(env) == server.startup else None
 
 
 def dp(*args: str | os.PathLike, backend: str = "pt-expt") -> list[str]:
