@@ -34,7 +34,7 @@ from ..errors import CheckpointError
 from ..storage import default_storage
 from ..text import shown
 from . import FAILURE, UsageError, add_digest_flag, is_remote, one_line, output
-from .origins import read_input_file
+from .origins import private, read_input_file
 
 HELP = "say whether --restart/--init-model/--finetune of an input will load"
 DESCRIPTION = (
@@ -127,7 +127,7 @@ def check(input_file: Path, handle: str, spec: str, *, digest: bool) -> dict[str
             "without building it"
         )
         return result
-    given = {k: v for k, v in flatten(config).items() if not _private(k)}
+    given = {k: v for k, v in flatten(config).items() if not private(k)}
     theirs = flatten(kept)
     changes = [
         {"key": k, "checkpoint": _json(theirs.get(k, ABSENT)), "input": v}
@@ -158,10 +158,6 @@ def check(input_file: Path, handle: str, spec: str, *, digest: bool) -> dict[str
 
 def _json(value: Any) -> Any:
     return None if value is ABSENT else value
-
-
-def _private(key: str) -> bool:
-    return any(part.startswith("_") for part in key.split("."))
 
 
 def _store_of(config: dict[str, Any]) -> Path | None:

@@ -10,16 +10,17 @@ the same front door as a training run's (installed resolvers included), and
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from pathlib import Path
 
 from ..checkpoint import Checkpoint, records
 from ..checkpoint.layout import Family
 from ..checkpoint.pointers import named_by
-from ..errors import CorruptCheckpointError, RestartNotFoundError, UnreadableFileError
+from ..errors import CorruptCheckpointError, RestartNotFoundError
 from ..plugin import get_plugin_manager
 from ..plugin.hooks import Hooks
 from ..resolution import ResolveContext, resolve_restart
-from ..storage import default_storage, local_storage
+from ..storage import default_storage, entry_or_none, local_storage
 from ..store.lock import StoreLock
 from ..store.pruning import remove
 from .inventory import FamilyView, read_inventory
@@ -135,17 +136,12 @@ class DirectoryView:
         self, prefix: str | None, decide: Decide, *, dry_run: bool
     ) -> tuple[Listing, list[Listed]]:
         storage = local_storage(self.directory)
-        lock = None if dry_run else StoreLock(self.directory, storage=storage)
-        if lock is None:
-            listing = self.listing(prefix)
-            return listing, decide(listing)
-        lock.acquire()  # StoreLockedError names the run holding it
-        try:
+        # StoreLockedError names the run holding it; a dry run takes no lock
+        with nullcontext() if dry_run else StoreLock(self.directory, storage=storage):
             listing = self.listing(prefix)  # read under the lock: what goes is current
             doomed = decide(listing)
-            remove([Path(c.where) for c in doomed], durable=True, storage=storage)
-        finally:
-            lock.release()
+            if not dry_run:
+                remove([Path(c.where) for c in doomed], durable=True, storage=storage)
         return listing, doomed
 
 
@@ -182,16 +178,10 @@ def _shelf(view: FamilyView) -> Shelf:
 
 
 def _is_file(path: Path) -> bool:
-    try:
-        found = default_storage().entry(path, follow=True)
-    except UnreadableFileError:
-        return False
+    found = entry_or_none(path, follow=True)
     return found is not None and found.is_file
 
 
 def _size(path: Path) -> int | None:
-    try:
-        found = default_storage().entry(path, follow=True)
-    except UnreadableFileError:
-        return None
+    found = entry_or_none(path, follow=True)
     return found.size if found is not None else None

@@ -19,6 +19,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ..retention import Verdict, ranking_of
+from ..store.archive import ArchiveFolder
 from . import output, store_directory
 from .open_store import open_view
 from .views import Aside, Listing, Shelf
@@ -175,16 +176,17 @@ def show_archives(out, archives: list[Aside], *, everything: bool) -> None:
         right=("checkpoints", "size"),
     )
     for a in archives:
-        rows.add_row(
-            a.name,
-            str(len(a.checkpoints)),
-            output.size(a.size),
-            output.utc(a.created),
-        )
+        rows.add_row(*archive_cells(a))
     out.print(rows)
     if everything:
         for a in archives:
             out.print(f"  {a.name}: {', '.join(a.checkpoints) or '(empty)'}")
+
+
+def archive_cells(archive: Aside | ArchiveFolder) -> tuple[str, str, str, str]:
+    """An archive's row: its folder, checkpoints, size and time made."""
+    made = output.utc(archive.created)
+    return archive.name, str(len(archive.checkpoints)), output.size(archive.size), made
 
 
 def as_json(listing: Listing) -> dict[str, Any]:

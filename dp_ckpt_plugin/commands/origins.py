@@ -89,6 +89,11 @@ def read_input_file(path: Path, storage: Storage | None = None) -> dict[str, Any
     return value
 
 
+def private(key: str) -> bool:
+    """Whether a dotted input key is private (a part starts with ``_``)."""
+    return any(part.startswith("_") for part in key.split("."))
+
+
 def input_text(config: dict[str, Any]) -> str:
     """An input as indented JSON, for people."""
     return json.dumps(config, indent=2, sort_keys=True)
