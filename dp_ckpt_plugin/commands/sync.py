@@ -131,29 +131,26 @@ def upload(directory: Path, url: str) -> tuple[list[dict], list[str]]:
                 except NotSent as exc:  # a corrupt or changed source checkpoint
                     problems.append(str(exc))
                     continue
-                copied.append(
-                    {
-                        "family": view.family.prefix,
-                        "step": entry.step,
-                        "size": entry.size,
-                        "url": storage.url_of(entry.key),
-                    }
-                )
+                url = storage.url_of(entry.key)
+                copied.append(_copied(view.family.prefix, entry, url=url))
                 problem, _ = HeadView(storage).problem(entry, digest=True)
                 if problem is not None:
-                    problems.append(f"{storage.url_of(entry.key)}: {problem}")
+                    problems.append(f"{url}: {problem}")
             pointed = view.pointer
             if pointed is not None and directory / pointed not in dead:
                 state = remote.head.family(view.family.prefix)
                 chosen = next((e for e in state.kept if e.name == pointed), None)
-                published = state.published
-                if chosen is not None and (
-                    published is None or chosen.step > published.step
-                ):  # never back to an older step
+                newest = state.published.step if state.published else -1
+                if chosen is not None and chosen.step > newest:  # never back
                     remote.publish(view.family.prefix, chosen)
     finally:
         remote.close(wait=0)
     return copied, problems
+
+
+def _copied(family: str, entry, **where: str) -> dict:
+    """One checkpoint copied, as ``--json`` names it (its ``url`` or ``path``)."""
+    return {"family": family, "step": entry.step, "size": entry.size, **where}
 
 
 def _dead_branches(remote, inventory, directory: Path, local) -> set[Path]:
@@ -272,14 +269,7 @@ def download(url: str, directory: Path) -> tuple[list[dict], list[str]]:
                 except CheckpointError as exc:
                     problems.append(f"{storage.url_of(entry.key)}: {exc}")
                     continue
-                copied.append(
-                    {
-                        "family": prefix,
-                        "step": entry.step,
-                        "size": entry.size,
-                        "path": str(path),
-                    }
-                )
+                copied.append(_copied(prefix, entry, path=str(path)))
                 _fetch_input(storage, record, directory, local)
             published = state.published
             if published is not None and local.entry(directory / published.name):
