@@ -31,7 +31,7 @@ from ..checkpoint import Checkpoint, records
 from ..errors import InvalidRecordError, UnreadableFileError
 from ..storage import default_storage
 from . import is_remote, output, refuse_sha256
-from .directory_view import listed
+from .inventory import listed
 from .open_store import locate, open_view
 from .views import Aside, Check, Listed, StoreView
 

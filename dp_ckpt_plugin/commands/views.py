@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from ..checkpoint import Checkpoint
+from ..checkpoint.layout import Family
 from ..checkpoint.records import CommitRecord
 from ..remote.head import Entry
 from ..retention import Candidate, KeepBest, RetentionPolicy, Verdict, explain_prune
@@ -65,6 +67,16 @@ class Shelf:
     alias: str | None = None
     policy: RetentionPolicy | None = None
     reason: str | None = None
+
+    def family(self) -> Family:
+        """Its names (a directory's family: ``suffix`` and ``pointer`` known)."""
+        return Family(self.prefix, self.suffix, self.pointer)
+
+    def checkpoints(self) -> list[Checkpoint]:
+        """Its checkpoints as the core sees them (a directory's: paths)."""
+        return [
+            Checkpoint(Path(c.where), c.step, self.prefix, c.record) for c in self.items
+        ]
 
     def protections(self) -> dict[str, str]:
         """The names retention never removes, each with why."""
@@ -131,7 +143,8 @@ class Listing:
     """What a store holds, family by family (the primary family first).
 
     ``head`` and ``lease`` are what a store on object storage says of itself
-    (``None`` for a directory).
+    (``None`` for a directory); ``vanished``, the files of a directory listed
+    but gone when their record was read (a live store's retention).
     """
 
     where: str
@@ -142,13 +155,17 @@ class Listing:
     quarantined: list[Aside] = field(default_factory=list)
     archives: list[Aside] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    vanished: int = 0
+    vanished: list[Path] = field(default_factory=list)
     head: HeadNote | None = None
     lease: LeaseNote | None = None
 
     def items(self) -> list[Listed]:
         """Every committed checkpoint, family by family."""
         return [c for f in self.families for c in f.items]
+
+    def checkpoints(self) -> list[Checkpoint]:
+        """Every committed checkpoint of a directory, as the core sees it."""
+        return [c for f in self.families for c in f.checkpoints()]
 
 
 @dataclass(frozen=True)
