@@ -126,14 +126,18 @@ def refuse_sha256(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def flag(parser, name: str, help: str, dest: str | None = None) -> None:
+    """A yes-or-no option (``store_true``) of ``parser`` or one of its groups."""
+    parser.add_argument(name, dest=dest, action="store_true", help=help)
+
+
 def add_digest_flag(parser: argparse.ArgumentParser) -> None:
     """``--digest``: re-read files and compare digests (``--sha256`` refused)."""
     refuse_sha256(parser)
-    parser.add_argument(
+    flag(
+        parser,
         "--digest",
-        dest="digest",
-        action="store_true",
-        help="also re-read each file and compare its digest with its commit "
+        "also re-read each file and compare its digest with its commit "
         "record (the size is always compared)",
     )
 
@@ -154,9 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub = subparsers.add_parser(
             name, help=module.HELP, description=module.DESCRIPTION
         )
-        sub.add_argument(
-            "--json", action="store_true", help="print JSON (see docs/command.md)"
-        )
+        flag(sub, "--json", "print JSON (see docs/command.md)")
         module.add_arguments(sub)
         sub.set_defaults(run=module.run)
     return parser

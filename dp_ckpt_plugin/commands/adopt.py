@@ -21,7 +21,7 @@ from ..plugin import get_plugin_manager
 from ..plugin.hooks import Hooks
 from ..storage import default_storage
 from ..store.adoption import Adoption, adopt_directory
-from . import FAILURE, output, store_directory
+from . import FAILURE, flag, output, store_directory
 from .inventory import read_inventory
 from .views import Listing
 
@@ -38,11 +38,7 @@ DESCRIPTION = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``adopt``."""
     parser.add_argument("directory", type=store_directory, help="the store (save_dir)")
-    parser.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="check and report what would be adopted, writing nothing",
-    )
+    flag(parser, "--dry-run", "check and report what would be adopted, writing nothing")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -22,14 +22,12 @@ from ..remote.catalogue import SPILL, expand, leaves, write_segment
 from ..remote.fetch import LATEST, candidates, fell_back, fetch_first
 from ..remote.head import Entry, Head
 from ..remote.keys import owned, parse_key
-from ..remote.lease import Lease
+from ..remote.lease import Lease, LeaseState
 from ..storage.objects import ObjectStorage
 from .views import (
     Aside,
     Check,
     Decide,
-    HeadNote,
-    LeaseNote,
     Listed,
     Listing,
     Resolution,
@@ -94,7 +92,7 @@ class HeadView:
             families=select(families, prefix, self.where),
             format=head.format,
             archives=[Aside(key, self.storage.url_of(key)) for key in head.archives],
-            head=HeadNote(head.seq, head.epoch, head.format),
+            head=head,
             lease=self._lease(),
         )
 
@@ -111,20 +109,11 @@ class HeadView:
             entry=entry,
         )
 
-    def _lease(self) -> LeaseNote | None:
+    def _lease(self) -> LeaseState | None:
         try:
-            state, _ = Lease(self.storage).read()
+            return Lease(self.storage).read()[0]
         except CheckpointError:
             return None
-        if state is None:
-            return None
-        return LeaseNote(
-            state.epoch,
-            state.holder.describe(),
-            state.renewed,
-            state.ttl,
-            state.released,
-        )
 
     def pointer_problems(self, listing: Listing) -> list[str]:
         """None: HEAD publishes one of its own entries or none."""

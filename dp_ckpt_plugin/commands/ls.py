@@ -15,12 +15,11 @@ its writer lease.
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict
 from typing import Any
 
 from ..retention import Verdict, ranking_of
 from ..store.archive import ArchiveFolder
-from . import output, store_directory
+from . import flag, output, store_directory
 from .open_store import open_view
 from .views import Aside, Listing, Shelf
 
@@ -41,10 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--family", metavar="PREFIX", help="only this family (such as model.ckpt)"
     )
-    parser.add_argument(
+    flag(
+        parser,
         "--all",
-        action="store_true",
-        help="also list every file in quarantine/ and archive/, and the "
+        "also list every file in quarantine/ and archive/, and the "
         "tables of families without checkpoints",
     )
 
@@ -93,7 +92,7 @@ def show(listing: Listing, *, everything: bool) -> None:
     if listing.head is not None:
         lease = listing.lease
         holder = (
-            f"held by {lease.holder} (epoch {lease.epoch})"
+            f"held by {lease.holder.describe()} (epoch {lease.epoch})"
             if lease and not lease.released
             else "not held"
         )
@@ -192,12 +191,23 @@ def archive_cells(archive: Aside | ArchiveFolder) -> tuple[str, str, str, str]:
 def as_json(listing: Listing) -> dict[str, Any]:
     """The ``--json`` form (documented in docs/command.md)."""
     prefixes = {f.prefix for f in listing.families}
+    head, lease = listing.head, listing.lease
     return {
         "directory": listing.where,
         "format": listing.format,
         "manifest": listing.manifest,
-        "head": None if listing.head is None else asdict(listing.head),
-        "lease": None if listing.lease is None else asdict(listing.lease),
+        "head": None
+        if head is None
+        else {"seq": head.seq, "epoch": head.epoch, "format": head.format},
+        "lease": None
+        if lease is None
+        else {
+            "epoch": lease.epoch,
+            "holder": lease.holder.describe(),
+            "renewed": lease.renewed,
+            "ttl": lease.ttl,
+            "released": lease.released,
+        },
         "families": [family_json(shelf) for shelf in listing.families],
         "uncommitted": [
             {

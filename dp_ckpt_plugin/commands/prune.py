@@ -39,7 +39,7 @@ from ..storage import local_storage
 from ..store.archive import archive_folders, archives_beyond, remove_archive
 from ..store.lock import StoreLock
 from ..text import shown
-from . import UsageError, is_remote, output, store_directory
+from . import UsageError, flag, is_remote, output, store_directory
 from .ls import archive_cells
 from .open_store import open_view
 from .views import Leased, Listed, Listing, Shelf, StoreView
@@ -68,13 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``prune``."""
     parser.add_argument("directory", type=store_directory, help="the store (save_dir)")
     parser.add_argument("--family", metavar="PREFIX", help="only this family")
-    parser.add_argument(
-        "--dry-run", action="store_true", help="show what would go; remove nothing"
-    )
-    parser.add_argument(
+    flag(parser, "--dry-run", "show what would go; remove nothing")
+    flag(
+        parser,
         "--archives",
-        action="store_true",
-        help="prune the archives of earlier runs (D/archive/) instead of checkpoints",
+        "prune the archives of earlier runs (D/archive/) instead of checkpoints",
     )
     parser.add_argument(
         "--keep-archives",
@@ -88,10 +86,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DAYS",
         help="with --archives: remove the archives made more than DAYS days ago",
     )
-    parser.add_argument(
+    flag(
+        parser,
         "--release-lease",
-        action="store_true",
-        help="of a remote store: release a writer lease whose holder is gone "
+        "of a remote store: release a writer lease whose holder is gone "
         "(watched up to its time to live)",
     )
     # the name of 0.2, refused in one line by run()

@@ -22,7 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from ..text import MAX_LOG_LINE, shown
-from . import UsageError, add_digest_flag, is_remote, one_line, output, store_directory
+from . import (
+    UsageError,
+    add_digest_flag,
+    flag,
+    is_remote,
+    one_line,
+    output,
+    store_directory,
+)
 from .open_store import locate, open_view
 from .origins import input_text, provenance_json, provenance_rows
 from .views import Resolution, StoreView
@@ -46,11 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="latest (default), best, best:DIR, a directory, a file or a prefix",
     )
     add_digest_flag(parser)
-    parser.add_argument(
+    flag(
+        parser,
         "--input",
+        "also print the training input the checkpoint was trained with",
         dest="with_input",
-        action="store_true",
-        help="also print the training input the checkpoint was trained with",
     )
 
 

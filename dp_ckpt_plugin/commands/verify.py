@@ -30,7 +30,7 @@ from typing import Any
 from ..checkpoint import Checkpoint, records
 from ..errors import InvalidRecordError, UnreadableFileError
 from ..storage import default_storage
-from . import is_remote, output, refuse_sha256
+from . import flag, is_remote, output, refuse_sha256
 from .inventory import listed
 from .open_store import locate, open_view
 from .views import Aside, Check, Listed, StoreView
@@ -59,12 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="compare sizes only, without reading the files (the quick check)",
     )
     refuse_sha256(parser)
-    what.add_argument(
-        "--digest",
-        dest="digest",
-        action="store_true",
-        help="re-read each file and compare its digest too (the default)",
-    )
+    flag(what, "--digest", "re-read each file and compare its digest too (the default)")
     parser.set_defaults(digest=True)
 
 

@@ -18,7 +18,8 @@ from typing import Any, Protocol, runtime_checkable
 from ..checkpoint import Checkpoint
 from ..checkpoint.layout import Family
 from ..checkpoint.records import CommitRecord
-from ..remote.head import Entry
+from ..remote.head import Entry, Head
+from ..remote.lease import LeaseState
 from ..retention import Candidate, KeepBest, RetentionPolicy, Verdict, explain_prune
 
 
@@ -118,31 +119,11 @@ class Aside:
     checkpoints: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class HeadNote:
-    """What a store's HEAD says of itself: its sequence, epoch and format."""
-
-    seq: int
-    epoch: int
-    format: str | None
-
-
-@dataclass(frozen=True)
-class LeaseNote:
-    """The writer lease of a store on object storage, as its LEASE says."""
-
-    epoch: int
-    holder: str
-    renewed: float
-    ttl: float
-    released: bool
-
-
 @dataclass
 class Listing:
     """What a store holds, family by family (the primary family first).
 
-    ``head`` and ``lease`` are what a store on object storage says of itself
+    ``head`` and ``lease`` are a store on object storage's HEAD and LEASE
     (``None`` for a directory); ``vanished``, the files of a directory listed
     but gone when their record was read (a live store's retention).
     """
@@ -156,8 +137,8 @@ class Listing:
     archives: list[Aside] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     vanished: list[Path] = field(default_factory=list)
-    head: HeadNote | None = None
-    lease: LeaseNote | None = None
+    head: Head | None = None
+    lease: LeaseState | None = None
 
     def items(self) -> list[Listed]:
         """Every committed checkpoint, family by family."""
