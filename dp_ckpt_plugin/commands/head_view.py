@@ -16,7 +16,6 @@ from pathlib import Path
 from ..checkpoint.digests import hasher
 from ..checkpoint.records import CommitRecord
 from ..errors import CheckpointError, RestartNotFoundError
-from ..objectstore.registry import storage_for
 from ..remote import head as heads
 from ..remote.catalogue import SPILL, expand, leaves, write_segment
 from ..remote.fetch import LATEST, candidates, fell_back, fetch_first
@@ -47,19 +46,6 @@ class HeadView:
     def __init__(self, storage: ObjectStorage) -> None:
         self.storage = storage
         self.where = storage.url
-
-    @classmethod
-    def at(cls, url: str) -> HeadView:
-        """The store at ``url``."""
-        return cls(storage_for(url))
-
-    @classmethod
-    def above(cls, url: str) -> tuple[HeadView, str]:
-        """The store with a HEAD at ``url`` or above it, and the rest of ``url``."""
-        from ..remote.resolver import store_above
-
-        storage, rest = store_above(url)
-        return cls(storage), rest
 
     def head(self) -> Head:
         """HEAD with its catalogue segments' entries (every kept entry)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..retention import Verdict, ranking_of
+from ..retention import Verdict, policy_to_dict, ranking_of
 from ..store.archive import ArchiveFolder
 from . import flag, output, store_directory
 from .open_store import open_view
@@ -270,14 +270,7 @@ def family_json(shelf: Shelf) -> dict[str, Any]:
         "pointer": shelf.pointer,
         "latest": shelf.latest,
         "alias": shelf.alias,
-        "policy": shelf_policy(shelf),
+        "policy": policy_to_dict(shelf.policy) if shelf.policy is not None else None,
         "reason": shelf.reason,
         "checkpoints": checkpoints,
     }
-
-
-def shelf_policy(shelf: Shelf) -> dict[str, Any] | None:
-    """The family's policy as plain keys, or ``None`` when unknown."""
-    from ..retention import policy_to_dict
-
-    return policy_to_dict(shelf.policy) if shelf.policy is not None else None

@@ -17,6 +17,7 @@ both).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from . import (
     store_directory,
 )
 from .open_store import locate, open_view
-from .origins import input_text, provenance_json, provenance_rows
+from .origins import provenance_rows
 from .views import Resolution, StoreView
 
 HELP = "the checkpoint a restart would use (resolve, with the store first)"
@@ -120,7 +121,7 @@ def show_found(found: Resolution, *, with_input: bool) -> int:
             out.print("input: not kept (the record names none, or its file is gone)")
         else:
             out.print("input:")
-            for line in input_text(found.input).splitlines():
+            for line in json.dumps(found.input, indent=2, sort_keys=True).splitlines():
                 out.print(line)
     return 0
 
@@ -145,6 +146,8 @@ def as_json(found: Resolution, spec: str) -> dict[str, Any]:
         "format": record.format if record else None,
         "metrics": record.metrics if record else None,
         "warnings": list(found.warnings),
-        "provenance": provenance_json(record.provenance if record else None),
+        "provenance": record.provenance.to_dict()
+        if record and record.provenance
+        else None,
         "input": found.input,
     }
