@@ -271,16 +271,10 @@ def _ordered(
     return sorted(shelves.values(), key=lambda f: (f.prefix != primary, f.prefix))
 
 
-def _payloads(folder: Path, storage: Storage, *, numbered: bool = False) -> list[Path]:
-    """The regular files of ``folder`` that are not commit records.
-
-    With ``numbered``, only numbered checkpoint names (an archive also holds
-    the pointers and aliases of the run it keeps).
-    """
+def _payloads(folder: Path, storage: Storage) -> list[Path]:
+    """The regular files of ``folder`` that are not commit records."""
     return [
         folder / n
         for n, kind in _listdir(folder, storage).items()
-        if kind == "file"
-        and not n.endswith(".commit.json")
-        and (not numbered or parse_numbered(n) is not None)
+        if kind == "file" and not n.endswith(".commit.json")
     ]

@@ -15,6 +15,7 @@ its writer lease.
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict
 from typing import Any
 
 from ..retention import Verdict, policy_to_dict, ranking_of
@@ -62,7 +63,7 @@ def verdicts(shelf: Shelf) -> dict[str, Verdict]:
     """What keeps each checkpoint of ``shelf``, by name (protections alone when
     the policy is unknown)."""
     if shelf.policy is not None:
-        found = shelf.explain(shelf.policy, protect_newest=True)
+        found = shelf.explain(shelf.policy)
         return {v.name: v for v in found}
     protected = shelf.protections()
     return {
@@ -201,13 +202,7 @@ def as_json(listing: Listing) -> dict[str, Any]:
         else {"seq": head.seq, "epoch": head.epoch, "format": head.format},
         "lease": None
         if lease is None
-        else {
-            "epoch": lease.epoch,
-            "holder": lease.holder.describe(),
-            "renewed": lease.renewed,
-            "ttl": lease.ttl,
-            "released": lease.released,
-        },
+        else {**asdict(lease), "holder": lease.holder.describe()},
         "families": [family_json(shelf) for shelf in listing.families],
         "uncommitted": [
             {

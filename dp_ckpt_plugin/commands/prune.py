@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         doomed = []
         for shelf in listing.families:
             policies[shelf.prefix] = policy = policy_for(shelf, args)
-            plans[shelf.prefix] = plan = shelf.explain(policy, protect_newest=True)
+            plans[shelf.prefix] = plan = shelf.explain(policy)
             gone = {v.name for v in plan if not v.kept}
             doomed += [c for c in shelf.items if c.name in gone]
         return doomed

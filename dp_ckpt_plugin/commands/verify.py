@@ -22,6 +22,7 @@ listed as gone, not as a problem.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,7 +147,7 @@ def _check_all(
     :data:`PROGRESS_ABOVE` bytes to hash on: ``--json`` output stays clean.
     """
     total = sum(c.size for c in items)
-    if not shows_progress(total, digest=digest, quiet=quiet):
+    if not digest or quiet or total < PROGRESS_ABOVE or not sys.stderr.isatty():
         return [view.check(c, digest=digest) for c in items]
     from rich.progress import Progress
 
@@ -158,13 +159,6 @@ def _check_all(
             results.append(view.check(c, digest=digest))
             progress.advance(task, c.size)
     return results
-
-
-def shows_progress(total: int, *, digest: bool, quiet: bool) -> bool:
-    """Whether checking ``total`` bytes shows a progress bar (see :func:`_check_all`)."""
-    import sys
-
-    return digest and not quiet and total >= PROGRESS_ABOVE and sys.stderr.isatty()
 
 
 @dataclass(frozen=True)

@@ -88,13 +88,11 @@ class Shelf:
         what = "best" if isinstance(self.policy, KeepBest) else "latest"
         return {name: f"{what} ({', '.join(how)})" for name, how in found.items()}
 
-    def explain(
-        self, policy: RetentionPolicy, *, protect_newest: bool = False
-    ) -> list[Verdict]:
-        """What ``policy`` keeps now, and why: the pointer and alias targets are
-        protected, and with ``protect_newest`` the newest checkpoint too."""
+    def explain(self, policy: RetentionPolicy) -> list[Verdict]:
+        """What ``policy`` keeps now, and why: the pointer and alias targets and
+        the newest checkpoint are protected."""
         protected = self.protections()
-        if protect_newest and self.items:
+        if self.items:
             protected.setdefault(self.items[-1].name, "newest")
         return explain_prune(
             [c.candidate() for c in self.items],
