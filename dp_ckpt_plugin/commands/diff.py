@@ -301,9 +301,7 @@ def show(found: dict[str, Any]) -> None:
     if not tensors["compared"]:
         return
     out.print(f"tensors: {tensors['changed']} of {tensors['count']} differ")
-    table = output.table(
-        None, ["key", "status", "shape", "max |B-A|", "|B-A|/|A|"], right=()
-    )
+    table = output.table(None, ["key", "status", "shape", "max |B-A|", "|B-A|/|A|"])
     for e in tensors["entries"]:
         if e["status"] == "same":
             continue

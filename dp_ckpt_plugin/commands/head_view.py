@@ -63,16 +63,15 @@ class HeadView:
 
     def listing(self, prefix: str | None = None, head: Head | None = None) -> Listing:
         head = head or self.head()
-        families = []
-        for name, state in head.families.items():
-            shelf = Shelf(
+        families = [
+            Shelf(
                 name,
+                [self._listed(name, entry, head.format) for entry in state.kept],
                 latest=state.published.name if state.published else None,
                 reason=NO_POLICY,
             )
-            for entry in state.kept:
-                shelf.items.append(self._listed(name, entry, head.format))
-            families.append(shelf)
+            for name, state in head.families.items()
+        ]
         return Listing(
             where=self.where,
             families=select(families, prefix, self.where),
@@ -107,9 +106,8 @@ class HeadView:
 
     def check(self, item: Listed, *, digest: bool) -> Check:
         problem, hashed = self.problem(item.entry, digest=digest)
-        if problem is None:
-            return Check(item, hashed=hashed)
-        return Check(item, f"{item.where}: {problem}", hashed=hashed)
+        said = "" if problem is None else f"{item.where}: {problem}"
+        return Check(item, said, hashed=hashed)
 
     def problem(self, entry: Entry, *, digest: bool) -> tuple[str | None, int]:
         """Record against HEAD, object size against record, then (with
