@@ -33,7 +33,9 @@ import argparse
 import importlib
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .. import __version__
 from ..errors import CheckpointError
@@ -104,6 +106,21 @@ def store_directory(value: str) -> Path | str:
     if not found.is_dir:
         raise argparse.ArgumentTypeError(f"{value} is not a directory")
     return path
+
+
+def at_least(kind: type, low: float, expected: str) -> Callable[[str], Any]:
+    """An argument type: a number of ``kind``, ``low`` or more (NaN is not)."""
+
+    def parse(value: str):
+        try:
+            found = kind(value)
+        except ValueError:
+            found = None
+        if found is None or not found >= low:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {value!r}")
+        return found
+
+    return parse
 
 
 class Renamed(argparse.Action):

@@ -30,7 +30,7 @@ from ..plugin.hooks import Hooks
 from ..storage import Storage, default_storage
 from ..store.adoption import why_not
 from ..text import MAX_LOG_LINE, shown
-from . import FAILURE, UsageError, add_digest_flag, is_remote, output
+from . import FAILURE, UsageError, add_digest_flag, at_least, is_remote, output
 from .open_store import locate
 
 HELP = "show what one checkpoint holds: step, format, record, payload structure"
@@ -49,18 +49,6 @@ def _file_or_url(value: str) -> Path | str:
     return value if is_remote(value) else Path(value)
 
 
-def _depth(value: str) -> int:
-    try:
-        depth = int(value)
-    except ValueError:
-        depth = -1
-    if depth < 1:
-        raise argparse.ArgumentTypeError(
-            f"expected a depth of 1 or more, got {value!r}"
-        )
-    return depth
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``inspect``."""
     parser.add_argument(
@@ -70,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--depth",
-        type=_depth,
+        type=at_least(int, 1, "a depth of 1 or more"),
         default=DEFAULT_DEPTH,
         metavar="N",
         help=f"list key paths down to N levels (default {DEFAULT_DEPTH})",

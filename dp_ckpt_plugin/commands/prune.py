@@ -39,7 +39,7 @@ from ..storage import local_storage
 from ..store.archive import archive_folders, archives_beyond, remove_archive
 from ..store.lock import StoreLock
 from ..text import shown
-from . import UsageError, flag, is_remote, output, store_directory
+from . import UsageError, at_least, flag, is_remote, output, store_directory
 from .ls import archive_cells
 from .open_store import open_view
 from .views import Leased, Listed, Listing, Shelf, StoreView
@@ -76,13 +76,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--keep-archives",
-        type=_nonnegative,
+        type=at_least(int, 0, "a count (0 or more)"),
         metavar="N",
         help="with --archives: keep the newest N archives",
     )
     parser.add_argument(
         "--older-than",
-        type=_days,
+        type=at_least(float, 0, "days (0 or more)"),
         metavar="DAYS",
         help="with --archives: remove the archives made more than DAYS days ago",
     )
@@ -122,23 +122,6 @@ def policy_for(shelf: Shelf, args: argparse.Namespace) -> RetentionPolicy:
         return policy_from_dict({**(recorded or {}), **given})
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-
-
-def _nonnegative(value: str) -> int:
-    found = _count(value)
-    if found is None or found < 0:
-        raise argparse.ArgumentTypeError(f"expected a count (0 or more), got {value!r}")
-    return found
-
-
-def _days(value: str) -> float:
-    try:
-        days = float(value)
-    except ValueError:
-        days = -1.0
-    if not days >= 0:  # also NaN
-        raise argparse.ArgumentTypeError(f"expected days (0 or more), got {value!r}")
-    return days
 
 
 def run(args: argparse.Namespace) -> int:

@@ -46,10 +46,6 @@ class Listed:
     on_disk: int | None = None
     torn: bool = False
 
-    def candidate(self) -> Candidate:
-        """The checkpoint as a retention policy sees it."""
-        return Candidate(self.name, self.step, self.metrics)
-
 
 @dataclass
 class Shelf:
@@ -95,7 +91,7 @@ class Shelf:
         if self.items:
             protected.setdefault(self.items[-1].name, "newest")
         return explain_prune(
-            [c.candidate() for c in self.items],
+            [Candidate(c.name, c.step, c.metrics) for c in self.items],
             current_step=max((c.step for c in self.items), default=0),
             protected=protected,
             policy=policy,
