@@ -90,21 +90,29 @@ def is_remote(value: object) -> bool:
 
 def store_directory(value: str) -> Path | str:
     """An argument naming an existing store directory (or a remote store's URL)."""
-    from ..errors import UnreadableFileError
     from ..objectstore.registry import local_path
-    from ..storage import default_storage
 
     if is_remote(value):
         return value  # read when the command runs
-    path = Path(local_path(value))
+    return existing(value, Path(local_path(value)), files=False)
+
+
+def existing(value: str, path: Path, *, files: bool) -> Path:
+    """``path``, which ``value`` names, when it is a directory (or with
+    ``files`` a file); else the argument error saying what it should be."""
+    from ..errors import UnreadableFileError
+    from ..storage import default_storage
+
     try:
         found = default_storage().entry(path, follow=True)
     except UnreadableFileError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     if found is None:
-        raise argparse.ArgumentTypeError(f"{value}: no such directory")
-    if not found.is_dir:
-        raise argparse.ArgumentTypeError(f"{value} is not a directory")
+        what = "file or directory" if files else "directory"
+        raise argparse.ArgumentTypeError(f"{value}: no such {what}")
+    if not (found.is_dir or (files and found.is_file)):
+        what = "a file or a directory" if files else "a directory"
+        raise argparse.ArgumentTypeError(f"{value} is not {what}")
     return path
 
 

@@ -125,8 +125,8 @@ def _stray(path: Path, family: str | None, step: int | None, problem: str) -> As
     return Aside(path.name, str(path), family, step, problem)
 
 
-def _size(path: Path, storage: Storage) -> int | None:
-    found = entry_or_none(path, follow=True, storage=storage)
+def _size(path: Path, storage: Storage, *, follow: bool = True) -> int | None:
+    found = entry_or_none(path, follow=follow, storage=storage)
     return found.size if found is not None else None
 
 
@@ -226,8 +226,7 @@ def _fill(
             why = "its commit record describes another file"
             strays[path] = _stray(path, fam.prefix, step, why)
         else:
-            found = entry_or_none(path, storage=storage)
-            on_disk = found.size if found is not None else None
+            on_disk = _size(path, storage, follow=False)
             shelf.items.append(
                 listed(Checkpoint(path, step, fam.prefix, record), on_disk)
             )

@@ -252,10 +252,8 @@ def download(url: str, directory: Path) -> tuple[list[dict], list[str]]:
     head = HeadView(storage).head()
     local = LocalStorage(directory)
     local.make_dirs(directory, durable=True)
-    lock = StoreLock(directory, storage=local)
-    lock.acquire()
     copied, problems = [], []
-    try:
+    with StoreLock(directory, storage=local):
         for prefix, state in head.families.items():
             for entry in state.kept:
                 try:
@@ -271,11 +269,6 @@ def download(url: str, directory: Path) -> tuple[list[dict], list[str]]:
             if published is not None and local.entry(directory / published.name):
                 suffix = published.name[len(f"{prefix}-{published.step}") :]
                 family = Family(prefix, suffix, state.pointer or POINTER_NAME)
-                publish(
-                    directory / published.name,
-                    targets(directory, family),
-                    storage=local,
-                )
-    finally:
-        lock.release()
+                pointers = targets(directory, family)
+                publish(directory / published.name, pointers, storage=local)
     return copied, problems

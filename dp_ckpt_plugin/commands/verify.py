@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint import Checkpoint, records
-from ..errors import InvalidRecordError, UnreadableFileError
+from ..errors import InvalidRecordError
 from ..storage import default_storage
-from . import flag, is_remote, output, refuse_sha256
+from . import existing, flag, is_remote, output, refuse_sha256
 from .inventory import listed
 from .open_store import locate, open_view
 from .views import Aside, Check, Listed, StoreView
@@ -65,18 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _existing(value: str) -> Path | str:
-    if is_remote(value):
-        return value  # a remote store, read when the command runs
-    path = Path(value)
-    try:
-        found = default_storage().entry(path, follow=True)
-    except UnreadableFileError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if found is None:
-        raise argparse.ArgumentTypeError(f"{value}: no such file or directory")
-    if not (found.is_dir or found.is_file):
-        raise argparse.ArgumentTypeError(f"{value} is not a file or a directory")
-    return path
+    # a remote store is read when the command runs
+    return value if is_remote(value) else existing(value, Path(value), files=True)
 
 
 #: How often a store whose listed files all went before their records were
