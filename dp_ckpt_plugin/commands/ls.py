@@ -76,15 +76,6 @@ def verdicts(shelf: Shelf) -> dict[str, Verdict]:
     }
 
 
-def describe_kept(verdict: Verdict | None, policy_known: bool) -> str:
-    """``kept by`` for people."""
-    if verdict is None or not verdict.kept:
-        if not policy_known:
-            return "? (policy unknown)"
-        return GOES
-    return "; ".join(reason for _, reason in verdict.kept_by)
-
-
 def show(listing: Listing, *, everything: bool) -> None:
     """Print the tables."""
     out = output.console()
@@ -123,7 +114,11 @@ def show(listing: Listing, *, everything: bool) -> None:
             metrics = c.metrics or {}
             if ranking is not None:  # the one that ranks (--json has them all)
                 metrics = {k: v for k, v in metrics.items() if k == ranking.metric}
-            kept = describe_kept(found.get(c.name), shelf.policy is not None)
+            verdict = found.get(c.name)
+            if verdict is not None and verdict.kept:
+                kept = "; ".join(reason for _, reason in verdict.kept_by)
+            else:
+                kept = GOES if shelf.policy is not None else "? (policy unknown)"
             size = output.size(c.size)
             if c.torn:
                 size = f"{output.size(c.on_disk)} of {size}"
