@@ -33,7 +33,9 @@ import argparse
 import importlib
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .. import __version__
 from ..errors import CheckpointError
@@ -88,22 +90,45 @@ def is_remote(value: object) -> bool:
 
 def store_directory(value: str) -> Path | str:
     """An argument naming an existing store directory (or a remote store's URL)."""
-    from ..errors import UnreadableFileError
     from ..objectstore.registry import local_path
-    from ..storage import default_storage
 
     if is_remote(value):
         return value  # read when the command runs
-    path = Path(local_path(value))
+    return existing(value, Path(local_path(value)), files=False)
+
+
+def existing(value: str, path: Path, *, files: bool) -> Path:
+    """``path``, which ``value`` names, when it is a directory (or with
+    ``files`` a file); else the argument error saying what it should be."""
+    from ..errors import UnreadableFileError
+    from ..storage import default_storage
+
     try:
         found = default_storage().entry(path, follow=True)
     except UnreadableFileError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     if found is None:
-        raise argparse.ArgumentTypeError(f"{value}: no such directory")
-    if not found.is_dir:
-        raise argparse.ArgumentTypeError(f"{value} is not a directory")
+        what = "file or directory" if files else "directory"
+        raise argparse.ArgumentTypeError(f"{value}: no such {what}")
+    if not (found.is_dir or (files and found.is_file)):
+        what = "a file or a directory" if files else "a directory"
+        raise argparse.ArgumentTypeError(f"{value} is not {what}")
     return path
+
+
+def at_least(kind: type, low: float, expected: str) -> Callable[[str], Any]:
+    """An argument type: a number of ``kind``, ``low`` or more (NaN is not)."""
+
+    def parse(value: str):
+        try:
+            found = kind(value)
+        except ValueError:
+            found = None
+        if found is None or not found >= low:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {value!r}")
+        return found
+
+    return parse
 
 
 class Renamed(argparse.Action):
@@ -126,14 +151,18 @@ def refuse_sha256(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def flag(parser, name: str, help: str, dest: str | None = None) -> None:
+    """A yes-or-no option (``store_true``) of ``parser`` or one of its groups."""
+    parser.add_argument(name, dest=dest, action="store_true", help=help)
+
+
 def add_digest_flag(parser: argparse.ArgumentParser) -> None:
     """``--digest``: re-read files and compare digests (``--sha256`` refused)."""
     refuse_sha256(parser)
-    parser.add_argument(
+    flag(
+        parser,
         "--digest",
-        dest="digest",
-        action="store_true",
-        help="also re-read each file and compare its digest with its commit "
+        "also re-read each file and compare its digest with its commit "
         "record (the size is always compared)",
     )
 
@@ -154,9 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub = subparsers.add_parser(
             name, help=module.HELP, description=module.DESCRIPTION
         )
-        sub.add_argument(
-            "--json", action="store_true", help="print JSON (see docs/command.md)"
-        )
+        flag(sub, "--json", "print JSON (see docs/command.md)")
         module.add_arguments(sub)
         sub.set_defaults(run=module.run)
     return parser

@@ -13,6 +13,7 @@ checks and reports, writing nothing.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from ..checkpoint.layout import Family, parse_numbered
@@ -20,8 +21,9 @@ from ..plugin import get_plugin_manager
 from ..plugin.hooks import Hooks
 from ..storage import default_storage
 from ..store.adoption import Adoption, adopt_directory
-from . import FAILURE, output, store_directory
+from . import FAILURE, flag, output, store_directory
 from .inventory import read_inventory
+from .views import Listing
 
 HELP = "give commit records to numbered checkpoints written without the plugin"
 DESCRIPTION = (
@@ -36,41 +38,36 @@ DESCRIPTION = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``adopt``."""
     parser.add_argument("directory", type=store_directory, help="the store (save_dir)")
-    parser.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="check and report what would be adopted, writing nothing",
-    )
+    flag(parser, "--dry-run", "check and report what would be adopted, writing nothing")
 
 
 def run(args: argparse.Namespace) -> int:
     """Adopt; exit status 1 when a file does not load."""
     pm = get_plugin_manager()
-    inventory = read_inventory(args.directory)
-    families = families_of(inventory, Hooks(pm).formats())
-    found = adopt_directory(inventory.directory, families, pm, dry_run=args.dry_run)
+    listing = read_inventory(args.directory)
+    directory = Path(listing.where)
+    families = families_of(listing, Hooks(pm).formats())
+    found = adopt_directory(directory, families, pm, dry_run=args.dry_run)
     if args.json:
-        output.print_json(as_json(inventory.directory, found, args.dry_run))
+        output.print_json(as_json(directory, found, args.dry_run))
     else:
         show(found, args.dry_run)
     return FAILURE if any(a.refused for a in found) else 0
 
 
-def families_of(inventory, formats) -> list[tuple[Family, str]]:
+def families_of(listing: Listing, formats) -> list[tuple[Family, str]]:
     """Each family of the store with the format of its files.
 
     The families the store knows (manifest, records, pointers), then any
     numbered files whose suffix is a registered format's.
     """
     by_suffix = {info.suffix: name for name, info in formats.items()}
-    manifest_format = inventory.format
     found: dict[str, tuple[Family, str]] = {}
-    for view in inventory.families:
-        fam = view.family
-        fmt = manifest_format or by_suffix.get(fam.suffix)
+    for shelf in listing.families:
+        fmt = listing.format or by_suffix.get(shelf.suffix)
         if fmt is not None:
-            found[fam.prefix + fam.suffix] = (fam, fmt)
-    for name, kind in sorted(default_storage().names(inventory.directory)):
+            found[shelf.prefix + shelf.suffix] = (shelf.family(), fmt)
+    for name, kind in sorted(default_storage().names(Path(listing.where))):
         match = parse_numbered(name) if kind == "file" else None
         if match is None or match.suffix not in by_suffix:
             continue

@@ -34,7 +34,7 @@ from ..errors import CheckpointError
 from ..storage import default_storage
 from ..text import shown
 from . import FAILURE, UsageError, add_digest_flag, is_remote, one_line, output
-from .origins import read_input_file
+from .origins import private, read_input_file
 
 HELP = "say whether --restart/--init-model/--finetune of an input will load"
 DESCRIPTION = (
@@ -82,11 +82,12 @@ def check(input_file: Path, handle: str, spec: str, *, digest: bool) -> dict[str
     from .directory_view import DirectoryView
 
     config = read_input_file(input_file)
+    store = _store_of(config)
     result: dict[str, Any] = {
         "input": str(input_file),
         "handle": handle,
         "spec": spec,
-        "store": None,
+        "store": None if store is None else str(store),
         "checkpoint": None,
         "error": None,
         "will_load": False,
@@ -94,8 +95,6 @@ def check(input_file: Path, handle: str, spec: str, *, digest: bool) -> dict[str
         "model_changes": [],
         "input_changes": [],
     }
-    store = _store_of(config)
-    result["store"] = None if store is None else str(store)
     where = store if store is not None else _directory_of(spec)
     if where is None:
         result["error"] = (
@@ -120,14 +119,13 @@ def check(input_file: Path, handle: str, spec: str, *, digest: bool) -> dict[str
     }
     kept = found.input
     if kept is None:
-        result["will_load"] = None
-        result["basis"] = (
-            "the checkpoint keeps no training input (its record predates "
+        return result | {
+            "will_load": None,
+            "basis": "the checkpoint keeps no training input (its record predates "
             "provenance, or was adopted): whether the model fits cannot be told "
-            "without building it"
-        )
-        return result
-    given = {k: v for k, v in flatten(config).items() if not _private(k)}
+            "without building it",
+        }
+    given = {k: v for k, v in flatten(config).items() if not private(k)}
     theirs = flatten(kept)
     changes = [
         {"key": k, "checkpoint": _json(theirs.get(k, ABSENT)), "input": v}
@@ -139,29 +137,22 @@ def check(input_file: Path, handle: str, spec: str, *, digest: bool) -> dict[str
         result["input_changes"] = [
             c for c in changes if not c["key"].startswith("model.")
         ]
-    basis = (
-        "the model section the input gives, key by key, against the input the "
-        "checkpoint was trained with (no model built: keys left to deepmd-kit's "
-        "defaults are not compared, parameter shapes are not computed)"
-    )
     if handle == "finetune":
-        result["will_load"] = True
-        result["basis"] = (
-            "found and readable; fine-tuning loads it into the input's model "
-            "(the model keys that differ are listed)"
-        )
-    else:
-        result["will_load"] = not result["model_changes"]
-        result["basis"] = basis
-    return result
+        return result | {
+            "will_load": True,
+            "basis": "found and readable; fine-tuning loads it into the input's "
+            "model (the model keys that differ are listed)",
+        }
+    return result | {
+        "will_load": not result["model_changes"],
+        "basis": "the model section the input gives, key by key, against the input "
+        "the checkpoint was trained with (no model built: keys left to deepmd-kit's "
+        "defaults are not compared, parameter shapes are not computed)",
+    }
 
 
 def _json(value: Any) -> Any:
     return None if value is ABSENT else value
-
-
-def _private(key: str) -> bool:
-    return any(part.startswith("_") for part in key.split("."))
 
 
 def _store_of(config: dict[str, Any]) -> Path | None:

@@ -37,7 +37,7 @@ from ..plugin.hooks import Hooks
 from ..storage import default_storage
 from ..text import shown
 from . import UsageError, is_remote, output
-from .origins import FIELDS, input_of, read_input_file
+from .origins import FIELDS, input_of, private, read_input_file
 
 HELP = "what differs between two checkpoints (or a checkpoint and an input)"
 DESCRIPTION = (
@@ -68,18 +68,14 @@ class Side:
     config: dict[str, Any] | None = None
     payload: Any = None
 
-    @property
-    def step(self) -> int | None:
-        return self.record.step if self.record is not None else None
-
     def as_json(self) -> dict[str, Any]:
         record = self.record
         return {
             "kind": self.kind,
             "path": str(self.path),
-            "step": self.step,
-            "format": record.format if record is not None else None,
-            "digest": record.digest if record is not None else None,
+            "step": record and record.step,
+            "format": record and record.format,
+            "digest": record and record.digest,
             "provenance": record is not None and record.provenance is not None,
             "input": self.config is not None,
         }
@@ -160,7 +156,7 @@ def _inputs(a: Side, b: Side) -> dict[str, Any]:
     compared = "all keys"
     given = [s for s in (a, b) if s.kind == "input"]
     if len(given) == 1:
-        keys = {k for k in flatten(given[0].config) if not _private(k)}
+        keys = {k for k in flatten(given[0].config) if not private(k)}
         left = {k: v for k, v in flatten(left).items() if k in keys}
         right = {k: v for k, v in flatten(right).items() if k in keys}
         compared = "the keys the input file gives"
@@ -175,10 +171,6 @@ def _inputs(a: Side, b: Side) -> dict[str, Any]:
         for key, old, new in input_changes(left, right)
     ]
     return {"compared": compared, "note": None, "changes": changes}
-
-
-def _private(key: str) -> bool:
-    return any(part.startswith("_") for part in key.split("."))
 
 
 def _provenance(a: Side, b: Side) -> dict[str, Any]:
@@ -196,17 +188,14 @@ def _provenance(a: Side, b: Side) -> dict[str, Any]:
 
 
 def _leaves(value: Any, where: str = "") -> dict[str, Any]:
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            out.update(_leaves(item, f"{where}/{key}"))
-        return out
-    if isinstance(value, list | tuple):
-        out = {}
-        for index, item in enumerate(value):
-            out.update(_leaves(item, f"{where}/{index}"))
-        return out
-    return {where or "/": value}
+    if not isinstance(value, dict | list | tuple):
+        return {where or "/": value}
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    return {
+        path: leaf
+        for key, item in items
+        for path, leaf in _leaves(item, f"{where}/{key}").items()
+    }
 
 
 def _array(value: Any):
@@ -225,6 +214,10 @@ def _array(value: Any):
     return value.astype(np.float64)
 
 
+#: What a tensor entry measures (``None`` where it does not apply).
+_MEASURES = ("shape_a", "shape_b", "max_abs_diff", "rel_norm")
+
+
 def _tensors(a: Side, b: Side) -> dict[str, Any]:
     if a.kind != "checkpoint" or b.kind != "checkpoint":
         return {"compared": False, "count": 0, "changed": 0, "entries": []}
@@ -233,45 +226,31 @@ def _tensors(a: Side, b: Side) -> dict[str, Any]:
     left, right = _leaves(a.payload), _leaves(b.payload)
     entries = []
     for key in sorted(set(left) | set(right)):
-        entry = {
-            "key": key,
-            "status": "same",
-            "shape_a": None,
-            "shape_b": None,
-            "max_abs_diff": None,
-            "rel_norm": None,
-        }
+        entry = {"key": key, "status": "same", **dict.fromkeys(_MEASURES)}
+        entries.append(entry)
         if key not in left or key not in right:
             entry["status"] = "only_b" if key not in left else "only_a"
-            entries.append(entry)
             continue
         x, y = _array(left[key]), _array(right[key])
         if x is None or y is None:
-            if x is None and y is None:
-                same = _equal(left[key], right[key])
-                if not same:
-                    entry["status"] = "changed"
-                entries.append(entry)
-                continue
-            entry["status"] = "changed"
-            entries.append(entry)
+            if x is not None or y is not None or not _equal(left[key], right[key]):
+                entry["status"] = "changed"
             continue
         entry["shape_a"], entry["shape_b"] = list(x.shape), list(y.shape)
         if x.shape != y.shape:
             entry["status"] = "shape"
-        else:
-            diff = y - x
-            biggest = float(np.max(np.abs(diff))) if diff.size else 0.0
-            norm = float(np.linalg.norm(x))
-            entry["max_abs_diff"] = biggest if math.isfinite(biggest) else None
-            if norm > 0:
-                rel = float(np.linalg.norm(diff)) / norm
-                entry["rel_norm"] = rel if math.isfinite(rel) else None
-            elif biggest == 0:
-                entry["rel_norm"] = 0.0
-            if biggest != 0 or not np.array_equal(x, y, equal_nan=True):
-                entry["status"] = "changed"
-        entries.append(entry)
+            continue
+        diff = y - x
+        biggest = float(np.max(np.abs(diff))) if diff.size else 0.0
+        norm = float(np.linalg.norm(x))
+        entry["max_abs_diff"] = biggest if math.isfinite(biggest) else None
+        if norm > 0:
+            rel = float(np.linalg.norm(diff)) / norm
+            entry["rel_norm"] = rel if math.isfinite(rel) else None
+        elif biggest == 0:
+            entry["rel_norm"] = 0.0
+        if biggest != 0 or not np.array_equal(x, y, equal_nan=True):
+            entry["status"] = "changed"
     changed = sum(e["status"] != "same" for e in entries)
     return {
         "compared": True,
@@ -322,9 +301,7 @@ def show(found: dict[str, Any]) -> None:
     if not tensors["compared"]:
         return
     out.print(f"tensors: {tensors['changed']} of {tensors['count']} differ")
-    table = output.table(
-        None, ["key", "status", "shape", "max |B-A|", "|B-A|/|A|"], right=()
-    )
+    table = output.table(None, ["key", "status", "shape", "max |B-A|", "|B-A|/|A|"])
     for e in tensors["entries"]:
         if e["status"] == "same":
             continue

@@ -10,21 +10,21 @@ the same front door as a training run's (installed resolvers included), and
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from pathlib import Path
 
-from ..checkpoint import Checkpoint, records
-from ..checkpoint.layout import Family
+from ..checkpoint import records
 from ..checkpoint.pointers import named_by
-from ..errors import CorruptCheckpointError, RestartNotFoundError, UnreadableFileError
+from ..errors import CorruptCheckpointError, RestartNotFoundError
 from ..plugin import get_plugin_manager
 from ..plugin.hooks import Hooks
 from ..resolution import ResolveContext, resolve_restart
-from ..storage import default_storage, local_storage
+from ..storage import default_storage, entry_or_none, local_storage
 from ..store.lock import StoreLock
 from ..store.pruning import remove
-from .inventory import FamilyView, read_inventory
+from .inventory import listed, read_inventory
 from .origins import input_of
-from .views import Aside, Check, Decide, Listed, Listing, Resolution, Shelf, select
+from .views import Check, Decide, Listed, Listing, Resolution, select
 
 
 class DirectoryView:
@@ -35,33 +35,9 @@ class DirectoryView:
         self.where = str(self.directory)
 
     def listing(self, prefix: str | None = None) -> Listing:
-        inventory = read_inventory(self.directory)
-        families = [_shelf(v) for v in inventory.families]
-        return Listing(
-            where=self.where,
-            families=select(families, prefix, self.where),
-            format=inventory.format,
-            manifest=inventory.manifest is not None,
-            strays=[
-                Aside(s.path.name, str(s.path), s.family, s.step, s.problem)
-                for s in inventory.strays
-            ],
-            quarantined=[
-                Aside(p.name, str(p), size=_size(p)) for p in inventory.quarantined
-            ],
-            archives=[
-                Aside(
-                    a.name,
-                    str(a.path),
-                    size=a.size,
-                    created=a.created,
-                    checkpoints=tuple(a.checkpoints),
-                )
-                for a in inventory.archives
-            ],
-            warnings=list(inventory.warnings),
-            vanished=len(inventory.vanished),
-        )
+        listing = read_inventory(self.directory)
+        listing.families = select(listing.families, prefix, self.where)
+        return listing
 
     def pointer_problems(self, listing: Listing) -> list[str]:
         """Pointers and aliases that name a file that is not there; what they
@@ -69,7 +45,7 @@ class DirectoryView:
         storage = default_storage()
         problems = []
         for shelf in listing.families:
-            family = Family(shelf.prefix, shelf.suffix, shelf.pointer)
+            family = shelf.family()
             for kind, named, where in (
                 ("pointer", shelf.latest, family.pointer),
                 ("alias", shelf.alias, family.alias),
@@ -102,15 +78,15 @@ class DirectoryView:
         return Check(item, hashed=hashed)
 
     def resolve(self, spec: str, *, digest: bool) -> Resolution:
-        inventory = read_inventory(self.directory)
-        if not inventory.families:
+        families = read_inventory(self.directory).families
+        if not families:
             raise RestartNotFoundError(
-                f"no checkpoint found for restart {spec!r}: {inventory.directory} "
+                f"no checkpoint found for restart {spec!r}: {self.directory} "
                 "holds no checkpoint family (no commit record, manifest or pointer)"
             )
         context = ResolveContext(
-            family=inventory.families[0].family,
-            store_dir=inventory.directory,
+            family=families[0].family(),
+            store_dir=self.directory,
             cwd=Path.cwd(),
             digest=digest,
             quarantine=False,
@@ -135,63 +111,15 @@ class DirectoryView:
         self, prefix: str | None, decide: Decide, *, dry_run: bool
     ) -> tuple[Listing, list[Listed]]:
         storage = local_storage(self.directory)
-        lock = None if dry_run else StoreLock(self.directory, storage=storage)
-        if lock is None:
-            listing = self.listing(prefix)
-            return listing, decide(listing)
-        lock.acquire()  # StoreLockedError names the run holding it
-        try:
+        # StoreLockedError names the run holding it; a dry run takes no lock
+        with nullcontext() if dry_run else StoreLock(self.directory, storage=storage):
             listing = self.listing(prefix)  # read under the lock: what goes is current
             doomed = decide(listing)
-            remove([Path(c.where) for c in doomed], durable=True, storage=storage)
-        finally:
-            lock.release()
+            if not dry_run:
+                remove([Path(c.where) for c in doomed], durable=True, storage=storage)
         return listing, doomed
 
 
-def listed(c: Checkpoint, on_disk: int | None = None) -> Listed:
-    """A checkpoint of a directory as listed (its record read)."""
-    record = c.record
-    return Listed(
-        name=c.name,
-        step=c.step,
-        family=c.family or (record.family if record else None),
-        size=record.size if record else on_disk or 0,
-        where=str(c.path),
-        digest=record.digest if record else None,
-        metrics=record.metrics if record else None,
-        created=(record.created or None) if record else None,
-        format=record.format if record else None,
-        record=record,
-        on_disk=on_disk,
-        torn=bool(record and on_disk is not None and not record.accepts(on_disk)),
-    )
-
-
-def _shelf(view: FamilyView) -> Shelf:
-    return Shelf(
-        prefix=view.family.prefix,
-        items=[listed(c, view.on_disk.get(c.name)) for c in view.checkpoints],
-        suffix=view.family.suffix,
-        pointer=view.family.pointer,
-        latest=view.pointer,
-        alias=view.alias,
-        policy=view.policy,
-        reason=view.reason,
-    )
-
-
 def _is_file(path: Path) -> bool:
-    try:
-        found = default_storage().entry(path, follow=True)
-    except UnreadableFileError:
-        return False
+    found = entry_or_none(path, follow=True)
     return found is not None and found.is_file
-
-
-def _size(path: Path) -> int | None:
-    try:
-        found = default_storage().entry(path, follow=True)
-    except UnreadableFileError:
-        return None
-    return found.size if found is not None else None

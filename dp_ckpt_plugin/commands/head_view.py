@@ -16,20 +16,17 @@ from pathlib import Path
 from ..checkpoint.digests import hasher
 from ..checkpoint.records import CommitRecord
 from ..errors import CheckpointError, RestartNotFoundError
-from ..objectstore.registry import storage_for
 from ..remote import head as heads
 from ..remote.catalogue import SPILL, expand, leaves, write_segment
 from ..remote.fetch import LATEST, candidates, fell_back, fetch_first
 from ..remote.head import Entry, Head
 from ..remote.keys import owned, parse_key
-from ..remote.lease import Lease
+from ..remote.lease import Lease, LeaseState
 from ..storage.objects import ObjectStorage
 from .views import (
     Aside,
     Check,
     Decide,
-    HeadNote,
-    LeaseNote,
     Listed,
     Listing,
     Resolution,
@@ -50,19 +47,6 @@ class HeadView:
         self.storage = storage
         self.where = storage.url
 
-    @classmethod
-    def at(cls, url: str) -> HeadView:
-        """The store at ``url``."""
-        return cls(storage_for(url))
-
-    @classmethod
-    def above(cls, url: str) -> tuple[HeadView, str]:
-        """The store with a HEAD at ``url`` or above it, and the rest of ``url``."""
-        from ..remote.resolver import store_above
-
-        storage, rest = store_above(url)
-        return cls(storage), rest
-
     def head(self) -> Head:
         """HEAD with its catalogue segments' entries (every kept entry)."""
         try:
@@ -79,22 +63,21 @@ class HeadView:
 
     def listing(self, prefix: str | None = None, head: Head | None = None) -> Listing:
         head = head or self.head()
-        families = []
-        for name, state in head.families.items():
-            shelf = Shelf(
+        families = [
+            Shelf(
                 name,
+                [self._listed(name, entry, head.format) for entry in state.kept],
                 latest=state.published.name if state.published else None,
                 reason=NO_POLICY,
             )
-            for entry in state.kept:
-                shelf.items.append(self._listed(name, entry, head.format))
-            families.append(shelf)
+            for name, state in head.families.items()
+        ]
         return Listing(
             where=self.where,
             families=select(families, prefix, self.where),
             format=head.format,
             archives=[Aside(key, self.storage.url_of(key)) for key in head.archives],
-            head=HeadNote(head.seq, head.epoch, head.format),
+            head=head,
             lease=self._lease(),
         )
 
@@ -111,20 +94,11 @@ class HeadView:
             entry=entry,
         )
 
-    def _lease(self) -> LeaseNote | None:
+    def _lease(self) -> LeaseState | None:
         try:
-            state, _ = Lease(self.storage).read()
+            return Lease(self.storage).read()[0]
         except CheckpointError:
             return None
-        if state is None:
-            return None
-        return LeaseNote(
-            state.epoch,
-            state.holder.describe(),
-            state.renewed,
-            state.ttl,
-            state.released,
-        )
 
     def pointer_problems(self, listing: Listing) -> list[str]:
         """None: HEAD publishes one of its own entries or none."""
@@ -132,9 +106,8 @@ class HeadView:
 
     def check(self, item: Listed, *, digest: bool) -> Check:
         problem, hashed = self.problem(item.entry, digest=digest)
-        if problem is None:
-            return Check(item, hashed=hashed)
-        return Check(item, f"{item.where}: {problem}", hashed=hashed)
+        said = "" if problem is None else f"{item.where}: {problem}"
+        return Check(item, said, hashed=hashed)
 
     def problem(self, entry: Entry, *, digest: bool) -> tuple[str | None, int]:
         """Record against HEAD, object size against record, then (with

@@ -30,7 +30,7 @@ from ..plugin.hooks import Hooks
 from ..storage import Storage, default_storage
 from ..store.adoption import why_not
 from ..text import MAX_LOG_LINE, shown
-from . import FAILURE, UsageError, add_digest_flag, is_remote, output
+from . import FAILURE, UsageError, add_digest_flag, at_least, is_remote, output
 from .open_store import locate
 
 HELP = "show what one checkpoint holds: step, format, record, payload structure"
@@ -49,18 +49,6 @@ def _file_or_url(value: str) -> Path | str:
     return value if is_remote(value) else Path(value)
 
 
-def _depth(value: str) -> int:
-    try:
-        depth = int(value)
-    except ValueError:
-        depth = -1
-    if depth < 1:
-        raise argparse.ArgumentTypeError(
-            f"expected a depth of 1 or more, got {value!r}"
-        )
-    return depth
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``inspect``."""
     parser.add_argument(
@@ -70,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--depth",
-        type=_depth,
+        type=at_least(int, 1, "a depth of 1 or more"),
         default=DEFAULT_DEPTH,
         metavar="N",
         help=f"list key paths down to N levels (default {DEFAULT_DEPTH})",
@@ -197,7 +185,7 @@ class Walk:
             kind = "dict" if isinstance(value, dict) else type(value).__name__
             if shown:
                 self.entries.append(
-                    _entry(where or "/", kind, None, None, None, False, len(value))
+                    _entry(where or "/", kind, leaf=False, length=len(value))
                 )
             items = value.items() if isinstance(value, dict) else enumerate(value)
             for key, item in items:
@@ -207,13 +195,11 @@ class Walk:
         storage = _storage_of(value)
         if storage is None:
             self.payload_bytes += entry["bytes"] or 0
+        elif storage[0] in self._storages:
+            entry["shares"] = self._storages[storage[0]]
         else:
-            key, nbytes = storage
-            if key in self._storages:
-                entry["shares"] = self._storages[key]
-            else:
-                self._storages[key] = entry["key"]
-                self.payload_bytes += nbytes
+            self._storages[storage[0]] = entry["key"]
+            self.payload_bytes += storage[1]
         if shown:
             self.entries.append(entry)
 
@@ -237,30 +223,22 @@ def _leaf(value: Any, where: str) -> dict[str, Any]:
     kind = kind.removeprefix("builtins.")
     shape = getattr(value, "shape", None)
     dtype = getattr(value, "dtype", None)
-    if shape is not None and dtype is not None:
-        if hasattr(value, "element_size") and hasattr(value, "numel"):  # a tensor
-            nbytes = int(value.numel()) * int(value.element_size())
-            dtype = str(dtype).removeprefix("torch.")
-        else:
-            nbytes = int(getattr(value, "nbytes", 0))
-            dtype = str(dtype)
-        return _entry(where, kind, [int(n) for n in shape], dtype, nbytes, True)
-    if isinstance(value, str | bytes | bytearray):
-        return _entry(where, kind, None, None, len(value), True)
-    return _entry(where, kind, None, None, None, True)
+    if shape is None or dtype is None:
+        sized = isinstance(value, str | bytes | bytearray)
+        return _entry(where, kind, bytes=len(value) if sized else None)
+    if hasattr(value, "element_size") and hasattr(value, "numel"):  # a tensor
+        nbytes = int(value.numel()) * int(value.element_size())
+        dtype = str(dtype).removeprefix("torch.")
+    else:
+        nbytes = int(getattr(value, "nbytes", 0))
+    shape = [int(n) for n in shape]
+    return _entry(where, kind, shape=shape, dtype=str(dtype), bytes=nbytes)
 
 
-def _entry(where, kind, shape, dtype, nbytes, leaf, length=None) -> dict[str, Any]:
-    return {
-        "key": where,
-        "type": kind,
-        "shape": shape,
-        "dtype": dtype,
-        "bytes": nbytes,
-        "length": length,
-        "leaf": leaf,
-        "shares": None,
-    }
+def _entry(where: str, kind: str, **found: Any) -> dict[str, Any]:
+    """One entry of ``--json``: what is not ``found`` is ``None`` (a leaf)."""
+    blank = dict.fromkeys(("shape", "dtype", "bytes", "length"))
+    return {"key": where, "type": kind, **blank, "leaf": True, "shares": None, **found}
 
 
 def show(found: dict[str, Any]) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..checkpoint import Checkpoint
@@ -29,124 +28,18 @@ from ..checkpoint.manifest import Manifest, read_manifest
 from ..checkpoint.pointers import named_by, read_pointer
 from ..checkpoint.records import read_record
 from ..errors import InvalidRecordError, UnreadableFileError, UnsafePointerError
-from ..retention import RetentionPolicy
-from ..storage import Storage, default_storage
-from ..store.archive import ArchiveFolder, archive_folders
-
-#: A numbered file name: ``<prefix>-<step><suffix>``, the step in plain decimal.
+from ..storage import Storage, default_storage, entry_or_none
+from ..store.archive import archive_folders
+from .views import Aside, Listed, Listing, Shelf
 
 
-@dataclass
-class FamilyView:
-    """One family of a store, as found on disk.
+def read_inventory(directory: Path, *, storage: Storage | None = None) -> Listing:
+    """Read what ``directory`` holds (see the module docs); it must exist.
 
-    Attributes
-    ----------
-    family : Family
-        Its names.
-    policy : RetentionPolicy or None
-        The retention policy the manifest records; ``None`` when unknown.
-    reason : str or None
-        That policy's reason, for people (also for a policy the manifest
-        could only describe, not record).
-    checkpoints : list of Checkpoint
-        Its committed checkpoints, oldest first.
-    pointer : str or None
-        The file name its pointer names.
-    alias : str or None
-        The file name its alias leads to.
-    on_disk : dict of str to int
-        The size on disk of each checkpoint, by name (its record says what
-        it should be).
+    The listing also names the numbered files that were gone when their
+    record was read (``vanished``: a live store's retention removed them
+    meanwhile), neither checkpoints nor strays.
     """
-
-    family: Family
-    policy: RetentionPolicy | None = None
-    reason: str | None = None
-    checkpoints: list[Checkpoint] = field(default_factory=list)
-    pointer: str | None = None
-    alias: str | None = None
-    on_disk: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass
-class Stray:
-    """A file that looks like a checkpoint but is not a committed one.
-
-    Attributes
-    ----------
-    path : Path
-        The file.
-    family : str or None
-        The family its name belongs to, where known.
-    step : int or None
-        The step its name encodes, where known.
-    problem : str
-        Why it does not count (no commit record, a malformed one, ...).
-    """
-
-    path: Path
-    family: str | None
-    step: int | None
-    problem: str
-
-
-@dataclass
-class Inventory:
-    """Everything :func:`read_inventory` found in a store directory.
-
-    Attributes
-    ----------
-    directory : Path
-        The store directory (absolute).
-    manifest : Manifest or None
-        Its manifest, if it has a readable one.
-    families : list of FamilyView
-        Its families; the primary one (the one ``latest`` means) first.
-    strays : list of Stray
-        Numbered files of its families that are not committed checkpoints.
-    quarantined : list of Path
-        Files in ``D/quarantine/`` (corrupt checkpoints moved aside), records
-        excluded.
-    archives : list of dp_ckpt_plugin.store.archive.ArchiveFolder
-        Each folder of ``D/archive/`` (an earlier run), oldest first: its
-        checkpoints and its size.
-    warnings : list of str
-        What could not be read.
-    vanished : list of Path
-        Numbered files listed that were gone when their record was read (a
-        live store's retention removed them meanwhile): neither checkpoints
-        nor strays.
-    """
-
-    directory: Path
-    manifest: Manifest | None
-    families: list[FamilyView]
-    strays: list[Stray]
-    quarantined: list[Path]
-    archives: list[ArchiveFolder]
-    warnings: list[str]
-    vanished: list[Path] = field(default_factory=list)
-
-    @property
-    def format(self) -> str | None:
-        """The format of its checkpoints, as the manifest or records say."""
-        if self.manifest is not None:
-            return self.manifest.format
-        formats = {c.format for f in self.families for c in f.checkpoints}
-        return formats.pop() if len(formats) == 1 else None
-
-    def family(self, prefix: str) -> FamilyView | None:
-        """The family of ``prefix``, or ``None``."""
-        return next((f for f in self.families if f.family.prefix == prefix), None)
-
-    def checkpoints(self) -> list[Checkpoint]:
-        """Every committed checkpoint, family by family."""
-        return [c for f in self.families for c in f.checkpoints]
-
-
-def read_inventory(directory: Path, *, storage: Storage | None = None) -> Inventory:
-    """Read what ``directory`` holds (see the module docs); it must exist."""
     directory = Path(os.path.abspath(directory))
     storage = storage or default_storage()
     warnings: list[str] = []
@@ -155,32 +48,86 @@ def read_inventory(directory: Path, *, storage: Storage | None = None) -> Invent
     except InvalidRecordError as exc:
         manifest = None
         warnings.append(f"{exc}; families are read from the commit records")
-    views: dict[str, FamilyView] = {}
+    shelves: dict[str, Shelf] = {}
     if manifest is not None:
         for info in manifest.families:
-            views[info.family.prefix] = FamilyView(
-                info.family, info.retention(), info.reason
-            )
+            family = info.family
+            shelves[family.prefix] = _shelf(family, info.retention(), info.reason)
     listing = _listdir(directory, storage)
-    strays = _find_families(directory, listing, views, storage)
+    strays = _find_families(directory, listing, shelves, storage)
     vanished: list[Path] = []
-    for view in views.values():
-        _fill(directory, view, strays, listing, storage, vanished)
+    for shelf in shelves.values():
+        _fill(directory, shelf, strays, listing, storage, vanished)
     try:
         archives = archive_folders(directory, storage=storage)
     except UnreadableFileError as exc:
         archives = []
         warnings.append(f"{directory / ARCHIVE_DIR}: {exc}")
-    return Inventory(
-        directory=directory,
-        manifest=manifest,
-        families=_ordered(directory, views, manifest, storage),
+    families = _ordered(directory, shelves, manifest, storage)
+    formats = {c.format for f in families for c in f.items}
+    if manifest is not None:
+        formats = {manifest.format}
+    return Listing(
+        where=str(directory),
+        families=families,
+        format=formats.pop() if len(formats) == 1 else None,
+        manifest=manifest is not None,
         strays=sorted(strays.values(), key=lambda s: (s.family or "", s.step or 0)),
-        quarantined=_payloads(directory / QUARANTINE_DIR, storage),
-        archives=archives,
+        quarantined=[
+            Aside(p.name, str(p), size=_size(p, storage))
+            for p in _payloads(directory / QUARANTINE_DIR, storage)
+        ],
+        archives=[
+            Aside(
+                a.name,
+                str(a.path),
+                size=a.size,
+                created=a.created,
+                checkpoints=tuple(a.checkpoints),
+            )
+            for a in archives
+        ],
         warnings=warnings,
         vanished=vanished,
     )
+
+
+def listed(c: Checkpoint, on_disk: int | None = None) -> Listed:
+    """A checkpoint of a directory as listed (its record read)."""
+    record = c.record
+    return Listed(
+        name=c.name,
+        step=c.step,
+        family=c.family or (record.family if record else None),
+        size=record.size if record else on_disk or 0,
+        where=str(c.path),
+        digest=record.digest if record else None,
+        metrics=record.metrics if record else None,
+        created=(record.created or None) if record else None,
+        format=record.format if record else None,
+        record=record,
+        on_disk=on_disk,
+        torn=bool(record and on_disk is not None and not record.accepts(on_disk)),
+    )
+
+
+def _shelf(family: Family, policy=None, reason: str | None = None) -> Shelf:
+    return Shelf(
+        family.prefix,
+        suffix=family.suffix,
+        pointer=family.pointer,
+        policy=policy,
+        reason=reason,
+    )
+
+
+def _stray(path: Path, family: str | None, step: int | None, problem: str) -> Aside:
+    return Aside(path.name, str(path), family, step, problem)
+
+
+def _size(path: Path, storage: Storage, *, follow: bool = True) -> int | None:
+    found = entry_or_none(path, follow=follow, storage=storage)
+    return found.size if found is not None else None
 
 
 def _gone(path: Path, storage: Storage) -> bool:
@@ -211,11 +158,11 @@ def _listdir(directory: Path, storage: Storage) -> dict[str, str]:
 def _find_families(
     directory: Path,
     listing: dict[str, str],
-    views: dict[str, FamilyView],
+    shelves: dict[str, Shelf],
     storage: Storage,
-) -> dict[Path, Stray]:
+) -> dict[Path, Aside]:
     """Add the families the records and pointers name; return bad records."""
-    strays: dict[Path, Stray] = {}
+    strays: dict[Path, Aside] = {}
     for name in listing:
         target = record_target(name)
         if target is None:
@@ -226,7 +173,7 @@ def _find_families(
             record = read_record(path, storage=storage)
         except InvalidRecordError as exc:
             if listing.get(target) == "file":
-                strays[path] = Stray(
+                strays[path] = _stray(
                     path,
                     match.prefix if match else None,
                     match.step if match else None,
@@ -236,32 +183,30 @@ def _find_families(
         if record is None or not target.startswith(f"{record.family}-"):
             continue
         suffix = target[len(f"{record.family}-{record.step}") :]
-        if record.family not in views and suffix.startswith("."):
+        if record.family not in shelves and suffix.startswith("."):
             with contextlib.suppress(ValueError):
-                views[record.family] = FamilyView(Family(record.family, suffix))
+                shelves[record.family] = _shelf(Family(record.family, suffix))
     for name in listing:  # pointers: a store plain deepmd-kit wrote has no records
         if name != POINTER_NAME and not name.startswith(f"{POINTER_NAME}."):
             continue
         with contextlib.suppress(UnsafePointerError, ValueError):
             named = read_pointer(directory / name, storage=storage)
             match = parse_numbered(named.name) if named else None
-            if match and match.prefix not in views:
-                views[match.prefix] = FamilyView(
-                    Family(match.prefix, match.suffix, name)
-                )
+            if match and match.prefix not in shelves:
+                shelves[match.prefix] = _shelf(Family(match.prefix, match.suffix, name))
     return strays
 
 
 def _fill(
     directory: Path,
-    view: FamilyView,
-    strays: dict[Path, Stray],
+    shelf: Shelf,
+    strays: dict[Path, Aside],
     listing: dict[str, str],
     storage: Storage,
     vanished: list[Path],
 ) -> None:
     """Read a family's committed checkpoints, pointer, alias and strays."""
-    fam = view.family
+    fam = shelf.family()
     numbered = [
         directory / n
         for n, kind in listing.items()
@@ -276,18 +221,16 @@ def _fill(
         if record is None and _gone(path, storage):
             vanished.append(path)
         elif record is None:
-            strays[path] = Stray(path, fam.prefix, step, "no commit record")
+            strays[path] = _stray(path, fam.prefix, step, "no commit record")
         elif record.step != step or record.family != fam.prefix:
-            strays[path] = Stray(
-                path, fam.prefix, step, "its commit record describes another file"
-            )
+            why = "its commit record describes another file"
+            strays[path] = _stray(path, fam.prefix, step, why)
         else:
-            view.checkpoints.append(Checkpoint(path, step, fam.prefix, record))
-            with contextlib.suppress(UnreadableFileError):
-                found = storage.entry(path)
-                if found is not None:
-                    view.on_disk[path.name] = found.size
-    view.checkpoints.sort(key=lambda c: c.step)
+            on_disk = _size(path, storage, follow=False)
+            shelf.items.append(
+                listed(Checkpoint(path, step, fam.prefix, record), on_disk)
+            )
+    shelf.items.sort(key=lambda c: c.step)
     pointers = [fam.pointer]
     if fam.pointer == POINTER_NAME:  # found without a manifest: any pointer naming it
         pointers += [n for n in listing if n.startswith(f"{POINTER_NAME}.")]
@@ -296,45 +239,41 @@ def _fill(
             directory, Family(fam.prefix, fam.suffix, name), storage=storage
         )
         if named["pointer"] is not None and fam.step_of(named["pointer"]) is not None:
-            view.pointer = named["pointer"]
+            shelf.latest = named["pointer"]
             break
     linked = named_by(directory, fam, storage=storage)["alias"]
     if linked and fam.step_of(linked) is not None:
-        view.alias = linked
+        shelf.alias = linked
 
 
 def _ordered(
     directory: Path,
-    views: dict[str, FamilyView],
+    shelves: dict[str, Shelf],
     manifest: Manifest | None,
     storage: Storage,
-) -> list[FamilyView]:
+) -> list[Shelf]:
     """The manifest's order; without one, the family ``D/checkpoint`` names first."""
     if manifest is not None:
-        return list(views.values())
+        return list(shelves.values())
     named = None
     with contextlib.suppress(UnsafePointerError):
         found = read_pointer(directory / POINTER_NAME, storage=storage)
         named = found.name if found is not None else None
     primary = next(
-        (p for p, v in views.items() if named and v.family.step_of(named) is not None),
+        (
+            p
+            for p, f in shelves.items()
+            if named and f.family().step_of(named) is not None
+        ),
         None,
     )
-    return sorted(
-        views.values(), key=lambda v: (v.family.prefix != primary, v.family.prefix)
-    )
+    return sorted(shelves.values(), key=lambda f: (f.prefix != primary, f.prefix))
 
 
-def _payloads(folder: Path, storage: Storage, *, numbered: bool = False) -> list[Path]:
-    """The regular files of ``folder`` that are not commit records.
-
-    With ``numbered``, only numbered checkpoint names (an archive also holds
-    the pointers and aliases of the run it keeps).
-    """
+def _payloads(folder: Path, storage: Storage) -> list[Path]:
+    """The regular files of ``folder`` that are not commit records."""
     return [
         folder / n
         for n, kind in _listdir(folder, storage).items()
-        if kind == "file"
-        and not n.endswith(".commit.json")
-        and (not numbered or parse_numbered(n) is not None)
+        if kind == "file" and not n.endswith(".commit.json")
     ]

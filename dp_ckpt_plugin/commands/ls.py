@@ -18,8 +18,9 @@ import argparse
 from dataclasses import asdict
 from typing import Any
 
-from ..retention import Verdict, ranking_of
-from . import output, store_directory
+from ..retention import Verdict, policy_to_dict, ranking_of
+from ..store.archive import ArchiveFolder
+from . import flag, output, store_directory
 from .open_store import open_view
 from .views import Aside, Listing, Shelf
 
@@ -40,10 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--family", metavar="PREFIX", help="only this family (such as model.ckpt)"
     )
-    parser.add_argument(
+    flag(
+        parser,
         "--all",
-        action="store_true",
-        help="also list every file in quarantine/ and archive/, and the "
+        "also list every file in quarantine/ and archive/, and the "
         "tables of families without checkpoints",
     )
 
@@ -62,7 +63,7 @@ def verdicts(shelf: Shelf) -> dict[str, Verdict]:
     """What keeps each checkpoint of ``shelf``, by name (protections alone when
     the policy is unknown)."""
     if shelf.policy is not None:
-        found = shelf.explain(shelf.policy, protect_newest=True)
+        found = shelf.explain(shelf.policy)
         return {v.name: v for v in found}
     protected = shelf.protections()
     return {
@@ -75,15 +76,6 @@ def verdicts(shelf: Shelf) -> dict[str, Verdict]:
     }
 
 
-def describe_kept(verdict: Verdict | None, policy_known: bool) -> str:
-    """``kept by`` for people."""
-    if verdict is None or not verdict.kept:
-        if not policy_known:
-            return "? (policy unknown)"
-        return GOES
-    return "; ".join(reason for _, reason in verdict.kept_by)
-
-
 def show(listing: Listing, *, everything: bool) -> None:
     """Print the tables."""
     out = output.console()
@@ -92,7 +84,7 @@ def show(listing: Listing, *, everything: bool) -> None:
     if listing.head is not None:
         lease = listing.lease
         holder = (
-            f"held by {lease.holder} (epoch {lease.epoch})"
+            f"held by {lease.holder.describe()} (epoch {lease.epoch})"
             if lease and not lease.released
             else "not held"
         )
@@ -122,7 +114,11 @@ def show(listing: Listing, *, everything: bool) -> None:
             metrics = c.metrics or {}
             if ranking is not None:  # the one that ranks (--json has them all)
                 metrics = {k: v for k, v in metrics.items() if k == ranking.metric}
-            kept = describe_kept(found.get(c.name), shelf.policy is not None)
+            verdict = found.get(c.name)
+            if verdict is not None and verdict.kept:
+                kept = "; ".join(reason for _, reason in verdict.kept_by)
+            else:
+                kept = GOES if shelf.policy is not None else "? (policy unknown)"
             size = output.size(c.size)
             if c.torn:
                 size = f"{output.size(c.on_disk)} of {size}"
@@ -175,27 +171,33 @@ def show_archives(out, archives: list[Aside], *, everything: bool) -> None:
         right=("checkpoints", "size"),
     )
     for a in archives:
-        rows.add_row(
-            a.name,
-            str(len(a.checkpoints)),
-            output.size(a.size),
-            output.utc(a.created),
-        )
+        rows.add_row(*archive_cells(a))
     out.print(rows)
     if everything:
         for a in archives:
             out.print(f"  {a.name}: {', '.join(a.checkpoints) or '(empty)'}")
 
 
+def archive_cells(archive: Aside | ArchiveFolder) -> tuple[str, str, str, str]:
+    """An archive's row: its folder, checkpoints, size and time made."""
+    made = output.utc(archive.created)
+    return archive.name, str(len(archive.checkpoints)), output.size(archive.size), made
+
+
 def as_json(listing: Listing) -> dict[str, Any]:
     """The ``--json`` form (documented in docs/command.md)."""
     prefixes = {f.prefix for f in listing.families}
+    head, lease = listing.head, listing.lease
     return {
         "directory": listing.where,
         "format": listing.format,
         "manifest": listing.manifest,
-        "head": None if listing.head is None else asdict(listing.head),
-        "lease": None if listing.lease is None else asdict(listing.lease),
+        "head": None
+        if head is None
+        else {"seq": head.seq, "epoch": head.epoch, "format": head.format},
+        "lease": None
+        if lease is None
+        else {**asdict(lease), "holder": lease.holder.describe()},
         "families": [family_json(shelf) for shelf in listing.families],
         "uncommitted": [
             {
@@ -258,14 +260,7 @@ def family_json(shelf: Shelf) -> dict[str, Any]:
         "pointer": shelf.pointer,
         "latest": shelf.latest,
         "alias": shelf.alias,
-        "policy": shelf_policy(shelf),
+        "policy": policy_to_dict(shelf.policy) if shelf.policy is not None else None,
         "reason": shelf.reason,
         "checkpoints": checkpoints,
     }
-
-
-def shelf_policy(shelf: Shelf) -> dict[str, Any] | None:
-    """The family's policy as plain keys, or ``None`` when unknown."""
-    from ..retention import policy_to_dict
-
-    return policy_to_dict(shelf.policy) if shelf.policy is not None else None

@@ -16,9 +16,10 @@ from .views import StoreView
 def open_view(value: Path | str) -> StoreView:
     """The view of the store a command-line value names (a directory or a URL)."""
     if is_remote(value):
+        from ..objectstore.registry import storage_for
         from .head_view import HeadView  # object storage's libraries only when asked
 
-        return HeadView.at(str(value))
+        return HeadView(storage_for(str(value)))
     return DirectoryView(Path(value))
 
 
@@ -29,8 +30,10 @@ def locate(value: Path | str) -> tuple[StoreView, str]:
     directory it lies in.
     """
     if is_remote(value):
+        from ..remote.resolver import store_above
         from .head_view import HeadView
 
-        return HeadView.above(str(value))
+        storage, rest = store_above(str(value))
+        return HeadView(storage), rest
     path = Path(value).absolute()
     return DirectoryView(path.parent), path.name

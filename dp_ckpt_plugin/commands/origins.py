@@ -8,7 +8,6 @@ without provenance (written before it existed, or adopted) has neither.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +31,6 @@ FIELDS = (
     "host",
     "input",
 )
-
-
-def provenance_json(provenance: Provenance | None) -> dict[str, Any] | None:
-    """The ``--json`` form of a provenance (``None`` when the record has none)."""
-    return None if provenance is None else provenance.to_dict()
 
 
 def input_of(
@@ -89,6 +83,6 @@ def read_input_file(path: Path, storage: Storage | None = None) -> dict[str, Any
     return value
 
 
-def input_text(config: dict[str, Any]) -> str:
-    """An input as indented JSON, for people."""
-    return json.dumps(config, indent=2, sort_keys=True)
+def private(key: str) -> bool:
+    """Whether a dotted input key is private (a part starts with ``_``)."""
+    return any(part.startswith("_") for part in key.split("."))

@@ -69,9 +69,8 @@ def _plain(value: Any) -> Any:
     return Text(shown(value, limit=10_000))
 
 
-def console(*, stderr: bool = False) -> Printer:
-    """A :class:`Printer` on standard output (or standard error)."""
-    return Printer(stderr=stderr)
+#: A :class:`Printer` on standard output (``stderr=True``: standard error).
+console = Printer
 
 
 def table(title: str | None, columns: list[str], *, right: tuple[str, ...] = ()):

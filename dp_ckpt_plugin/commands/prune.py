@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,8 @@ from ..storage import local_storage
 from ..store.archive import archive_folders, archives_beyond, remove_archive
 from ..store.lock import StoreLock
 from ..text import shown
-from . import UsageError, is_remote, output, store_directory
+from . import UsageError, at_least, flag, is_remote, output, store_directory
+from .ls import archive_cells
 from .open_store import open_view
 from .views import Leased, Listed, Listing, Shelf, StoreView
 
@@ -49,9 +51,6 @@ DESCRIPTION = (
     "ones. The checkpoints the pointer and alias name, and the newest, are "
     "never removed. Refused while a run holds the store."
 )
-
-#: Command-line options are the policy keys (:data:`POLICY_KEYS`): one table.
-OPTIONS = POLICY_KEYS
 
 
 def _count(value: str) -> int | None:
@@ -69,49 +68,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``prune``."""
     parser.add_argument("directory", type=store_directory, help="the store (save_dir)")
     parser.add_argument("--family", metavar="PREFIX", help="only this family")
-    parser.add_argument(
-        "--dry-run", action="store_true", help="show what would go; remove nothing"
-    )
-    parser.add_argument(
+    flag(parser, "--dry-run", "show what would go; remove nothing")
+    flag(
+        parser,
         "--archives",
-        action="store_true",
-        help="prune the archives of earlier runs (D/archive/) instead of checkpoints",
+        "prune the archives of earlier runs (D/archive/) instead of checkpoints",
     )
     parser.add_argument(
         "--keep-archives",
-        type=_nonnegative,
+        type=at_least(int, 0, "a count (0 or more)"),
         metavar="N",
         help="with --archives: keep the newest N archives",
     )
     parser.add_argument(
         "--older-than",
-        type=_days,
+        type=at_least(float, 0, "days (0 or more)"),
         metavar="DAYS",
         help="with --archives: remove the archives made more than DAYS days ago",
     )
-    parser.add_argument(
+    flag(
+        parser,
         "--release-lease",
-        action="store_true",
-        help="of a remote store: release a writer lease whose holder is gone "
+        "of a remote store: release a writer lease whose holder is gone "
         "(watched up to its time to live)",
     )
     # the name of 0.2, refused in one line by run()
     parser.add_argument("--max-ckpt-keep", help=argparse.SUPPRESS)
-    for key, doc in OPTIONS.items():
-        flags = ["--" + key.replace("_", "-")]
-        # an option not given leaves no attribute: ``none`` is a value
-        given = {"dest": key, "help": doc, "default": argparse.SUPPRESS}
-        if key == "best_metric":
-            parser.add_argument(*flags, metavar="NAME", **given)
-        elif key == "best_mode":
-            parser.add_argument(*flags, choices=BEST_MODES, **given)
-        else:
-            parser.add_argument(*flags, type=_count, metavar="N", **given)
+    # the options are the policy keys; one not given leaves no attribute
+    # (``none`` is a value)
+    kinds = {"best_metric": {"metavar": "NAME"}, "best_mode": {"choices": BEST_MODES}}
+    for key, doc in POLICY_KEYS.items():
+        parser.add_argument(
+            "--" + key.replace("_", "-"),
+            dest=key,
+            help=doc,
+            default=argparse.SUPPRESS,
+            **kinds.get(key, {"type": _count, "metavar": "N"}),
+        )
 
 
 def policy_for(shelf: Shelf, args: argparse.Namespace) -> RetentionPolicy:
     """The recorded policy of ``shelf`` with the command line's keys in its place."""
-    given = {k: getattr(args, k) for k in OPTIONS if hasattr(args, k)}
+    given = {k: getattr(args, k) for k in POLICY_KEYS if hasattr(args, k)}
     recorded = policy_to_dict(shelf.policy) if shelf.policy is not None else None
     if recorded is None and not given:
         raise UsageError(
@@ -126,23 +124,6 @@ def policy_for(shelf: Shelf, args: argparse.Namespace) -> RetentionPolicy:
         raise UsageError(str(exc)) from None
 
 
-def _nonnegative(value: str) -> int:
-    found = _count(value)
-    if found is None or found < 0:
-        raise argparse.ArgumentTypeError(f"expected a count (0 or more), got {value!r}")
-    return found
-
-
-def _days(value: str) -> float:
-    try:
-        days = float(value)
-    except ValueError:
-        days = -1.0
-    if not days >= 0:  # also NaN
-        raise argparse.ArgumentTypeError(f"expected days (0 or more), got {value!r}")
-    return days
-
-
 def run(args: argparse.Namespace) -> int:
     """Plan, and unless ``--dry-run`` remove; exit status 1 if the store is held."""
     if args.max_ckpt_keep is not None:
@@ -150,8 +131,7 @@ def run(args: argparse.Namespace) -> int:
     view = open_view(args.directory)
     if args.release_lease:
         return release(view)
-    archive_flags = args.keep_archives is not None or args.older_than is not None
-    if args.archives or archive_flags:
+    if args.archives or args.keep_archives is not None or args.older_than is not None:
         if is_remote(args.directory):
             raise UsageError(
                 f"{view.where}: --archives prunes a store directory's archive/"
@@ -161,14 +141,11 @@ def run(args: argparse.Namespace) -> int:
     plans: dict[str, list[Verdict]] = {}
 
     def decide(listing: Listing) -> list[Listed]:
-        for shelf in listing.families:
-            policies[shelf.prefix] = policy_for(shelf, args)
         doomed = []
         for shelf in listing.families:
-            plans[shelf.prefix] = shelf.explain(
-                policies[shelf.prefix], protect_newest=True
-            )
-            gone = {v.name for v in plans[shelf.prefix] if not v.kept}
+            policies[shelf.prefix] = policy = policy_for(shelf, args)
+            plans[shelf.prefix] = plan = shelf.explain(policy)
+            gone = {v.name for v in plan if not v.kept}
             doomed += [c for c in shelf.items if c.name in gone]
         return doomed
 
@@ -188,10 +165,8 @@ def release(view: StoreView) -> int:
             f"{view.where}: --release-lease is for a store on object storage"
         )
     why = view.release_lease()
-    if why is None:
-        sys.stdout.write(f"{view.where}: no lease\n")
-    else:
-        sys.stdout.write(f"{view.where}: lease released ({shown(why)})\n")
+    said = "no lease" if why is None else f"lease released ({shown(why)})"
+    sys.stdout.write(f"{view.where}: {said}\n")
     return 0
 
 
@@ -268,27 +243,21 @@ def run_archives(args: argparse.Namespace) -> int:
         raise UsageError(
             "--archives needs --keep-archives N or --older-than DAYS (or both)"
         )
-    if args.family is not None or any(hasattr(args, k) for k in OPTIONS):
+    if args.family is not None or any(hasattr(args, k) for k in POLICY_KEYS):
         raise UsageError(
             "--archives prunes archives only: give the checkpoint options "
             "(--family, --keep-last, ...) in another call"
         )
     directory = Path(os.path.abspath(args.directory))
     storage = local_storage(directory)
-    lock = None if args.dry_run else StoreLock(directory, storage=storage)
-    if lock is not None:
-        lock.acquire()  # StoreLockedError names the run holding it
-    try:
+    # StoreLockedError names the run holding it; a dry run takes no lock
+    with nullcontext() if args.dry_run else StoreLock(directory, storage=storage):
         folders = archive_folders(directory, storage=storage)
         doomed = archives_beyond(
             folders, keep_last=args.keep_archives, older_than_days=args.older_than
         )
-        left = []
-        if lock is not None:
-            left = [f for f in doomed if not remove_archive(f, storage=storage)]
-    finally:
-        if lock is not None:
-            lock.release()
+        removable = [] if args.dry_run else doomed
+        left = [f for f in removable if not remove_archive(f, storage=storage)]
     removed = [f for f in doomed if f not in left]
     freed = sum(f.size for f in removed)
     if args.json:
@@ -317,13 +286,7 @@ def run_archives(args: argparse.Namespace) -> int:
             outcome = "left: it holds something the store did not put there"
         elif f in doomed:
             outcome = "would be removed" if args.dry_run else "removed"
-        rows.add_row(
-            f.name,
-            str(len(f.checkpoints)),
-            output.size(f.size),
-            output.utc(f.created),
-            outcome,
-        )
+        rows.add_row(*archive_cells(f), outcome)
     out.print(rows)
     verb = "would remove" if args.dry_run else "removed"
     out.print(f"{verb} {len(removed)} archive(s), {output.size(freed)}")

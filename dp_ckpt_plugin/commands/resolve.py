@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import add_digest_flag, show, store_directory
+from . import add_digest_flag, flag, show, store_directory
 
 HELP = "print the path --restart SPEC would use, and why"
 DESCRIPTION = (
@@ -38,11 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=".",
         help="the store (save_dir); the working directory by default",
     )
-    parser.add_argument(
+    flag(
+        parser,
         "--path",
+        "print only the checkpoint's path (warnings go to standard error)",
         dest="path_only",
-        action="store_true",
-        help="print only the checkpoint's path (warnings go to standard error)",
     )
     add_digest_flag(parser)
 

@@ -17,14 +17,23 @@ both).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from ..text import MAX_LOG_LINE, shown
-from . import UsageError, add_digest_flag, is_remote, one_line, output, store_directory
+from . import (
+    UsageError,
+    add_digest_flag,
+    flag,
+    is_remote,
+    one_line,
+    output,
+    store_directory,
+)
 from .open_store import locate, open_view
-from .origins import input_text, provenance_json, provenance_rows
+from .origins import provenance_rows
 from .views import Resolution, StoreView
 
 HELP = "the checkpoint a restart would use (resolve, with the store first)"
@@ -46,11 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="latest (default), best, best:DIR, a directory, a file or a prefix",
     )
     add_digest_flag(parser)
-    parser.add_argument(
+    flag(
+        parser,
         "--input",
+        "also print the training input the checkpoint was trained with",
         dest="with_input",
-        action="store_true",
-        help="also print the training input the checkpoint was trained with",
     )
 
 
@@ -112,7 +121,7 @@ def show_found(found: Resolution, *, with_input: bool) -> int:
             out.print("input: not kept (the record names none, or its file is gone)")
         else:
             out.print("input:")
-            for line in input_text(found.input).splitlines():
+            for line in json.dumps(found.input, indent=2, sort_keys=True).splitlines():
                 out.print(line)
     return 0
 
@@ -137,6 +146,8 @@ def as_json(found: Resolution, spec: str) -> dict[str, Any]:
         "format": record.format if record else None,
         "metrics": record.metrics if record else None,
         "warnings": list(found.warnings),
-        "provenance": provenance_json(record.provenance if record else None),
+        "provenance": record.provenance.to_dict()
+        if record and record.provenance
+        else None,
         "input": found.input,
     }

@@ -42,6 +42,7 @@ from ..store.family import FamilyConfig
 from ..store.publish import publish, targets
 from . import FAILURE, UsageError, is_remote, output
 from .head_view import HeadView
+from .views import Listing
 
 HELP = "copy a store between a directory and object storage, verified"
 DESCRIPTION = (
@@ -102,28 +103,28 @@ def upload(directory: Path, url: str) -> tuple[list[dict], list[str]]:
     from ..remote.replica import NotSent
     from .inventory import read_inventory
 
-    inventory = read_inventory(directory)
-    if not inventory.checkpoints():
+    listing = read_inventory(directory)
+    if not listing.items():
         raise UsageError(f"{directory} holds no committed checkpoint to send")
     local = LocalStorage(directory)
     _, remote = open_remote(
-        url, format=inventory.format or "torch", directory=directory, local=local
+        url, format=listing.format or "torch", directory=directory, local=local
     )
     storage = remote.storage
     remote.start()
     copied, problems = [], []
     try:
-        dead = _dead_branches(remote, inventory, directory, local)
-        _another_run(remote, inventory, directory, dead)
+        dead = _dead_branches(remote, listing, directory, local)
+        _another_run(remote, listing, directory, dead)
         held = {
             (p, e.name, e.digest)
             for p, s in expand(storage, remote.head).families.items()
             for e in s.kept
         }
-        for view in inventory.families:
-            config = FamilyConfig(view.family, KeepAll())
-            for checkpoint in view.checkpoints:
-                key = (view.family.prefix, checkpoint.name, checkpoint.record.digest)
+        for shelf in listing.families:
+            config = FamilyConfig(shelf.family(), KeepAll())
+            for checkpoint in shelf.checkpoints():
+                key = (shelf.prefix, checkpoint.name, checkpoint.record.digest)
                 if key in held or checkpoint.path in dead:
                     continue
                 try:
@@ -131,32 +132,29 @@ def upload(directory: Path, url: str) -> tuple[list[dict], list[str]]:
                 except NotSent as exc:  # a corrupt or changed source checkpoint
                     problems.append(str(exc))
                     continue
-                copied.append(
-                    {
-                        "family": view.family.prefix,
-                        "step": entry.step,
-                        "size": entry.size,
-                        "url": storage.url_of(entry.key),
-                    }
-                )
+                url = storage.url_of(entry.key)
+                copied.append(_copied(shelf.prefix, entry, url=url))
                 problem, _ = HeadView(storage).problem(entry, digest=True)
                 if problem is not None:
-                    problems.append(f"{storage.url_of(entry.key)}: {problem}")
-            pointed = view.pointer
+                    problems.append(f"{url}: {problem}")
+            pointed = shelf.latest
             if pointed is not None and directory / pointed not in dead:
-                state = remote.head.family(view.family.prefix)
+                state = remote.head.family(shelf.prefix)
                 chosen = next((e for e in state.kept if e.name == pointed), None)
-                published = state.published
-                if chosen is not None and (
-                    published is None or chosen.step > published.step
-                ):  # never back to an older step
-                    remote.publish(view.family.prefix, chosen)
+                newest = state.published.step if state.published else -1
+                if chosen is not None and chosen.step > newest:  # never back
+                    remote.publish(shelf.prefix, chosen)
     finally:
         remote.close(wait=0)
     return copied, problems
 
 
-def _dead_branches(remote, inventory, directory: Path, local) -> set[Path]:
+def _copied(family: str, entry, **where: str) -> dict:
+    """One checkpoint copied, as ``--json`` names it (its ``url`` or ``path``)."""
+    return {"family": family, "step": entry.step, "size": entry.size, **where}
+
+
+def _dead_branches(remote, listing: Listing, directory: Path, local) -> set[Path]:
     """The source's checkpoints that are a branch ``U`` does not continue (rule 47).
 
     Each family's are judged as a run's start judges its staging directory
@@ -169,9 +167,9 @@ def _dead_branches(remote, inventory, directory: Path, local) -> set[Path]:
     from ..store.lock import StoreLock
 
     dead: set[Path] = set()
-    for view in inventory.families:
-        state = remote.head.family(view.family.prefix)
-        found = branches.sort(state, view.checkpoints).dead
+    for shelf in listing.families:
+        state = remote.head.family(shelf.prefix)
+        found = branches.sort(state, shelf.checkpoints()).dead
         if not found:
             continue
         dead |= {c.path for c in found}
@@ -186,12 +184,12 @@ def _dead_branches(remote, inventory, directory: Path, local) -> set[Path]:
                 where = f"kept in {dest}"
             finally:
                 lock.release()
-        line = branches.dead_line(remote.url, view.family.prefix, state, found, where)
+        line = branches.dead_line(remote.url, shelf.prefix, state, found, where)
         sys.stderr.write(f"dp-ckpt: {line}\n")
     return dead
 
 
-def _another_run(remote, inventory, directory: Path, dead=frozenset()) -> None:
+def _another_run(remote, listing: Listing, directory: Path, dead=frozenset()) -> None:
     """Archive the destination's store first when it is another run's (rule 46).
 
     The destination holds another run when it shares no checkpoint with the
@@ -205,12 +203,7 @@ def _another_run(remote, inventory, directory: Path, dead=frozenset()) -> None:
     held = {(p, e.step): e for p, s in head.families.items() for e in s.kept}
     if not held:
         return
-    ours = {
-        (view.family.prefix, c.step): c
-        for view in inventory.families
-        for c in view.checkpoints
-        if c.path not in dead
-    }
+    ours = {(c.family, c.step): c for c in listing.checkpoints() if c.path not in dead}
     for (prefix, step), checkpoint in sorted(ours.items()):
         entry = held.get((prefix, step))
         if entry is not None and entry.digest != checkpoint.record.digest:
@@ -259,10 +252,8 @@ def download(url: str, directory: Path) -> tuple[list[dict], list[str]]:
     head = HeadView(storage).head()
     local = LocalStorage(directory)
     local.make_dirs(directory, durable=True)
-    lock = StoreLock(directory, storage=local)
-    lock.acquire()
     copied, problems = [], []
-    try:
+    with StoreLock(directory, storage=local):
         for prefix, state in head.families.items():
             for entry in state.kept:
                 try:
@@ -272,24 +263,12 @@ def download(url: str, directory: Path) -> tuple[list[dict], list[str]]:
                 except CheckpointError as exc:
                     problems.append(f"{storage.url_of(entry.key)}: {exc}")
                     continue
-                copied.append(
-                    {
-                        "family": prefix,
-                        "step": entry.step,
-                        "size": entry.size,
-                        "path": str(path),
-                    }
-                )
+                copied.append(_copied(prefix, entry, path=str(path)))
                 _fetch_input(storage, record, directory, local)
             published = state.published
             if published is not None and local.entry(directory / published.name):
                 suffix = published.name[len(f"{prefix}-{published.step}") :]
                 family = Family(prefix, suffix, state.pointer or POINTER_NAME)
-                publish(
-                    directory / published.name,
-                    targets(directory, family),
-                    storage=local,
-                )
-    finally:
-        lock.release()
+                pointers = targets(directory, family)
+                publish(directory / published.name, pointers, storage=local)
     return copied, problems

@@ -22,16 +22,17 @@ listed as gone, not as a problem.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..checkpoint import Checkpoint, records
-from ..errors import InvalidRecordError, UnreadableFileError
+from ..errors import InvalidRecordError
 from ..storage import default_storage
-from . import is_remote, output, refuse_sha256
-from .directory_view import listed
+from . import existing, flag, is_remote, output, refuse_sha256
+from .inventory import listed
 from .open_store import locate, open_view
 from .views import Aside, Check, Listed, StoreView
 
@@ -59,28 +60,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="compare sizes only, without reading the files (the quick check)",
     )
     refuse_sha256(parser)
-    what.add_argument(
-        "--digest",
-        dest="digest",
-        action="store_true",
-        help="re-read each file and compare its digest too (the default)",
-    )
+    flag(what, "--digest", "re-read each file and compare its digest too (the default)")
     parser.set_defaults(digest=True)
 
 
 def _existing(value: str) -> Path | str:
-    if is_remote(value):
-        return value  # a remote store, read when the command runs
-    path = Path(value)
-    try:
-        found = default_storage().entry(path, follow=True)
-    except UnreadableFileError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if found is None:
-        raise argparse.ArgumentTypeError(f"{value}: no such file or directory")
-    if not (found.is_dir or found.is_file):
-        raise argparse.ArgumentTypeError(f"{value} is not a file or a directory")
-    return path
+    # a remote store is read when the command runs
+    return value if is_remote(value) else existing(value, Path(value), files=True)
 
 
 #: How often a store whose listed files all went before their records were
@@ -90,6 +76,7 @@ _RELISTINGS = 5
 
 def run(args: argparse.Namespace) -> int:
     """Check; exit status 1 on any problem."""
+    unverified: list[Aside] = []
     if is_remote(args.path) or default_storage().entry(args.path, follow=True).is_dir:
         view = open_view(args.path)
         listing = view.listing()
@@ -97,18 +84,17 @@ def run(args: argparse.Namespace) -> int:
             if listing.items() or not listing.vanished:
                 break
             listing = view.listing()
-        items = listing.items()
-        problems = view.pointer_problems(listing) + [
-            f"{s.where}: {s.problem}"
-            for s in listing.strays
-            if s.problem != "no commit record"
-        ]
-        unverified = [s for s in listing.strays if s.problem == "no commit record"]
-        where = listing.where
+        items, where = listing.items(), listing.where
+        problems = view.pointer_problems(listing)
+        for stray in listing.strays:
+            if stray.problem == "no commit record":
+                unverified.append(stray)
+            else:
+                problems.append(f"{stray.where}: {stray.problem}")
     else:
         view, name = locate(args.path)
         items, problems = _one_file(Path(view.where) / name)
-        unverified, where = [], str(Path(args.path).absolute())
+        where = str(Path(args.path).absolute())
     start = time.perf_counter()
     results = _check_all(view, items, digest=args.digest, quiet=args.json)
     rate = Rate(sum(r.hashed for r in results), time.perf_counter() - start)
@@ -116,20 +102,16 @@ def run(args: argparse.Namespace) -> int:
     gone = [r for r in results if r.gone]
     results = [r for r in results if not r.gone]
     if not results and not problems and not gone:
+        without = f" ({len(unverified)} file(s) without a commit record)"
         problems.append(
             f"nothing to verify: {args.path} holds no committed checkpoint"
-            + (
-                f" ({len(unverified)} file(s) without a commit record)"
-                if unverified
-                else ""
-            )
+            + (without if unverified else "")
         )
+    found = Verified(where, results, problems, unverified, gone, rate, args.digest)
     if args.json:
-        output.print_json(
-            as_json(where, results, problems, unverified, args.digest, gone, rate)
-        )
+        output.print_json(found.as_json())
     else:
-        show(results, problems, unverified, digest=args.digest, gone=gone, rate=rate)
+        found.show()
     return 1 if problems else 0
 
 
@@ -155,7 +137,7 @@ def _check_all(
     :data:`PROGRESS_ABOVE` bytes to hash on: ``--json`` output stays clean.
     """
     total = sum(c.size for c in items)
-    if not shows_progress(total, digest=digest, quiet=quiet):
+    if not digest or quiet or total < PROGRESS_ABOVE or not sys.stderr.isatty():
         return [view.check(c, digest=digest) for c in items]
     from rich.progress import Progress
 
@@ -167,13 +149,6 @@ def _check_all(
             results.append(view.check(c, digest=digest))
             progress.advance(task, c.size)
     return results
-
-
-def shows_progress(total: int, *, digest: bool, quiet: bool) -> bool:
-    """Whether checking ``total`` bytes shows a progress bar (see :func:`_check_all`)."""
-    import sys
-
-    return digest and not quiet and total >= PROGRESS_ABOVE and sys.stderr.isatty()
 
 
 @dataclass(frozen=True)
@@ -191,78 +166,70 @@ class Rate:
         )
 
 
-def show(
-    results: list[Check],
-    problems: list[str],
-    unverified: list[Aside],
-    *,
-    digest: bool,
-    gone: list[Check] = (),
-    rate: Rate | None = None,
-) -> None:
-    """Print the table and the problems."""
-    out = output.console()
-    checked = "size, digest" if digest else "size"
-    rows = output.table(
-        None, ["file", "step", "size", "checked", "result"], right=("step", "size")
-    )
-    for r in results:
-        c = r.item
-        rows.add_row(
-            c.name,
-            str(c.step),
-            output.size(c.size),
-            checked,
-            "ok" if r.ok else "CORRUPT",
+@dataclass(frozen=True)
+class Verified:
+    """What ``verify`` found: the checkpoints checked (and those gone
+    meanwhile), the problems and the files without a record."""
+
+    where: str
+    results: list[Check]
+    problems: list[str]
+    unverified: list[Aside]
+    gone: list[Check]
+    rate: Rate
+    digest: bool
+
+    def show(self) -> None:
+        """Print the table and the problems."""
+        out = output.console()
+        checked = "size, digest" if self.digest else "size"
+        rows = output.table(
+            None, ["file", "step", "size", "checked", "result"], right=("step", "size")
         )
-    if results:
-        out.print(rows)
-    for stray in unverified:
-        out.print(f"not verified: {stray.name} has no commit record")
-    for r in gone:
-        out.print(f"gone: {r.item.name} was removed meanwhile (retention)")
-    for problem in problems:
-        out.print(f"problem: {problem}")
-    bad = len(problems)
-    good = sum(r.ok for r in results)
-    done = f"{good} of {len(results)} checkpoint(s) sound ({checked}); {bad} problem(s)"
-    if not digest:
-        done += "; content not read (--size-only)"
-    elif rate is not None:
-        done += f"; {rate}"
-    out.print(done)
+        for r in self.results:
+            result = "ok" if r.ok else "CORRUPT"
+            rows.add_row(
+                r.item.name, str(r.item.step), output.size(r.item.size), checked, result
+            )
+        if self.results:
+            out.print(rows)
+        for stray in self.unverified:
+            out.print(f"not verified: {stray.name} has no commit record")
+        for r in self.gone:
+            out.print(f"gone: {r.item.name} was removed meanwhile (retention)")
+        for problem in self.problems:
+            out.print(f"problem: {problem}")
+        good = sum(r.ok for r in self.results)
+        done = (
+            f"{good} of {len(self.results)} checkpoint(s) sound ({checked}); "
+            f"{len(self.problems)} problem(s)"
+        )
+        out.print(
+            f"{done}; {self.rate if self.digest else 'content not read (--size-only)'}"
+        )
 
-
-def as_json(
-    where: str,
-    results: list[Check],
-    problems: list[str],
-    unverified: list[Aside],
-    digest: bool,
-    gone: list[Check] = (),
-    rate: Rate | None = None,
-) -> dict[str, Any]:
-    """The ``--json`` form (documented in docs/command.md)."""
-    return {
-        "path": where,
-        "checked": "digest" if digest else "size",
-        "ok": not problems,
-        "sound": sum(r.ok for r in results),
-        "hashed_bytes": rate.hashed if rate else 0,
-        "seconds": round(rate.seconds, 3) if rate else 0.0,
-        "checkpoints": [
-            {
-                "name": r.item.name,
-                "path": r.item.where,
-                "family": r.item.family,
-                "step": r.item.step,
-                "size": r.item.size,
-                "ok": r.ok,
-                "problem": r.problem,
-            }
-            for r in results
-        ],
-        "unverified": [s.where for s in unverified],
-        "gone": [r.item.where for r in gone],
-        "problems": problems,
-    }
+    def as_json(self) -> dict[str, Any]:
+        """The ``--json`` form (documented in docs/command.md)."""
+        return {
+            "path": self.where,
+            "checked": "digest" if self.digest else "size",
+            "ok": not self.problems,
+            "sound": sum(r.ok for r in self.results),
+            "hashed_bytes": self.rate.hashed,
+            "seconds": round(self.rate.seconds, 3),
+            "checkpoints": [
+                {
+                    "name": r.item.name,
+                    "path": r.item.where,
+                    "family": r.item.family,
+                    "step": r.item.step,
+                    "size": r.item.size,
+                    "ok": r.ok,
+                    "problem": r.problem,
+                }
+                for r in self.results
+            ],
+            "unverified": [s.where for s in self.unverified],
+            "gone": [r.item.where for r in self.gone],
+            "problems": self.problems,
+        }

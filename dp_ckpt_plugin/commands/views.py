@@ -15,8 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from ..checkpoint import Checkpoint
+from ..checkpoint.layout import Family
 from ..checkpoint.records import CommitRecord
-from ..remote.head import Entry
+from ..remote.head import Entry, Head
+from ..remote.lease import LeaseState
 from ..retention import Candidate, KeepBest, RetentionPolicy, Verdict, explain_prune
 
 
@@ -43,10 +46,6 @@ class Listed:
     on_disk: int | None = None
     torn: bool = False
 
-    def candidate(self) -> Candidate:
-        """The checkpoint as a retention policy sees it."""
-        return Candidate(self.name, self.step, self.metrics)
-
 
 @dataclass
 class Shelf:
@@ -66,6 +65,16 @@ class Shelf:
     policy: RetentionPolicy | None = None
     reason: str | None = None
 
+    def family(self) -> Family:
+        """Its names (a directory's family: ``suffix`` and ``pointer`` known)."""
+        return Family(self.prefix, self.suffix, self.pointer)
+
+    def checkpoints(self) -> list[Checkpoint]:
+        """Its checkpoints as the core sees them (a directory's: paths)."""
+        return [
+            Checkpoint(Path(c.where), c.step, self.prefix, c.record) for c in self.items
+        ]
+
     def protections(self) -> dict[str, str]:
         """The names retention never removes, each with why."""
         found: dict[str, list[str]] = {}
@@ -75,16 +84,14 @@ class Shelf:
         what = "best" if isinstance(self.policy, KeepBest) else "latest"
         return {name: f"{what} ({', '.join(how)})" for name, how in found.items()}
 
-    def explain(
-        self, policy: RetentionPolicy, *, protect_newest: bool = False
-    ) -> list[Verdict]:
-        """What ``policy`` keeps now, and why: the pointer and alias targets are
-        protected, and with ``protect_newest`` the newest checkpoint too."""
+    def explain(self, policy: RetentionPolicy) -> list[Verdict]:
+        """What ``policy`` keeps now, and why: the pointer and alias targets and
+        the newest checkpoint are protected."""
         protected = self.protections()
-        if protect_newest and self.items:
+        if self.items:
             protected.setdefault(self.items[-1].name, "newest")
         return explain_prune(
-            [c.candidate() for c in self.items],
+            [Candidate(c.name, c.step, c.metrics) for c in self.items],
             current_step=max((c.step for c in self.items), default=0),
             protected=protected,
             policy=policy,
@@ -106,32 +113,13 @@ class Aside:
     checkpoints: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class HeadNote:
-    """What a store's HEAD says of itself: its sequence, epoch and format."""
-
-    seq: int
-    epoch: int
-    format: str | None
-
-
-@dataclass(frozen=True)
-class LeaseNote:
-    """The writer lease of a store on object storage, as its LEASE says."""
-
-    epoch: int
-    holder: str
-    renewed: float
-    ttl: float
-    released: bool
-
-
 @dataclass
 class Listing:
     """What a store holds, family by family (the primary family first).
 
-    ``head`` and ``lease`` are what a store on object storage says of itself
-    (``None`` for a directory).
+    ``head`` and ``lease`` are a store on object storage's HEAD and LEASE
+    (``None`` for a directory); ``vanished``, the files of a directory listed
+    but gone when their record was read (a live store's retention).
     """
 
     where: str
@@ -142,13 +130,17 @@ class Listing:
     quarantined: list[Aside] = field(default_factory=list)
     archives: list[Aside] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    vanished: int = 0
-    head: HeadNote | None = None
-    lease: LeaseNote | None = None
+    vanished: list[Path] = field(default_factory=list)
+    head: Head | None = None
+    lease: LeaseState | None = None
 
     def items(self) -> list[Listed]:
         """Every committed checkpoint, family by family."""
         return [c for f in self.families for c in f.items]
+
+    def checkpoints(self) -> list[Checkpoint]:
+        """Every committed checkpoint of a directory, as the core sees it."""
+        return [c for f in self.families for c in f.checkpoints()]
 
 
 @dataclass(frozen=True)
