@@ -59,11 +59,7 @@ class ReportsMetrics:
 
     # -- set-up ---------------------------------------------------------------
     def dp_setup_best(
-        self,
-        validating: Mapping[str, Any] | None,
-        *,
-        disp_freq: int,
-        save_freq: int,
+        self, validating: Mapping[str, Any] | None, *, disp_freq: int, save_freq: int
     ) -> None:
         """Add the best families when they belong in the store."""
         store = self.dp_run.store

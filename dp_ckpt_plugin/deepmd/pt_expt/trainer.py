@@ -214,9 +214,7 @@ def make_trainer_class(host_run: HostRun) -> type:
             # every participating rank, before any payload: the gather is collective
             alone = self.is_distributed and getattr(self, "_dp_chief_alone", False)
             self._dp_entry = self._dp_exact.payload_entry(
-                step,
-                None if alone else self._dp_local_state,
-                self._dp_gather,
+                step, None if alone else self._dp_local_state, self._dp_gather
             )
             try:
                 self._dp_save_checkpoint(step)
