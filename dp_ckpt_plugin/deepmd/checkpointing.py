@@ -29,7 +29,7 @@ from typing import Any
 from ..errors import CheckpointError
 from ..storage import local_storage
 from ..store.core import CheckpointStore
-from .exact import KEY, on_cpu, read_entry, restart_line
+from .exact import KEY, ExactResume, on_cpu, read_entry, restart_line, restore_rngs
 from .loading import MISSING, ServedPayloads
 from .logs import SaveReport, finished_line
 from .naming import ema_prefix
@@ -136,26 +136,39 @@ class HostRun:
                 "checkpoint of this model, or use --finetune"
             ) from None
 
-    def exact_entry(self, restart: str) -> Any:
-        """The plugin's entry (:data:`.exact.KEY`) of the checkpoint restarted from.
+    def exact(self, rank: int, world_size: int, unsupported: str | None) -> ExactResume:
+        """The trainer's side of exact resume (:mod:`.exact`) in this run."""
+        changed = self.changes.data if self.changes is not None else None
+        return ExactResume(self.exact_resume, rank, world_size, unsupported, changed)
 
-        As deepmd-kit's trainer loaded it from the verified bytes; read from
-        those bytes only if the trainer did not.
+    def restore(
+        self,
+        restart: str,
+        exact: ExactResume,
+        restore_data: Callable[[Any], str | None],
+        *,
+        step: int | None,
+        chief: bool,
+    ) -> Any:
+        """Put the random generators and the data where the checkpoint left them.
+
+        ``restore_data`` puts the host's data back and says why it cannot.
+        Says in one line whether the run continues exactly; returns the
+        checkpoint's entry (:data:`.exact.KEY`), as deepmd-kit's trainer loaded
+        it from the verified bytes (read from those bytes if it did not).
         """
         entry = self.payloads.kept(restart, KEY, MISSING)
         if entry is MISSING:
-            return read_entry(self.payloads.file(restart))
-        return on_cpu(entry)
-
-    def resumed(self, step: int | None, found, *, chief: bool) -> None:
-        """A restart read its checkpoint: say in one line whether it continues exactly."""
+            entry = read_entry(self.payloads.file(restart))
+        found = exact.continuation(on_cpu(entry))
+        why = restore_data(found.state["data"]) if found.exact else None
+        if why is not None:
+            found.state, found.reason = None, why
+        if found.exact:
+            restore_rngs(found.state["rng"])
         if chief:
             log.info("%s", restart_line(step, found, self.changes))
-
-    @property
-    def data_changed(self) -> str | None:
-        """Why the data position of the checkpoint restarted from cannot be restored."""
-        return self.changes.data if self.changes is not None else None
+        return entry
 
     def loop_started(self) -> None:
         """The training loop starts: a stop signal now waits for a step boundary.
@@ -167,6 +180,11 @@ class HostRun:
             self.stop.in_loop = True
 
     # -- saving ----------------------------------------------------------------------
+    def write_atomic(self, path: str | Path, state: Any) -> None:
+        """Write a file outside the store atomically, durable as the store is."""
+        durable = self.store.durable if self.store is not None else True
+        write_torch_atomic(Path(path), state, durable=durable)
+
     def family_names(self, with_ema: bool) -> tuple[str, str | None]:
         """The periodic family's prefix and the EMA one's (``None`` without EMA)."""
         primary = self.store.primary.prefix
