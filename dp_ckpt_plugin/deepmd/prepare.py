@@ -84,14 +84,13 @@ class PreparedRun:
     """
 
     settings: RunSettings
-    store: CheckpointStore | None
-    restart: str | None
-    init_model: str | None
-    resumed_from: Path | None
+    store: CheckpointStore | None = None
+    restart: str | None = None
+    init_model: str | None = None
+    resumed_from: Path | None = None
     finetune: str | None = None
     report: SaveReport | None = None
     stop: StopSignals | None = None
-    adopted: list[Path] = field(default_factory=list)
     host: str | None = None
     payloads: ServedPayloads = field(default_factory=ServedPayloads)
     changes: Changes | None = None
@@ -130,24 +129,25 @@ def prepare_run(
     settings = read_settings(config, suffix=descriptor(host).suffix)
     check_host_support(descriptor(host), settings.options, settings.training)
     chief = ranks.rank == 0
-    if chief:
-        log.info(
-            "%s",
-            startup_line(settings, host, settings.cwd, archived=_archived(settings)),
-        )
     origin = None
     if chief:
+        archived = _archived(settings)
+        log.info("%s", startup_line(settings, host, settings.cwd, archived=archived))
         origin = run_origin(
             config, cwd=settings.cwd, backend=host, world_size=world_size()
         )
-    stop = StopSignals(settings.options.stop_signals).install()
+    run = PreparedRun(
+        settings,
+        host=host,
+        stop=StopSignals(settings.options.stop_signals).install(),
+        payloads=ServedPayloads(keep=(EXACT_KEY,)),  # read from deepmd-kit's load
+    )
     store = None
     created = False
-    payloads = ServedPayloads(keep=(EXACT_KEY,))  # read from deepmd-kit's load
     try:
         adopted: list[Path] = []
         if settings.save_dir is not None:
-            store = build_store(settings, pm, ranks, host)
+            run.store = store = build_store(settings, pm, ranks, host)
             if origin is not None:
                 _describe(store, *origin)
             created = chief and store.storage.entry(store.directory) is None
@@ -158,21 +158,22 @@ def prepare_run(
                 adopted = [c.path for c in adopt(store, cwd=settings.cwd)]
         ctx = settings.resolve_context(chief=chief) if chief else None
         specs = {"init_model": init_model, "restart": restart, "finetune": finetune}
-        resolved: dict[str, str | None] = dict.fromkeys(HANDLES)
-        resumed_from = None
-        changes = None
         for key in HANDLES:
             spec = specs[key]
             if spec is None:
                 continue
             spec_path = normalized_spec(spec, settings.cwd)
+            context = _context_for(spec_path, ctx)
             continues = key == "restart"
-            found = _resolve(
-                spec_path, _context_for(spec_path, ctx), pm, ranks, store, continues
-            )
-            payloads.add(payload_of(found, store.storage if store else None))
-            resolved[key] = str(found.path)
-            resumed_from = found.path
+            # through the store when there is one, which protects what it finds
+            # from retention and forgets what it moved into quarantine
+            if store is None:
+                found = resolve_restart(Hooks.of(pm), spec_path, context, ranks)
+            else:
+                found = store.resolve(spec_path, context=context, continues=continues)
+            run.payloads.add(payload_of(found, store.storage if store else None))
+            setattr(run, key, str(found.path))
+            run.resumed_from = found.path
             # a restart continues the run's step count; an initialization or
             # a fine-tuning starts its own, so the checkpoints in save_dir are
             # an earlier run's, archived before the first save
@@ -184,72 +185,35 @@ def prepare_run(
             if chief:
                 for warning in found.warnings:
                     log.warning("%s", warning)
-                log.info(
-                    "%s",
-                    restart_line(
-                        key.replace("_", "-"),
-                        spec,
-                        found,
-                        settings.cwd,
-                        adopted=adopted,
-                        archives=archives,
-                    ),
+                line = restart_line(
+                    key.replace("_", "-"),
+                    spec,
+                    found,
+                    settings.cwd,
+                    adopted=adopted,
+                    archives=archives,
                 )
+                log.info("%s", line)
             if continues:
-                changes = ranks.broadcast(
+                run.changes = ranks.broadcast(
                     _changes(found, origin, store) if chief else None
                 )
                 if chief:
-                    for line in changes.lines:
+                    for line in run.changes.lines:
                         log.info("changed since step %s: %s", found.step, line)
-                    if changes.unknown:
-                        log.info("%s", changes.unknown)
-        report = None
+                    if run.changes.unknown:
+                        log.info("%s", run.changes.unknown)
         if store is not None:
-            report = SaveReport(settings.cwd)
+            run.report = SaveReport(settings.cwd)
             if pm.get_plugin(REPORT_PLUGIN) is not None:  # a second run, same manager
                 pm.unregister(name=REPORT_PLUGIN)
-            pm.register(report, name=REPORT_PLUGIN)
-        return PreparedRun(
-            settings,
-            store,
-            resolved["restart"],
-            resolved["init_model"],
-            resumed_from,
-            finetune=resolved["finetune"],
-            report=report,
-            stop=stop,
-            adopted=adopted,
-            host=host,
-            payloads=payloads,
-            changes=changes,
-        )
+            pm.register(run.report, name=REPORT_PLUGIN)
+        return run
     except BaseException:
-        payloads.stop()
-        stop.restore()
-        if store is not None:
-            store.close()
-            if created:
-                store.storage.remove_dir(store.directory)  # only if still empty
+        run.close()
+        if created:
+            store.storage.remove_dir(store.directory)  # only if still empty
         raise
-
-
-def _resolve(
-    spec: str,
-    ctx: ResolveContext | None,
-    pm: pluggy.PluginManager,
-    ranks: Ranks,
-    store: CheckpointStore | None,
-    continues: bool,
-) -> Resolved:
-    """Resolve one handle: through the store when there is one, else the front door.
-
-    The store protects what it finds from retention and forgets what it
-    moved into quarantine on the way.
-    """
-    if store is None:
-        return resolve_restart(Hooks.of(pm), spec, ctx, ranks)
-    return store.resolve(spec, context=ctx, continues=continues)
 
 
 def _describe(store: CheckpointStore, provenance, normalized) -> None:
