@@ -36,13 +36,14 @@ from .naming import ema_prefix
 from .origin import Changes
 from .preempt import Stopped, StopSignals
 from .retention_args import periodic_policy
+from .settings import RunSettings
 
 log = logging.getLogger("dp_ckpt_plugin")
 
 
 @dataclass
 class HostRun:
-    """What a trainer of a host needs from the preflight.
+    """A training run of a host: what the preflight found, what its trainer calls.
 
     Attributes
     ----------
@@ -88,25 +89,22 @@ class HostRun:
     #: The step of the last checkpoint this run saved.
     last_saved: int | None = None
 
-    @classmethod
-    def from_prepared(cls, prepared, training: Mapping[str, Any]) -> HostRun:
-        """The run :func:`~dp_ckpt_plugin.deepmd.prepare.prepare_run` prepared."""
-        if prepared is None:
-            return cls(None, training)
-        return cls(
-            prepared.store,
-            training,
-            resumed_from=prepared.resumed_from,
-            background=prepared.settings.options.async_save,
-            report=prepared.report,
-            stop=prepared.stop,
-            cwd=prepared.settings.cwd,
-            retention=prepared.settings.options.retention,
-            host=prepared.host,
-            exact_resume=prepared.settings.options.exact_resume,
-            payloads=prepared.payloads,
-            changes=prepared.changes,
-        )
+    #: What :func:`~.prepare.prepare_run` read and resolved: the checkpoint
+    #: part of the input, and the checkpoints to hand to deepmd-kit.
+    settings: RunSettings | None = None
+    restart: str | None = None
+    init_model: str | None = None
+    finetune: str | None = None
+
+    def close(self) -> None:
+        """Give the bytes up, restore the signal handlers, close the store (idempotent)."""
+        try:
+            self.payloads.stop()
+            if self.stop is not None:
+                self.stop.restore()
+        finally:
+            if self.store is not None:
+                self.store.close()
 
     # -- set-up ----------------------------------------------------------------------
     def started(self, num_steps: int) -> None:

@@ -128,6 +128,7 @@ def run_train(flags: argparse.Namespace, host: str) -> None:
     prepared = None
     if os.environ.get("LOCAL_RANK") is None:
         from ..ranks import SingleProcess
+        from .prepare import prepare_training
 
         prepared = prepare_training(host, flags.INPUT, flags, SingleProcess())
     try:
@@ -276,25 +277,6 @@ def plugin_manager(host: str):
     from ..plugin import get_plugin_manager
 
     return get_plugin_manager(host_plugins={"freeze": descriptor(host).freezer})
-
-
-def prepare_training(host: str, input_file: str, handles, ranks):
-    """The preflight of ``dp --<host> train`` (:func:`.prepare.prepare_run`).
-
-    ``handles`` is anything with ``restart``, ``init_model`` and ``finetune``
-    (deepmd-kit's parsed flags, or its train entrypoint's options).
-    """
-    from .prepare import prepare_run
-
-    return prepare_run(
-        input_file,
-        restart=handles.restart,
-        init_model=handles.init_model,
-        finetune=handles.finetune,
-        pm=plugin_manager(host),
-        ranks=ranks,
-        host=host,
-    )
 
 
 def share_deepmd_handlers(logger: logging.Logger) -> None:

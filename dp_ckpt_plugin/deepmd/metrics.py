@@ -41,8 +41,6 @@ log = logging.getLogger("dp_ckpt_plugin")
 #: deepmd-kit's prefixes of best-validation checkpoints (live and EMA weights),
 #: by the trainer attribute holding their validator.
 BEST_FAMILIES = {"full_validator": "best.ckpt", "ema_full_validator": "best_ema.ckpt"}
-BEST_PREFIX = BEST_FAMILIES["full_validator"]
-EMA_BEST_PREFIX = BEST_FAMILIES["ema_full_validator"]
 
 
 class ReportsMetrics:

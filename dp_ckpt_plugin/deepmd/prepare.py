@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from ..storage import default_storage
 from ..store.archive import archive_folders
 from ..store.core import CheckpointStore
 from .adopt import adopt
+from .checkpointing import HostRun
 from .exact import KEY as EXACT_KEY
 from .host import descriptor
 from .loading import ServedPayloads
@@ -58,52 +59,23 @@ REPORT_PLUGIN = "dp_ckpt.deepmd.save_report"
 HANDLES = ("init_model", "restart", "finetune")
 
 
-@dataclass
-class PreparedRun:
-    """The outcome of :func:`prepare_run`.
+def prepare_training(host: str, input_file: str, handles, ranks: Ranks) -> HostRun:
+    """The preflight of ``dp --<host> train``: :func:`prepare_run` with its plugins.
 
-    Attributes
-    ----------
-    settings : RunSettings
-        The checkpoint part of the input.
-    store : CheckpointStore or None
-        The store of ``save_dir`` (open and locked on the chief), if set.
-    restart, init_model, finetune : str or None
-        The resolved checkpoint paths to hand to deepmd-kit.
-    resumed_from : Path or None
-        The checkpoint the run starts from.
-    report : SaveReport or None
-        The observer writing one line per save (with a store).
-    stop : StopSignals or None
-        The stop signals, installed (``None`` when none are configured).
-    payloads : ServedPayloads
-        The verified bytes of the checkpoints the handles name, for
-        deepmd-kit's loaders (served once the host starts them).
-    changes : Changes or None
-        With ``--restart``: what changed since the checkpoint (:mod:`.origin`).
+    ``handles`` is anything with ``restart``, ``init_model`` and ``finetune``
+    (deepmd-kit's parsed flags, or its train entrypoint's options).
     """
+    from .cli import plugin_manager
 
-    settings: RunSettings
-    store: CheckpointStore | None = None
-    restart: str | None = None
-    init_model: str | None = None
-    resumed_from: Path | None = None
-    finetune: str | None = None
-    report: SaveReport | None = None
-    stop: StopSignals | None = None
-    host: str | None = None
-    payloads: ServedPayloads = field(default_factory=ServedPayloads)
-    changes: Changes | None = None
-
-    def close(self) -> None:
-        """Give the bytes up, restore the signal handlers, close the store (idempotent)."""
-        try:
-            self.payloads.stop()
-            if self.stop is not None:
-                self.stop.restore()
-        finally:
-            if self.store is not None:
-                self.store.close()
+    return prepare_run(
+        input_file,
+        restart=handles.restart,
+        init_model=handles.init_model,
+        finetune=handles.finetune,
+        pm=plugin_manager(host),
+        ranks=ranks,
+        host=host,
+    )
 
 
 def prepare_run(
@@ -115,8 +87,11 @@ def prepare_run(
     ranks: Ranks,
     host: str,
     finetune: str | None = None,
-) -> PreparedRun:
+) -> HostRun:
     """Validate, lock, adopt and resolve; see the module docstring.
+
+    Returns the run its trainer takes part in, with the resolved handles
+    (``restart``, ``init_model``, ``finetune``) to hand to deepmd-kit.
 
     Raises
     ------
@@ -136,11 +111,18 @@ def prepare_run(
         origin = run_origin(
             config, cwd=settings.cwd, backend=host, world_size=world_size()
         )
-    run = PreparedRun(
-        settings,
+    options = settings.options
+    run = HostRun(
+        None,
+        settings.training,
+        background=options.async_save,
+        stop=StopSignals(options.stop_signals).install(),
+        cwd=settings.cwd,
+        retention=options.retention,
         host=host,
-        stop=StopSignals(settings.options.stop_signals).install(),
+        exact_resume=options.exact_resume,
         payloads=ServedPayloads(keep=(EXACT_KEY,)),  # read from deepmd-kit's load
+        settings=settings,
     )
     store = None
     created = False

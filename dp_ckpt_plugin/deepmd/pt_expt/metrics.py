@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..metrics import BEST_PREFIX, EMA_BEST_PREFIX, ReportsMetrics
-
-__all__ = ["BEST_PREFIX", "EMA_BEST_PREFIX", "MetricsMixin"]
+from ..metrics import ReportsMetrics
 
 
 class MetricsMixin(ReportsMetrics):
