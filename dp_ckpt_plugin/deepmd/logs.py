@@ -234,18 +234,15 @@ class SaveReport:
         size = sum(c.record.size for c in save.done if c.record is not None)
         first, *rest = save.done
         names = [shown(first.path, self.cwd), *(c.path.name for c in rest)]
-        paused = save.paused if save.background else None
-        log.info(
-            "%s",
-            save_line(
-                checkpoint.step,
-                names,
-                size,
-                seconds,
-                background=save.background,
-                paused=paused,
-            ),
+        line = save_line(
+            checkpoint.step,
+            names,
+            size,
+            seconds,
+            background=save.background,
+            paused=save.paused,
         )
+        log.info("%s", line)
         self.last = (checkpoint.step, first.path)
 
 
