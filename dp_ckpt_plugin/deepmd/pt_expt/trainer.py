@@ -17,7 +17,7 @@ trainer can be entered:
   (:meth:`~dp_ckpt_plugin.deepmd.checkpointing.HostRun.check_stop`);
 - ``run`` marks the start of the loop and says at the end where the latest
   checkpoint is;
-- :class:`~.metrics.MetricsMixin` records the displayed learning-curve values
+- :class:`~..metrics.ReportsMetrics` records the displayed learning-curve values
   with each periodic checkpoint, and writes best-validation checkpoints into
   ``save_dir`` as the ``best.ckpt`` family;
 - exact resume (:mod:`..exact`): the constructor has each data system
@@ -43,14 +43,14 @@ from .. import positions
 from ..checkpointing import HostRun
 from ..exact import KEY, LMDB, all_ranks, capture_rngs
 from ..logs import say_saved
+from ..metrics import ReportsMetrics
 from ..optimizer_state import load_optimizer_state
-from .metrics import MetricsMixin
 
 
 def make_trainer_class(host_run: HostRun) -> type:
     """Return a subclass of deepmd-kit's pt_expt ``Trainer`` bound to ``host_run``."""
 
-    class CheckpointingTrainer(MetricsMixin, training.Trainer):
+    class CheckpointingTrainer(ReportsMetrics, training.Trainer):
         """deepmd-kit's pt_expt trainer writing through dp_ckpt_plugin."""
 
         dp_run = host_run
@@ -227,6 +227,42 @@ def make_trainer_class(host_run: HostRun) -> type:
             )
             if self.rank == 0:  # its path as deepmd-kit's unused store spells it
                 say_saved(host_run.host, self.ckpt_store.path_for(step))
+
+        # -- metrics and best-validation checkpoints (:mod:`..metrics`) ---------
+        # deepmd-kit's loop shows a row through collect_display_results
+        # (``step`` 0-based) and saves a best-validation checkpoint through
+        # _save_full_validation_checkpoint and its EMA twin
+        def collect_display_results(self, tasks, *, active_task, step, step_result):
+            train, valid = super().collect_display_results(
+                tasks, active_task=active_task, step=step, step_result=step_result
+            )
+            self.dp_note_shown(step + 1, train, valid)
+            return train, valid
+
+        def _save_full_validation_checkpoint(
+            self, save_path: Path, lr: float = 0.0, step: int = 0
+        ) -> None:
+            if "full_validator" not in (self._dp_best_families or {}):
+                super()._save_full_validation_checkpoint(save_path, lr=lr, step=step)
+                return
+            state = self._checkpoint_payload(
+                step, include_optimizer=True, include_ema_state=True
+            )
+            self.dp_save_best("full_validator", step, state)
+
+        def _save_full_validation_ema_checkpoint(
+            self, save_path: Path, lr: float = 0.0, step: int = 0
+        ) -> None:
+            if "ema_full_validator" not in (self._dp_best_families or {}):
+                super()._save_full_validation_ema_checkpoint(
+                    save_path, lr=lr, step=step
+                )
+                return
+            with self.model_ema.apply_shadow(self.model):
+                state = self._checkpoint_payload(
+                    step, include_optimizer=False, include_ema_state=False
+                )
+            self.dp_save_best("ema_full_validator", step, state)
 
         # -- the loop ---------------------------------------------------------
         def train_step(self, task, step: int):
