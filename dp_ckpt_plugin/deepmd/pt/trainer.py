@@ -64,14 +64,14 @@ class StoreFamily:
         The run whose store this is.
     prefix : str
         The family's prefix (``model.ckpt``, ``model_ema.ckpt``).
-    deepmds : object, optional
+    deepmds : deepmd.dpmodel.train.checkpoint.CheckpointStore
         deepmd-kit's own store of the family, which it replaces: a path the
         plugin's store names as deepmd-kit's names it is spelled as deepmd-kit
         spells it (``models/model.ckpt-20.pt``, relative as ``save_dir`` is),
         so deepmd-kit's ``Saved model to`` line says what it says alone.
     """
 
-    def __init__(self, run: HostRun, prefix: str, deepmds: Any = None) -> None:
+    def __init__(self, run: HostRun, prefix: str, deepmds: Any) -> None:
         self.run = run
         self.prefix = prefix
         self.deepmds = deepmds
@@ -86,12 +86,8 @@ class StoreFamily:
         """
         path = self.run.store.path_for(step, self.prefix)
         self._built = (path, step)
-        spelled = getattr(self.deepmds, "path_for", None)
-        if spelled is not None:
-            theirs = Path(spelled(step))
-            if self._absolute(theirs) == path:
-                return theirs
-        return path
+        theirs = Path(self.deepmds.path_for(step))
+        return theirs if self._absolute(theirs) == path else path
 
     def _absolute(self, path: Path) -> Path:
         return Path(os.path.normpath(os.path.join(self.run.cwd or "", path)))
@@ -125,9 +121,9 @@ def make_trainer_class(host_run: HostRun) -> type:
                 host_run.build(
                     lambda: super(CheckpointingTrainer, self).__init__(*args, **kwargs)
                 )
-            config = args[0] if args else kwargs.get("config")
-            if isinstance(config, dict) and isinstance(config.get("training"), dict):
-                host_run.training = config["training"]  # normalized: deepmd's defaults
+            # deepmd-kit's constructor read config["training"]: a normalized input
+            config = args[0] if args else kwargs["config"]
+            host_run.training = config["training"]  # with deepmd-kit's defaults
             host_run.started(self.num_steps)
             self._dp_loaders = batches.loaders_of(self)
             self._dp_gathered: tuple[int, list[dict[str, Any]]] | None = None
@@ -166,7 +162,7 @@ def make_trainer_class(host_run: HostRun) -> type:
                 )
                 self._dp_primary, self._dp_ema = primary, ema
             self.dp_setup_best(
-                config.get("validating") if isinstance(config, dict) else None,
+                config.get("validating"),
                 disp_freq=self.disp_freq,
                 save_freq=self.save_freq,
             )

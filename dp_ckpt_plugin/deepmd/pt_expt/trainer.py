@@ -80,9 +80,9 @@ def make_trainer_class(host_run: HostRun) -> type:
                     step=self.start_step,
                     chief=self.rank == 0,
                 )
-            config = args[0] if args else kwargs.get("config", {})
+            config = args[0] if args else kwargs["config"]  # as deepmd-kit read it
             self.dp_setup_best(
-                (config or {}).get("validating"),
+                config.get("validating"),
                 disp_freq=self.trainer_config.disp_freq,
                 save_freq=self.trainer_config.save_freq,
             )
