@@ -75,12 +75,12 @@ class ReportsMetrics:
                 save_freq,
                 disp_freq,
             )
+        if (validating or {}).get("save_best_dir"):
+            return  # the user named a place: deepmd-kit's own files there
         for attribute, prefix in BEST_FAMILIES.items():
             validator = getattr(self, attribute, None)
             if validator is None or not validator.save_best:
                 continue
-            if (validating or {}).get("save_best_dir"):
-                continue  # the user named a place: deepmd-kit's own files there
             store.add_family(
                 FamilyConfig(
                     Family(prefix, store.primary.suffix, f"checkpoint.{prefix}"),

@@ -209,8 +209,7 @@ def make_trainer_class(host_run: HostRun) -> type:
             if self.world_size > 1:
                 gathered = self._dp_gathered
                 if gathered is not None and gathered[0] == step:
-                    states = gathered[1]
-                    gather = lambda mine: states  # noqa: E731 (gathered before)
+                    gather = lambda mine: gathered[1]  # noqa: E731 (gathered before)
                 else:  # a save the chief makes alone: the step only
                     local = None
             data[KEY] = self._dp_exact.payload_entry(step, local, gather)
@@ -249,10 +248,9 @@ def make_trainer_class(host_run: HostRun) -> type:
                 self._dp_pending = (step, states)
 
         def _dp_flush(self) -> None:
-            if self._dp_pending is not None:
-                step, states = self._dp_pending
-                self._dp_pending = None
-                self._dp_commit(step, states)
+            pending, self._dp_pending = self._dp_pending, None
+            if pending is not None:
+                self._dp_commit(*pending)
 
         def _dp_commit(self, step: int, states: dict[str, Any]) -> None:
             metrics = {self._dp_primary: self.dp_metrics(step)}
