@@ -14,7 +14,7 @@ points of deepmd-kit's loop:
 Also here: the retention policies set once the run length is known, the
 translation of deepmd-kit's ``load_state_dict`` error into one sentence, and
 the atomic write of files that stay outside the store (best-validation
-checkpoints, a run without ``save_dir``).
+checkpoints, a run without ``save_dir``: :meth:`HostRun.write_atomic`).
 """
 
 from __future__ import annotations
@@ -179,9 +179,19 @@ class HostRun:
 
     # -- saving ----------------------------------------------------------------------
     def write_atomic(self, path: str | Path, state: Any) -> None:
-        """Write a file outside the store atomically, durable as the store is."""
+        """``torch.save`` a file outside the store: a temporary name, then ``os.replace``.
+
+        Fsynced unless the store is not durable.
+        """
+        import torch
+
         durable = self.store.durable if self.store is not None else True
-        write_torch_atomic(Path(path), state, durable=durable)
+        storage, path = local_storage(), Path(path)
+        storage.make_dirs(path.parent, durable=durable)
+        tmp = storage.write_temp(
+            path, lambda handle: torch.save(state, handle), durable=durable
+        )
+        storage.move_into_place(tmp, path, durable=durable)
 
     def family_names(self, with_ema: bool) -> tuple[str, str | None]:
         """The periodic family's prefix and the EMA one's (``None`` without EMA)."""
@@ -286,15 +296,3 @@ def describe_mismatch(text: str) -> str | None:
             if found:
                 return message.format(*found.groups())
     return None
-
-
-def write_torch_atomic(path: Path, state: Any, *, durable: bool = True) -> None:
-    """``torch.save`` to ``path`` through a temporary name, fsynced, then ``os.replace``."""
-    import torch
-
-    storage = local_storage()
-    storage.make_dirs(path.parent, durable=durable)
-    tmp = storage.write_temp(
-        path, lambda handle: torch.save(state, handle), durable=durable
-    )
-    storage.move_into_place(tmp, path, durable=durable)
