@@ -42,7 +42,7 @@ from dargs.dargs import ArgumentError, ArgumentKeyError
 
 from ..errors import ConfigError, UnreadableFileError
 from ..storage import default_storage, entry_or_none
-from .retention_args import retention_args
+from .retention_args import count_arg, retention_args
 
 #: Key of the plugin's options inside the ``training`` section.
 SECTION = "_dp_ckpt"
@@ -210,40 +210,34 @@ DOC_SAVE_DIR = (
 # -- schemas --------------------------------------------------------------------
 
 
-def _flag(name: str, doc: str) -> Argument:
-    """Return an optional boolean option that defaults to true."""
-    return Argument(name, bool, optional=True, default=True, doc=doc)
+def _flag(name: str, doc: str, default: bool = True) -> Argument:
+    """Return an optional boolean option."""
+    return Argument(name, bool, optional=True, default=default, doc=doc)
 
 
-def verify_args() -> Argument:
-    """Return the schema of ``dp_ckpt/verify``."""
+def _path_or_null(name: str, doc: str) -> Argument:
+    """Return an optional option holding a non-empty path or ``null``."""
     return Argument(
-        "verify",
-        str,
+        name,
+        [str, None],
         optional=True,
-        default="digest",
-        doc=DOC_VERIFY
-        + " Possible values: "
-        + ", ".join(f"``{c}``" for c in VERIFY_CHOICES)
-        + ".",
-        extra_check=lambda value: value in VERIFY_CHOICES,
-        extra_check_errmsg="It must be one of "
-        + ", ".join(f"'{c}'" for c in VERIFY_CHOICES)
-        + ".",
+        default=None,
+        doc=doc,
+        extra_check=lambda value: value is None or bool(value.strip()),
+        extra_check_errmsg="It must be a non-empty path or null.",
     )
 
 
-def stop_signals_args() -> Argument:
-    """Return the schema of ``training/_dp_ckpt/stop_signals``."""
+def _seconds(name: str, default: int, least: int, most: float, doc: str) -> Argument:
+    """Return an optional number of seconds, at least ``least``."""
     return Argument(
-        "stop_signals",
-        list,
+        name,
+        [int, float],
         optional=True,
-        default=list(DEFAULT_STOP_SIGNALS),
-        doc=DOC_STOP_SIGNALS,
-        extra_check=lambda value: all(_signal_or_none(v) for v in value),
-        extra_check_errmsg="Each entry must name a signal that can be caught, "
-        "such as 'SIGTERM', 'SIGUSR1' or 'SIGINT'.",
+        default=default,
+        doc=doc,
+        extra_check=lambda value: least <= value < most,
+        extra_check_errmsg=f"It must be a number of seconds, {least} or more.",
     )
 
 
@@ -255,38 +249,57 @@ def plugin_args() -> Argument:
     dargs.Argument
         An optional dict whose options all have defaults.
     """
+    remote = Argument(
+        "remote",
+        dict,
+        [
+            _path_or_null("staging_dir", DOC_STAGING_DIR),
+            _seconds("upload_wait", 300, 0, 1e7, DOC_UPLOAD_WAIT),
+            _seconds("lease_seconds", 60, 1, 1e6, DOC_LEASE_SECONDS),
+        ],
+        optional=True,
+        default={},
+        doc=DOC_REMOTE,
+    )
+    verify = Argument(
+        "verify",
+        str,
+        optional=True,
+        default="digest",
+        doc=f"{DOC_VERIFY} Possible values: "
+        + ", ".join(f"``{c}``" for c in VERIFY_CHOICES)
+        + ".",
+        extra_check=lambda value: value in VERIFY_CHOICES,
+        extra_check_errmsg="It must be one of "
+        + ", ".join(f"'{c}'" for c in VERIFY_CHOICES)
+        + ".",
+    )
+    stop_signals = Argument(
+        "stop_signals",
+        list,
+        optional=True,
+        default=list(DEFAULT_STOP_SIGNALS),
+        doc=DOC_STOP_SIGNALS,
+        extra_check=lambda value: all(_signal_or_none(v) for v in value),
+        extra_check_errmsg="Each entry must name a signal that can be caught, "
+        "such as 'SIGTERM', 'SIGUSR1' or 'SIGINT'.",
+    )
     return Argument(
         SECTION,
         dict,
         [
-            verify_args(),
+            verify,
             _flag("lock", DOC_LOCK),
             _flag("fsync", DOC_FSYNC),
             _flag("quarantine", DOC_QUARANTINE),
             _flag("check_free_space", DOC_CHECK_FREE_SPACE),
             _flag("compat_links", DOC_COMPAT_LINKS),
-            Argument(
-                "async_save", bool, optional=True, default=False, doc=DOC_ASYNC_SAVE
-            ),
-            stop_signals_args(),
-            Argument(
-                "exact_resume",
-                bool,
-                optional=True,
-                default=True,
-                doc=DOC_EXACT_RESUME,
-            ),
-            Argument(
-                "max_archives",
-                [int, None],
-                optional=True,
-                default=None,
-                doc=DOC_MAX_ARCHIVES,
-                extra_check=lambda value: value is None or value >= 0,
-                extra_check_errmsg="It must be a count (0 or more) or null.",
-            ),
+            _flag("async_save", DOC_ASYNC_SAVE, default=False),
+            stop_signals,
+            _flag("exact_resume", DOC_EXACT_RESUME),
+            count_arg("max_archives", DOC_MAX_ARCHIVES),
             retention_args(),
-            remote_args(),
+            remote,
         ],
         optional=True,
         default={},
@@ -294,63 +307,9 @@ def plugin_args() -> Argument:
     )
 
 
-def remote_args() -> Argument:
-    """Return the schema of ``training/_dp_ckpt/remote``."""
-    return Argument(
-        "remote",
-        dict,
-        [
-            Argument(
-                "staging_dir",
-                [str, None],
-                optional=True,
-                default=None,
-                doc=DOC_STAGING_DIR,
-                extra_check=lambda value: value is None or bool(value.strip()),
-                extra_check_errmsg="It must be a non-empty path or null.",
-            ),
-            Argument(
-                "upload_wait",
-                [int, float],
-                optional=True,
-                default=300,
-                doc=DOC_UPLOAD_WAIT,
-                extra_check=lambda value: 0 <= value < 1e7,
-                extra_check_errmsg="It must be a number of seconds, 0 or more.",
-            ),
-            Argument(
-                "lease_seconds",
-                [int, float],
-                optional=True,
-                default=60,
-                doc=DOC_LEASE_SECONDS,
-                extra_check=lambda value: 1 <= value < 1e6,
-                extra_check_errmsg="It must be a number of seconds, 1 or more.",
-            ),
-        ],
-        optional=True,
-        default={},
-        doc=DOC_REMOTE,
-    )
-
-
 def save_dir_args() -> Argument:
-    """Return the schema of ``training.save_dir``.
-
-    Returns
-    -------
-    dargs.Argument
-        A non-empty path string or ``None``.
-    """
-    return Argument(
-        "save_dir",
-        [str, None],
-        optional=True,
-        default=None,
-        doc=DOC_SAVE_DIR,
-        extra_check=lambda value: value is None or bool(value.strip()),
-        extra_check_errmsg="It must be a non-empty path or null.",
-    )
+    """Return the schema of ``training.save_dir``: a non-empty path or ``None``."""
+    return _path_or_null("save_dir", DOC_SAVE_DIR)
 
 
 def gen_doc(**kwargs: Any) -> str:
@@ -453,7 +412,7 @@ def plugin_options(config: dict) -> PluginOptions:
     training = config.get("training")
     training = training if isinstance(training, dict) else {}
     check_placement(config, training)
-    return _read_section(training.get(SECTION, {}), SECTION_PATH)
+    return _read_section(training.get(SECTION, {}))
 
 
 def check_placement(config: dict, training: dict) -> None:
@@ -493,50 +452,24 @@ def check_placement(config: dict, training: dict) -> None:
             )
 
 
-def _read_section(section: Any, root: str) -> PluginOptions:
+def _read_section(section: Any) -> PluginOptions:
+    """Check the section strictly, fill in defaults (``_`` keys dropped as comments)."""
     if not isinstance(section, dict):
         raise ConfigError(
-            f"`{root}` must be a JSON object of options, "
+            f"`{SECTION_PATH}` must be a JSON object of options, "
             f"got {type(section).__name__} {section!r}"
         )
     if section.get("verify") == "sha256":
-        raise ConfigError(f"`{root}/verify`: 'sha256' is 'digest' since 0.3")
-    values = normalize_section(section, root=root)
-    names = (_signal_or_none(name).name for name in values["stop_signals"])
-    values["stop_signals"] = tuple(dict.fromkeys(names))
-    return PluginOptions(**values)
-
-
-def normalize_section(section: dict, *, root: str = SECTION_PATH) -> dict:
-    """Check the plugin's section strictly and fill in defaults.
-
-    Keys starting with ``_`` (comments) are dropped, as DeePMD-kit does.
-
-    Parameters
-    ----------
-    section : dict
-        The value of ``training._dp_ckpt``.
-    root : str, optional
-        The section's key path, for messages.
-
-    Returns
-    -------
-    dict
-        A new dict holding every option.
-
-    Raises
-    ------
-    ConfigError
-        On an unknown key or a bad value.
-    """
+        raise ConfigError(f"`{SECTION_PATH}/verify`: 'sha256' is 'digest' since 0.3")
     schema = plugin_args()
     try:
         values = schema.normalize_value(dict(section), trim_pattern="_*")
         schema.check_value(values, strict=True)
     except ArgumentError as exc:
-        known = [arg.name for arg in schema.sub_fields.values()]
-        raise config_error(exc, root=root, value=section, known=known) from None
-    return values
+        raise config_error(exc, section, list(schema.sub_fields)) from None
+    names = (_signal_or_none(name).name for name in values["stop_signals"])
+    values["stop_signals"] = tuple(dict.fromkeys(names))
+    return PluginOptions(**values)
 
 
 def _signal_or_none(name: Any) -> signal.Signals | None:
@@ -552,31 +485,12 @@ def _signal_or_none(name: Any) -> signal.Signals | None:
     return found
 
 
-def config_error(
-    exc: ArgumentError,
-    root: str,
-    value: Any = _MISSING,
-    known: list[str] | None = None,
-) -> ConfigError:
-    """Turn a dargs error into a one-paragraph :class:`ConfigError`.
+def config_error(exc: ArgumentError, value: Any, known: list[str]) -> ConfigError:
+    """Turn a dargs error about the section ``value`` into one paragraph.
 
-    Parameters
-    ----------
-    exc : dargs.dargs.ArgumentError
-        The error dargs raised while checking the value of ``root``.
-    root : str
-        Key of the checked value, the start of the reported path.
-    value : Any, optional
-        The checked value, to quote the offending entry of a bad value.
-    known : list of str, optional
-        The keys allowed where an unknown key was found, listed when dargs
-        has no close match to suggest.
-
-    Returns
-    -------
-    ConfigError
-        Its message starts with the full key path, such as
-        ``training/_dp_ckpt/verify``.
+    The message starts with the full key path (``training/_dp_ckpt/verify``)
+    and quotes the bad value, or lists the ``known`` keys for an unknown key
+    dargs has no close match for.
     """
     message = " ".join((exc.message or str(exc)).split())
     keys = [k for k in exc.path.split("/") if k]
@@ -584,13 +498,13 @@ def config_error(
     if found:
         keys.append(found.group(1))
     if isinstance(exc, ArgumentKeyError):
-        if known and "Did you mean" not in message:
+        if "Did you mean" not in message:
             message = f"{message} Known keys: {', '.join(known)}."
-    else:
-        bad = _lookup(value, keys)
-        if bad is not _MISSING:
-            message = f"{message} (got {bad!r})"
-    return ConfigError(f"invalid input at `{'/'.join([root, *keys])}`: {message}")
+    elif (bad := _lookup(value, keys)) is not _MISSING:
+        message = f"{message} (got {bad!r})"
+    return ConfigError(
+        f"invalid input at `{'/'.join([SECTION_PATH, *keys])}`: {message}"
+    )
 
 
 def _lookup(value: Any, keys: list[str]) -> Any:

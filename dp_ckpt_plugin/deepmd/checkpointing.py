@@ -14,7 +14,7 @@ points of deepmd-kit's loop:
 Also here: the retention policies set once the run length is known, the
 translation of deepmd-kit's ``load_state_dict`` error into one sentence, and
 the atomic write of files that stay outside the store (best-validation
-checkpoints, a run without ``save_dir``).
+checkpoints, a run without ``save_dir``: :meth:`HostRun.write_atomic`).
 """
 
 from __future__ import annotations
@@ -29,20 +29,21 @@ from typing import Any
 from ..errors import CheckpointError
 from ..storage import local_storage
 from ..store.core import CheckpointStore
-from .exact import KEY, on_cpu, read_entry, restart_line
+from .exact import KEY, ExactResume, on_cpu, read_entry, restart_line, restore_rngs
 from .loading import MISSING, ServedPayloads
 from .logs import SaveReport, finished_line
 from .naming import ema_prefix
 from .origin import Changes
 from .preempt import Stopped, StopSignals
 from .retention_args import periodic_policy
+from .settings import RunSettings
 
 log = logging.getLogger("dp_ckpt_plugin")
 
 
 @dataclass
 class HostRun:
-    """What a trainer of a host needs from the preflight.
+    """A training run of a host: what the preflight found, what its trainer calls.
 
     Attributes
     ----------
@@ -88,25 +89,22 @@ class HostRun:
     #: The step of the last checkpoint this run saved.
     last_saved: int | None = None
 
-    @classmethod
-    def from_prepared(cls, prepared, training: Mapping[str, Any]) -> HostRun:
-        """The run :func:`~dp_ckpt_plugin.deepmd.prepare.prepare_run` prepared."""
-        if prepared is None:
-            return cls(None, training)
-        return cls(
-            prepared.store,
-            training,
-            resumed_from=prepared.resumed_from,
-            background=prepared.settings.options.async_save,
-            report=prepared.report,
-            stop=prepared.stop,
-            cwd=prepared.settings.cwd,
-            retention=prepared.settings.options.retention,
-            host=prepared.host,
-            exact_resume=prepared.settings.options.exact_resume,
-            payloads=prepared.payloads,
-            changes=prepared.changes,
-        )
+    #: What :func:`~.prepare.prepare_run` read and resolved: the checkpoint
+    #: part of the input, and the checkpoints to hand to deepmd-kit.
+    settings: RunSettings | None = None
+    restart: str | None = None
+    init_model: str | None = None
+    finetune: str | None = None
+
+    def close(self) -> None:
+        """Give the bytes up, restore the signal handlers, close the store (idempotent)."""
+        try:
+            self.payloads.stop()
+            if self.stop is not None:
+                self.stop.restore()
+        finally:
+            if self.store is not None:
+                self.store.close()
 
     # -- set-up ----------------------------------------------------------------------
     def started(self, num_steps: int) -> None:
@@ -136,26 +134,39 @@ class HostRun:
                 "checkpoint of this model, or use --finetune"
             ) from None
 
-    def exact_entry(self, restart: str) -> Any:
-        """The plugin's entry (:data:`.exact.KEY`) of the checkpoint restarted from.
+    def exact(self, rank: int, world_size: int, unsupported: str | None) -> ExactResume:
+        """The trainer's side of exact resume (:mod:`.exact`) in this run."""
+        changed = self.changes.data if self.changes is not None else None
+        return ExactResume(self.exact_resume, rank, world_size, unsupported, changed)
 
-        As deepmd-kit's trainer loaded it from the verified bytes; read from
-        those bytes only if the trainer did not.
+    def restore(
+        self,
+        restart: str,
+        exact: ExactResume,
+        restore_data: Callable[[Any], str | None],
+        *,
+        step: int | None,
+        chief: bool,
+    ) -> Any:
+        """Put the random generators and the data where the checkpoint left them.
+
+        ``restore_data`` puts the host's data back and says why it cannot.
+        Says in one line whether the run continues exactly; returns the
+        checkpoint's entry (:data:`.exact.KEY`), as deepmd-kit's trainer loaded
+        it from the verified bytes (read from those bytes if it did not).
         """
         entry = self.payloads.kept(restart, KEY, MISSING)
         if entry is MISSING:
-            return read_entry(self.payloads.file(restart))
-        return on_cpu(entry)
-
-    def resumed(self, step: int | None, found, *, chief: bool) -> None:
-        """A restart read its checkpoint: say in one line whether it continues exactly."""
+            entry = read_entry(self.payloads.file(restart))
+        found = exact.continuation(on_cpu(entry))
+        why = restore_data(found.state["data"]) if found.exact else None
+        if why is not None:
+            found.state, found.reason = None, why
+        if found.exact:
+            restore_rngs(found.state["rng"])
         if chief:
             log.info("%s", restart_line(step, found, self.changes))
-
-    @property
-    def data_changed(self) -> str | None:
-        """Why the data position of the checkpoint restarted from cannot be restored."""
-        return self.changes.data if self.changes is not None else None
+        return entry
 
     def loop_started(self) -> None:
         """The training loop starts: a stop signal now waits for a step boundary.
@@ -167,6 +178,21 @@ class HostRun:
             self.stop.in_loop = True
 
     # -- saving ----------------------------------------------------------------------
+    def write_atomic(self, path: str | Path, state: Any) -> None:
+        """``torch.save`` a file outside the store: a temporary name, then ``os.replace``.
+
+        Fsynced unless the store is not durable.
+        """
+        import torch
+
+        durable = self.store.durable if self.store is not None else True
+        storage, path = local_storage(), Path(path)
+        storage.make_dirs(path.parent, durable=durable)
+        tmp = storage.write_temp(
+            path, lambda handle: torch.save(state, handle), durable=durable
+        )
+        storage.move_into_place(tmp, path, durable=durable)
+
     def family_names(self, with_ema: bool) -> tuple[str, str | None]:
         """The periodic family's prefix and the EMA one's (``None`` without EMA)."""
         primary = self.store.primary.prefix
@@ -270,15 +296,3 @@ def describe_mismatch(text: str) -> str | None:
             if found:
                 return message.format(*found.groups())
     return None
-
-
-def write_torch_atomic(path: Path, state: Any, *, durable: bool = True) -> None:
-    """``torch.save`` to ``path`` through a temporary name, fsynced, then ``os.replace``."""
-    import torch
-
-    storage = local_storage()
-    storage.make_dirs(path.parent, durable=durable)
-    tmp = storage.write_temp(
-        path, lambda handle: torch.save(state, handle), durable=durable
-    )
-    storage.move_into_place(tmp, path, durable=durable)

@@ -117,11 +117,6 @@ def die_by(signum: int) -> None:
     sys.exit(128 + signum)  # only if the signal could not end the process
 
 
-def host_module(host: str, name: str):
-    """Import ``dp_ckpt_plugin.deepmd.<host>.<name>``."""
-    return descriptor(host).module(name)
-
-
 def run_train(flags: argparse.Namespace, host: str) -> None:
     """``dp train`` through the host's ``train.train(flags, prepared)``.
 
@@ -133,45 +128,49 @@ def run_train(flags: argparse.Namespace, host: str) -> None:
     prepared = None
     if os.environ.get("LOCAL_RANK") is None:
         from ..ranks import SingleProcess
+        from .prepare import prepare_training
 
         prepared = prepare_training(host, flags.INPUT, flags, SingleProcess())
     try:
-        host_module(host, "train").train(flags, prepared)
+        descriptor(host).module("train").train(flags, prepared)
     finally:
         if prepared is not None:
             prepared.close()
 
 
+def resolve_model(pm, host: str, spec: str, command: str, said: str):
+    """Resolve the model handle of ``freeze -c`` or ``change-bias`` and say what it found.
+
+    Verified against its commit record and read once (``Resolved.payload``);
+    a fallback to an older checkpoint is refused (:func:`refuse_fallback`).
+    """
+    from .settings import resolve_for_reading
+
+    found = resolve_for_reading(pm, spec, suffix=descriptor(host).suffix)
+    refuse_fallback(command, spec, found)
+    how, checked = describe_how(found), describe_checked(found)
+    log.info("%s %s, %s; %s", said, shown(found.path), how, checked)
+    return found
+
+
 def run_freeze(flags: argparse.Namespace, host: str):
     """``dp freeze -c <handle>``: resolve, then the ``on_freeze`` of ``host``.
 
-    The checkpoint is read once and verified from those bytes; the freezer
-    (deepmd-kit's ``torch.load`` of the path) reads the same bytes.
+    The freezer (deepmd-kit's ``torch.load`` of the path) reads the bytes
+    the resolution verified.
     """
     from ..plugin.hooks import Hooks
     from ..resolution import payload_of
     from .heads import check_head
     from .loading import ServedPayloads
-    from .settings import resolve_for_reading
 
     pm = plugin_manager(host)
-    found = resolve_for_reading(
-        pm, flags.checkpoint_folder, suffix=descriptor(host).suffix
-    )
-    refuse_fallback("freeze -c", flags.checkpoint_folder, found)
-    log.info(
-        "freezing %s, %s; %s",
-        shown(found.path),
-        describe_how(found),
-        describe_checked(found),
-    )
-    options = {"host": host, **host_module(host, "freeze").freeze_options(flags)}
+    spec = flags.checkpoint_folder
+    found = resolve_model(pm, host, spec, "freeze -c", "freezing")
+    options = {"host": host, **descriptor(host).module("freeze").freeze_options(flags)}
     payload = payload_of(found)
-    check_head(
-        payload,
-        options.get("head"),
-        command=f"dp {descriptor(host).flag} freeze -c {flags.checkpoint_folder}",
-    )
+    command = f"dp {descriptor(host).flag} freeze -c {spec}"
+    check_head(payload, options.get("head"), command=command)
     with ServedPayloads([payload]):
         return Hooks(pm).freeze(found.checkpoint, flags.output, options)
 
@@ -180,29 +179,19 @@ def run_change_bias(flags: argparse.Namespace, host: str) -> None:
     """``dp change-bias`` whose model may be ``latest``, a directory or a prefix.
 
     An existing file is used as given. A handle is resolved as ``freeze -c``
-    resolves (verified against its commit record, read once: deepmd-kit's
-    ``change_bias`` loads the same bytes), and its result goes to
-    ``<checkpoint name>_updated.pt`` in the working directory unless ``-o``
-    says otherwise: nothing is written into a checkpoint directory.
+    resolves (deepmd-kit's ``change_bias`` loads the verified bytes), and its
+    result goes to ``<checkpoint name>_updated.pt`` in the working directory
+    unless ``-o`` says otherwise: nothing is written into a checkpoint
+    directory.
     """
     from ..resolution import payload_of
     from .loading import ServedPayloads
-    from .settings import resolve_for_reading
 
     spec = flags.INPUT
     served = ServedPayloads()
     if not _is_file(Path(spec)):
-        found = resolve_for_reading(
-            plugin_manager(host), spec, suffix=descriptor(host).suffix
-        )
-        refuse_fallback("change-bias", spec, found)
-        log.info(
-            "change-bias %s: %s, %s; %s",
-            spec,
-            shown(found.path),
-            describe_how(found),
-            describe_checked(found),
-        )
+        said = f"change-bias {spec}:"
+        found = resolve_model(plugin_manager(host), host, spec, "change-bias", said)
         served.add(payload_of(found))
         flags.INPUT = str(found.path)
         if flags.output is None:
@@ -283,35 +272,11 @@ def stopped_line(stop: Stopped) -> str:
     )
 
 
-def host_plugins(host: str) -> dict[str, str]:
-    """The built-in plugins a host brings: its freezer."""
-    return {"freeze": descriptor(host).freezer}
-
-
 def plugin_manager(host: str):
     """The plugin manager of a ``dp`` command: the core's plugins and the host's."""
     from ..plugin import get_plugin_manager
 
-    return get_plugin_manager(host_plugins=host_plugins(host))
-
-
-def prepare_training(host: str, input_file: str, handles, ranks):
-    """The preflight of ``dp --<host> train`` (:func:`.prepare.prepare_run`).
-
-    ``handles`` is anything with ``restart``, ``init_model`` and ``finetune``
-    (deepmd-kit's parsed flags, or its train entrypoint's options).
-    """
-    from .prepare import prepare_run
-
-    return prepare_run(
-        input_file,
-        restart=handles.restart,
-        init_model=handles.init_model,
-        finetune=handles.finetune,
-        pm=plugin_manager(host),
-        ranks=ranks,
-        host=host,
-    )
+    return get_plugin_manager(host_plugins={"freeze": descriptor(host).freezer})
 
 
 def share_deepmd_handlers(logger: logging.Logger) -> None:

@@ -51,6 +51,8 @@ log = logging.getLogger("dp_ckpt_plugin")
 KEY = "_dp_ckpt"
 #: The layout of :data:`KEY`'s value.
 FORMAT = 1
+#: Why a run reading LMDB data has no exact resume.
+LMDB = "the run reads LMDB data, whose position is not captured"
 
 
 # -- random generators -------------------------------------------------------------
@@ -241,6 +243,17 @@ class ExactResume:
                 f"{self.world_size}",
             )
         return Continuation(ranks[self.rank] if len(ranks) > 1 else ranks[0])
+
+
+def all_ranks(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every rank's ``state``, in rank order (called by every rank, collectively)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return [state]
+    states: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(states, state)
+    return states
 
 
 def read_entry(file: BinaryIO) -> Any:

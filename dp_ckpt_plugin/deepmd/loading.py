@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..storage import PayloadBytes, Storage, default_storage
+from ..storage import PayloadBytes, default_storage
 
 #: What :meth:`ServedPayloads.kept` gives for a path nothing was served for.
 MISSING = object()
@@ -43,8 +43,6 @@ class ServedPayloads:
     ----------
     payloads : iterable of PayloadBytes or None
         The bytes to serve (``None`` entries are skipped).
-    storage : Storage, optional
-        What reads a checkpoint that is not held (:meth:`file`).
     keep : iterable of str
         Keys of a served payload to keep once deepmd-kit loaded it
         (:meth:`kept`): the plugin's own entry, read then from deepmd-kit's
@@ -55,10 +53,8 @@ class ServedPayloads:
         self,
         payloads: Iterable[PayloadBytes | None] = (),
         *,
-        storage: Storage | None = None,
         keep: Iterable[str] = (),
     ) -> None:
-        self.storage = storage or default_storage()
         self.keep = tuple(keep)
         self._held: dict[str, PayloadBytes] = {}
         self._kept: dict[str, dict[str, Any]] = {}
@@ -92,7 +88,7 @@ class ServedPayloads:
         """A file object over the bytes of ``path``: those held, else read once now."""
         held = self.get(path)
         if held is None:
-            held = self.storage.read_payload(Path(_key(path)))
+            held = default_storage().read_payload(Path(_key(path)))
         return held.reader()
 
     # -- serving deepmd-kit's torch.load -------------------------------------------

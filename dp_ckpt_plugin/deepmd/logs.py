@@ -234,18 +234,15 @@ class SaveReport:
         size = sum(c.record.size for c in save.done if c.record is not None)
         first, *rest = save.done
         names = [shown(first.path, self.cwd), *(c.path.name for c in rest)]
-        paused = save.paused if save.background else None
-        log.info(
-            "%s",
-            save_line(
-                checkpoint.step,
-                names,
-                size,
-                seconds,
-                background=save.background,
-                paused=paused,
-            ),
+        line = save_line(
+            checkpoint.step,
+            names,
+            size,
+            seconds,
+            background=save.background,
+            paused=save.paused,
         )
+        log.info("%s", line)
         self.last = (checkpoint.step, first.path)
 
 
@@ -272,9 +269,11 @@ def save_line(
 def finished_line(report: SaveReport | None, store, cwd: Path | None = None) -> str:
     """Where the latest checkpoint is, for the end of a run with ``save_dir``."""
     pointer = shown(store.directory / store.primary.pointer, cwd)
+    if report is None or report.last is None:
+        return f"training ended without a new checkpoint; {pointer} is unchanged"
+    step, path = report.last
     remote = store.remote
-    if remote is not None and report is not None and report.last is not None:
-        step, path = report.last
+    if remote is not None:
         where = (
             remote.sent_url(Path(path).name)
             or f"{shown(path, cwd)} (its upload to {remote.url} is not done)"
@@ -284,14 +283,11 @@ def finished_line(report: SaveReport | None, store, cwd: Path | None = None) -> 
             f"by {remote.url}/HEAD: continue with --restart latest or freeze with "
             f"freeze -c {remote.url}"
         )
-    if report is not None and report.last is not None:
-        step, path = report.last
-        return (
-            f"training ended; the latest checkpoint is {shown(path, cwd)} (step {step}), "
-            f"named by {pointer}: continue with --restart latest or freeze with "
-            f"freeze -c {shown(store.directory, cwd)}"
-        )
-    return f"training ended without a new checkpoint; {pointer} is unchanged"
+    return (
+        f"training ended; the latest checkpoint is {shown(path, cwd)} (step {step}), "
+        f"named by {pointer}: continue with --restart latest or freeze with "
+        f"freeze -c {shown(store.directory, cwd)}"
+    )
 
 
 # -- deepmd-kit's own lines ------------------------------------------------------------
@@ -375,20 +371,14 @@ def scoped_logging(names: Iterable[str]):
     command called from Python (a notebook, a test) leaves the caller's
     logging as it found it.
     """
-    saved = {}
-    for name in names:
-        logger = logging.getLogger(name)
-        saved[name] = (
-            list(logger.handlers),
-            logger.level,
-            logger.propagate,
-            list(logger.filters),
-        )
+    saved = [
+        (logger, [*logger.handlers], logger.level, logger.propagate, [*logger.filters])
+        for logger in map(logging.getLogger, names)
+    ]
     try:
         yield
     finally:
-        for name, (handlers, level, propagate, filters) in saved.items():
-            logger = logging.getLogger(name)
+        for logger, handlers, level, propagate, filters in saved:
             for handler in logger.handlers:
                 if handler not in handlers:
                     with contextlib.suppress(Exception):

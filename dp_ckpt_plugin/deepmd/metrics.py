@@ -41,8 +41,6 @@ log = logging.getLogger("dp_ckpt_plugin")
 #: deepmd-kit's prefixes of best-validation checkpoints (live and EMA weights),
 #: by the trainer attribute holding their validator.
 BEST_FAMILIES = {"full_validator": "best.ckpt", "ema_full_validator": "best_ema.ckpt"}
-BEST_PREFIX = BEST_FAMILIES["full_validator"]
-EMA_BEST_PREFIX = BEST_FAMILIES["ema_full_validator"]
 
 
 class ReportsMetrics:
@@ -59,11 +57,7 @@ class ReportsMetrics:
 
     # -- set-up ---------------------------------------------------------------
     def dp_setup_best(
-        self,
-        validating: Mapping[str, Any] | None,
-        *,
-        disp_freq: int,
-        save_freq: int,
+        self, validating: Mapping[str, Any] | None, *, disp_freq: int, save_freq: int
     ) -> None:
         """Add the best families when they belong in the store."""
         store = self.dp_run.store
@@ -81,12 +75,12 @@ class ReportsMetrics:
                 save_freq,
                 disp_freq,
             )
+        if (validating or {}).get("save_best_dir"):
+            return  # the user named a place: deepmd-kit's own files there
         for attribute, prefix in BEST_FAMILIES.items():
             validator = getattr(self, attribute, None)
             if validator is None or not validator.save_best:
                 continue
-            if (validating or {}).get("save_best_dir"):
-                continue  # the user named a place: deepmd-kit's own files there
             store.add_family(
                 FamilyConfig(
                     Family(prefix, store.primary.suffix, f"checkpoint.{prefix}"),

@@ -230,27 +230,25 @@ class Changes:
 def _line(key: str, old: Any, new: Any) -> tuple[str, bool]:
     """The line of one changed key, and whether it changes the data."""
     change = f"{key} {value_text(old)} -> {value_text(new)}"
+    data = key.startswith(
+        ("training.training_data", "training.validation_data", "training.data_dict")
+    )
     if key == "training.numb_steps":
-        return (
-            f"{change}, the learning-rate schedule and loss prefactors follow "
-            "numb_steps",
-            False,
+        why = ", the learning-rate schedule and loss prefactors follow numb_steps"
+    elif key == "training.seed":
+        why = ", a run of this input draws other random numbers"
+    elif key.startswith("model."):
+        why = (
+            ": the model changed (parameters that do not fit are refused when the "
+            "trainer is built)"
         )
-    if key == "training.seed":
-        return f"{change}, a run of this input draws other random numbers", False
-    if key.startswith("model."):
-        return (
-            f"{change}: the model changed (parameters that do not fit are refused "
-            "when the trainer is built)",
-            False,
-        )
-    if key.split(".")[0] in ("learning_rate", "loss", "optimizer"):
-        return f"{change}: the optimization differs from the checkpoint's", False
-    if key.startswith(("training.training_data", "training.validation_data")) or (
-        key.startswith("training.data_dict")
-    ):
-        return f"{change}: the data changed, its position cannot be restored", True
-    return change, False
+    elif key.split(".")[0] in ("learning_rate", "loss", "optimizer"):
+        why = ": the optimization differs from the checkpoint's"
+    elif data:
+        why = ": the data changed, its position cannot be restored"
+    else:
+        why = ""
+    return change + why, data
 
 
 def _quiet(key: str) -> bool:

@@ -24,10 +24,7 @@ def keep_count_from_ratio(ratio: float, num_steps: int, save_freq: int) -> int:
 
 
 def policy_from_training(
-    training: Mapping[str, object],
-    *,
-    num_steps: int | None = None,
-    ema: bool = False,
+    training: Mapping[str, object], *, num_steps: int | None = None, ema: bool = False
 ) -> RetentionPolicy:
     """Build the policy deepmd-kit's ``training`` keys describe.
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from ..storage import default_storage
 from ..store.archive import archive_folders
 from ..store.core import CheckpointStore
 from .adopt import adopt
+from .checkpointing import HostRun
 from .exact import KEY as EXACT_KEY
 from .host import descriptor
 from .loading import ServedPayloads
@@ -58,53 +59,23 @@ REPORT_PLUGIN = "dp_ckpt.deepmd.save_report"
 HANDLES = ("init_model", "restart", "finetune")
 
 
-@dataclass
-class PreparedRun:
-    """The outcome of :func:`prepare_run`.
+def prepare_training(host: str, input_file: str, handles, ranks: Ranks) -> HostRun:
+    """The preflight of ``dp --<host> train``: :func:`prepare_run` with its plugins.
 
-    Attributes
-    ----------
-    settings : RunSettings
-        The checkpoint part of the input.
-    store : CheckpointStore or None
-        The store of ``save_dir`` (open and locked on the chief), if set.
-    restart, init_model, finetune : str or None
-        The resolved checkpoint paths to hand to deepmd-kit.
-    resumed_from : Path or None
-        The checkpoint the run starts from.
-    report : SaveReport or None
-        The observer writing one line per save (with a store).
-    stop : StopSignals or None
-        The stop signals, installed (``None`` when none are configured).
-    payloads : ServedPayloads
-        The verified bytes of the checkpoints the handles name, for
-        deepmd-kit's loaders (served once the host starts them).
-    changes : Changes or None
-        With ``--restart``: what changed since the checkpoint (:mod:`.origin`).
+    ``handles`` is anything with ``restart``, ``init_model`` and ``finetune``
+    (deepmd-kit's parsed flags, or its train entrypoint's options).
     """
+    from .cli import plugin_manager
 
-    settings: RunSettings
-    store: CheckpointStore | None
-    restart: str | None
-    init_model: str | None
-    resumed_from: Path | None
-    finetune: str | None = None
-    report: SaveReport | None = None
-    stop: StopSignals | None = None
-    adopted: list[Path] = field(default_factory=list)
-    host: str | None = None
-    payloads: ServedPayloads = field(default_factory=ServedPayloads)
-    changes: Changes | None = None
-
-    def close(self) -> None:
-        """Give the bytes up, restore the signal handlers, close the store (idempotent)."""
-        try:
-            self.payloads.stop()
-            if self.stop is not None:
-                self.stop.restore()
-        finally:
-            if self.store is not None:
-                self.store.close()
+    return prepare_run(
+        input_file,
+        restart=handles.restart,
+        init_model=handles.init_model,
+        finetune=handles.finetune,
+        pm=plugin_manager(host),
+        ranks=ranks,
+        host=host,
+    )
 
 
 def prepare_run(
@@ -116,8 +87,11 @@ def prepare_run(
     ranks: Ranks,
     host: str,
     finetune: str | None = None,
-) -> PreparedRun:
+) -> HostRun:
     """Validate, lock, adopt and resolve; see the module docstring.
+
+    Returns the run its trainer takes part in, with the resolved handles
+    (``restart``, ``init_model``, ``finetune``) to hand to deepmd-kit.
 
     Raises
     ------
@@ -130,24 +104,32 @@ def prepare_run(
     settings = read_settings(config, suffix=descriptor(host).suffix)
     check_host_support(descriptor(host), settings.options, settings.training)
     chief = ranks.rank == 0
-    if chief:
-        log.info(
-            "%s",
-            startup_line(settings, host, settings.cwd, archived=_archived(settings)),
-        )
     origin = None
     if chief:
+        archived = _archived(settings)
+        log.info("%s", startup_line(settings, host, settings.cwd, archived=archived))
         origin = run_origin(
             config, cwd=settings.cwd, backend=host, world_size=world_size()
         )
-    stop = StopSignals(settings.options.stop_signals).install()
+    options = settings.options
+    run = HostRun(
+        None,
+        settings.training,
+        background=options.async_save,
+        stop=StopSignals(options.stop_signals).install(),
+        cwd=settings.cwd,
+        retention=options.retention,
+        host=host,
+        exact_resume=options.exact_resume,
+        payloads=ServedPayloads(keep=(EXACT_KEY,)),  # read from deepmd-kit's load
+        settings=settings,
+    )
     store = None
     created = False
-    payloads = ServedPayloads(keep=(EXACT_KEY,))  # read from deepmd-kit's load
     try:
         adopted: list[Path] = []
         if settings.save_dir is not None:
-            store = build_store(settings, pm, ranks, host)
+            run.store = store = build_store(settings, pm, ranks, host)
             if origin is not None:
                 _describe(store, *origin)
             created = chief and store.storage.entry(store.directory) is None
@@ -158,21 +140,23 @@ def prepare_run(
                 adopted = [c.path for c in adopt(store, cwd=settings.cwd)]
         ctx = settings.resolve_context(chief=chief) if chief else None
         specs = {"init_model": init_model, "restart": restart, "finetune": finetune}
-        resolved: dict[str, str | None] = dict.fromkeys(HANDLES)
-        resumed_from = None
-        changes = None
+        resolved: dict[str, str] = {}
         for key in HANDLES:
             spec = specs[key]
             if spec is None:
                 continue
             spec_path = normalized_spec(spec, settings.cwd)
+            context = _context_for(spec_path, ctx)
             continues = key == "restart"
-            found = _resolve(
-                spec_path, _context_for(spec_path, ctx), pm, ranks, store, continues
-            )
-            payloads.add(payload_of(found, store.storage if store else None))
+            # through the store when there is one, which protects what it finds
+            # from retention and forgets what it moved into quarantine
+            if store is None:
+                found = resolve_restart(Hooks.of(pm), spec_path, context, ranks)
+            else:
+                found = store.resolve(spec_path, context=context, continues=continues)
+            run.payloads.add(payload_of(found, store.storage if store else None))
             resolved[key] = str(found.path)
-            resumed_from = found.path
+            run.resumed_from = found.path
             # a restart continues the run's step count; an initialization or
             # a fine-tuning starts its own, so the checkpoints in save_dir are
             # an earlier run's, archived before the first save
@@ -184,72 +168,36 @@ def prepare_run(
             if chief:
                 for warning in found.warnings:
                     log.warning("%s", warning)
-                log.info(
-                    "%s",
-                    restart_line(
-                        key.replace("_", "-"),
-                        spec,
-                        found,
-                        settings.cwd,
-                        adopted=adopted,
-                        archives=archives,
-                    ),
+                line = restart_line(
+                    key.replace("_", "-"),
+                    spec,
+                    found,
+                    settings.cwd,
+                    adopted=adopted,
+                    archives=archives,
                 )
+                log.info("%s", line)
             if continues:
-                changes = ranks.broadcast(
+                run.changes = ranks.broadcast(
                     _changes(found, origin, store) if chief else None
                 )
                 if chief:
-                    for line in changes.lines:
+                    for line in run.changes.lines:
                         log.info("changed since step %s: %s", found.step, line)
-                    if changes.unknown:
-                        log.info("%s", changes.unknown)
-        report = None
+                    if run.changes.unknown:
+                        log.info("%s", run.changes.unknown)
+        run.init_model, run.restart, run.finetune = map(resolved.get, HANDLES)
         if store is not None:
-            report = SaveReport(settings.cwd)
+            run.report = SaveReport(settings.cwd)
             if pm.get_plugin(REPORT_PLUGIN) is not None:  # a second run, same manager
                 pm.unregister(name=REPORT_PLUGIN)
-            pm.register(report, name=REPORT_PLUGIN)
-        return PreparedRun(
-            settings,
-            store,
-            resolved["restart"],
-            resolved["init_model"],
-            resumed_from,
-            finetune=resolved["finetune"],
-            report=report,
-            stop=stop,
-            adopted=adopted,
-            host=host,
-            payloads=payloads,
-            changes=changes,
-        )
+            pm.register(run.report, name=REPORT_PLUGIN)
+        return run
     except BaseException:
-        payloads.stop()
-        stop.restore()
-        if store is not None:
-            store.close()
-            if created:
-                store.storage.remove_dir(store.directory)  # only if still empty
+        run.close()
+        if created:
+            store.storage.remove_dir(store.directory)  # only if still empty
         raise
-
-
-def _resolve(
-    spec: str,
-    ctx: ResolveContext | None,
-    pm: pluggy.PluginManager,
-    ranks: Ranks,
-    store: CheckpointStore | None,
-    continues: bool,
-) -> Resolved:
-    """Resolve one handle: through the store when there is one, else the front door.
-
-    The store protects what it finds from retention and forgets what it
-    moved into quarantine on the way.
-    """
-    if store is None:
-        return resolve_restart(Hooks.of(pm), spec, ctx, ranks)
-    return store.resolve(spec, context=ctx, continues=continues)
 
 
 def _describe(store: CheckpointStore, provenance, normalized) -> None:

@@ -62,6 +62,19 @@ DOC_BEST_METRIC = (
 DOC_BEST_MODE = "``min`` (the default: a lower value is better) or ``max``."
 
 
+def count_arg(name: str, doc: str) -> Argument:
+    """Return an optional count (0 or more) or ``null``."""
+    return Argument(
+        name,
+        [int, None],
+        optional=True,
+        default=None,
+        doc=doc,
+        extra_check=lambda value: value is None or value >= 0,
+        extra_check_errmsg="It must be a count (0 or more) or null.",
+    )
+
+
 def retention_args() -> Argument:
     """Return the schema of ``training/_dp_ckpt/retention``.
 
@@ -71,23 +84,12 @@ def retention_args() -> Argument:
         An optional dict whose options all have defaults.
     """
 
-    def count(name: str, doc: str) -> Argument:
-        return Argument(
-            name,
-            [int, None],
-            optional=True,
-            default=None,
-            doc=doc,
-            extra_check=lambda value: value is None or value >= 0,
-            extra_check_errmsg="It must be a count (0 or more) or null.",
-        )
-
     return Argument(
         SECTION,
         dict,
         [
-            count("keep_every_n_steps", DOC_KEEP_EVERY),
-            count("keep_best", DOC_KEEP_BEST),
+            count_arg("keep_every_n_steps", DOC_KEEP_EVERY),
+            count_arg("keep_best", DOC_KEEP_BEST),
             Argument(
                 "best_metric",
                 str,

@@ -79,25 +79,17 @@ class RunSettings:
         """
         family = self.family
         ema = ema_family(family)
-        compat = self.options.compat_links
+        mirrors: tuple[Mirror, ...] = ()
+        ema_mirrors: tuple[Mirror, ...] = ()
+        if self.options.compat_links:
+            mirrors = (
+                Mirror(self.cwd / WORKDIR_POINTER, "pointer"),
+                Mirror(self.prefix_dir / family.alias, "alias"),
+            )
+            ema_mirrors = (Mirror(self.prefix_dir / ema.alias, "alias"),)
         return [
-            FamilyConfig(
-                family,
-                KeepLast(5),
-                mirrors=(
-                    Mirror(self.cwd / WORKDIR_POINTER, "pointer"),
-                    Mirror(self.prefix_dir / family.alias, "alias"),
-                )
-                if compat
-                else (),
-            ),
-            FamilyConfig(
-                ema,
-                KeepLast(5),
-                mirrors=(Mirror(self.prefix_dir / ema.alias, "alias"),)
-                if compat
-                else (),
-            ),
+            FamilyConfig(family, KeepLast(5), mirrors=mirrors),
+            FamilyConfig(ema, KeepLast(5), mirrors=ema_mirrors),
         ]
 
     def resolve_context(self, *, chief: bool = True) -> ResolveContext:
@@ -203,7 +195,7 @@ def normalized_spec(spec: str, cwd: Path | None = None) -> str:
     if spec == "latest" or not spec.strip() or "://" in spec:
         return spec
     path = os.path.join(cwd or Path.cwd(), spec)
-    if _PLUGIN_SPEC.fullmatch(spec) and not _names_something(Path(path)):
+    if _PLUGIN_SPEC.fullmatch(spec) and entry_or_none(Path(path)) is None:
         return spec
     return os.path.normpath(path)
 
@@ -212,11 +204,6 @@ def is_directory(path: Path) -> bool:
     """Whether ``path`` is a directory (links followed); an unreadable name is not."""
     found = entry_or_none(path, follow=True)
     return found is not None and found.is_dir
-
-
-def _names_something(path: Path) -> bool:
-    """Whether anything (a dangling link too) has the name ``path``."""
-    return entry_or_none(path) is not None
 
 
 #: What a resolver plugin's specification looks like: a word, then ``:...``.

@@ -28,18 +28,15 @@ import sys
 
 #: Environment variable that turns the plugin off when set to a true value.
 PLUGIN_OFF_ENV = "DP_CKPT_DISABLE"
+#: What a true value of an environment variable is spelled as.
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 #: The deepmd-kit release series (major, minor) the plugin supports.
 SUPPORTED = (3, 2)
 
 
 def disabled() -> bool:
     """Whether ``DP_CKPT_DISABLE`` asks for deepmd-kit's own behaviour."""
-    return os.environ.get(PLUGIN_OFF_ENV, "").strip().lower() in {
-        "1",
-        "true",
-        "yes",
-        "on",
-    }
+    return os.environ.get(PLUGIN_OFF_ENV, "").strip().lower() in TRUE_WORDS
 
 
 def deepmd_version() -> str:
@@ -118,5 +115,3 @@ def _take_over() -> dict[str, type]:
 
 #: The backend classes registered, by host folder (empty when the plugin is off).
 BACKENDS = _take_over()
-CheckpointingPTExptBackend = BACKENDS.get("pt_expt")
-CheckpointingPTBackend = BACKENDS.get("pt")

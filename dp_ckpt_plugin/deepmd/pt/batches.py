@@ -168,7 +168,8 @@ class ResumableLoader:
     def _fresh_systems(self) -> list[SystemBatches]:
         return [SystemBatches(loader) for loader in self.dataset.dataloaders]
 
-    def _draw_order(self, state) -> list[int]:
+    def _draw_order(self, generator=None) -> list[int]:
+        """The pass's system indices, one ``multinomial`` as torch's sampler draws them."""
         import torch
 
         sampler = self.sampler
@@ -176,7 +177,7 @@ class ResumableLoader:
             sampler.weights,
             sampler.num_samples,
             sampler.replacement,
-            generator=_generator(state=state),
+            generator=generator,
         ).tolist()
 
     def _new_pass(self) -> None:
@@ -185,10 +186,7 @@ class ResumableLoader:
         self._say_as_torch()
         base_seed = draw_int64()  # the iterator's base seed
         self.pass_state = torch.get_rng_state()
-        sampler = self.sampler  # drawn as torch draws it, on its generator
-        self._order = torch.multinomial(
-            sampler.weights, sampler.num_samples, sampler.replacement
-        ).tolist()
+        self._order = self._draw_order()  # on torch's global generator
         self.position = 0
         if self.num_workers:
             self.generators = [
@@ -299,7 +297,7 @@ class ResumableLoader:
             for system, one in zip(lane, saved, strict=True):
                 system.restore(one)
         if self.pass_state is not None:
-            self._order = self._draw_order(self.pass_state)
+            self._order = self._draw_order(_generator(state=self.pass_state))
             self._resume = True
 
 

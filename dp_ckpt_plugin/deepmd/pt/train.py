@@ -35,9 +35,8 @@ from deepmd.pt.train import training
 
 from ...ranks import current_ranks
 from ..checkpointing import HostRun
-from ..cli import prepare_training
 from ..preempt import ignore_in_worker
-from ..prepare import PreparedRun
+from ..prepare import prepare_training
 from ..runtime import GroupAlreadyUp, start_process_group, swapped
 from ..settings import for_deepmd
 from . import DESCRIPTOR
@@ -48,15 +47,14 @@ from .trainer import make_trainer_class
 HOST = DESCRIPTOR.name
 
 
-def train(flags, prepared: PreparedRun | None) -> None:
-    """``dp --pt train``; ``prepared`` is ``None`` under ``torchrun``."""
-    if prepared is None:
+def train(flags, run: HostRun | None) -> None:
+    """``dp --pt train``; ``run`` (the preflight's) is ``None`` under ``torchrun``."""
+    if run is None:
         start_process_group()
-        prepared = prepare_training(HOST, flags.INPUT, flags, current_ranks())
+        run = prepare_training(HOST, flags.INPUT, flags, current_ranks())
     try:
-        prepared.payloads.start()
-        run = HostRun.from_prepared(prepared, prepared.settings.training)
-        settings = prepared.settings
+        run.payloads.start()
+        settings = run.settings
         loader = pt_main.j_loader
         with (
             swapped(training, "Trainer", make_trainer_class(run)),
@@ -67,14 +65,14 @@ def train(flags, prepared: PreparedRun | None) -> None:
             swapped(
                 training,
                 "DataLoader",
-                data_loader(training.DataLoader, prepared.settings.options),
+                data_loader(training.DataLoader, settings.options),
             ),
         ):
             pt_main.train(
                 input_file=flags.INPUT,
-                init_model=prepared.init_model,
-                restart=prepared.restart,
-                finetune=prepared.finetune,
+                init_model=run.init_model,
+                restart=run.restart,
+                finetune=run.finetune,
                 init_frz_model=flags.init_frz_model,
                 model_branch=flags.model_branch,
                 skip_neighbor_stat=flags.skip_neighbor_stat,
@@ -85,7 +83,7 @@ def train(flags, prepared: PreparedRun | None) -> None:
         if run.store is not None:
             run.store.wait()  # the last background save, before anything ends
     finally:
-        prepared.close()
+        run.close()
 
 
 def data_loader(loader: type, options) -> type:

@@ -45,8 +45,8 @@ from typing import Any
 
 from deepmd.pt.train import training
 
-from ..checkpointing import HostRun, write_torch_atomic
-from ..exact import KEY, ExactResume, capture_rngs, restore_rngs
+from ..checkpointing import HostRun
+from ..exact import KEY, LMDB, all_ranks, capture_rngs
 from ..metrics import ReportsMetrics
 from ..naming import ema_prefix
 from ..optimizer_state import load_optimizer_state
@@ -64,14 +64,14 @@ class StoreFamily:
         The run whose store this is.
     prefix : str
         The family's prefix (``model.ckpt``, ``model_ema.ckpt``).
-    deepmds : object, optional
+    deepmds : deepmd.dpmodel.train.checkpoint.CheckpointStore
         deepmd-kit's own store of the family, which it replaces: a path the
         plugin's store names as deepmd-kit's names it is spelled as deepmd-kit
         spells it (``models/model.ckpt-20.pt``, relative as ``save_dir`` is),
         so deepmd-kit's ``Saved model to`` line says what it says alone.
     """
 
-    def __init__(self, run: HostRun, prefix: str, deepmds: Any = None) -> None:
+    def __init__(self, run: HostRun, prefix: str, deepmds: Any) -> None:
         self.run = run
         self.prefix = prefix
         self.deepmds = deepmds
@@ -86,12 +86,8 @@ class StoreFamily:
         """
         path = self.run.store.path_for(step, self.prefix)
         self._built = (path, step)
-        spelled = getattr(self.deepmds, "path_for", None)
-        if spelled is not None:
-            theirs = Path(spelled(step))
-            if self._absolute(theirs) == path:
-                return theirs
-        return path
+        theirs = Path(self.deepmds.path_for(step))
+        return theirs if self._absolute(theirs) == path else path
 
     def _absolute(self, path: Path) -> Path:
         return Path(os.path.normpath(os.path.join(self.run.cwd or "", path)))
@@ -125,9 +121,9 @@ def make_trainer_class(host_run: HostRun) -> type:
                 host_run.build(
                     lambda: super(CheckpointingTrainer, self).__init__(*args, **kwargs)
                 )
-            config = args[0] if args else kwargs.get("config")
-            if isinstance(config, dict) and isinstance(config.get("training"), dict):
-                host_run.training = config["training"]  # normalized: deepmd's defaults
+            # deepmd-kit's constructor read config["training"]: a normalized input
+            config = args[0] if args else kwargs["config"]
+            host_run.training = config["training"]  # with deepmd-kit's defaults
             host_run.started(self.num_steps)
             self._dp_loaders = batches.loaders_of(self)
             self._dp_gathered: tuple[int, list[dict[str, Any]]] | None = None
@@ -135,13 +131,8 @@ def make_trainer_class(host_run: HostRun) -> type:
                 self.nonfinite_grad_guard = GatherBeforeSave(
                     self, self.nonfinite_grad_guard
                 )
-            self._dp_exact = ExactResume(
-                enabled=host_run.exact_resume,
-                rank=self.rank,
-                world_size=self.world_size,
-                unsupported=_unsupported(self, host_run.training),
-                changed=host_run.data_changed,
-            )
+            unsupported = LMDB if self._dp_loaders is None else None
+            self._dp_exact = host_run.exact(self.rank, self.world_size, unsupported)
             if self._dp_exact.enabled and not self._dp_exact.active and self.rank == 0:
                 log.info(
                     "exact resume is not available in this run: %s; a restart "
@@ -154,7 +145,14 @@ def make_trainer_class(host_run: HostRun) -> type:
             self._dp_redoes_step = False
             restart = kwargs.get("restart_model")
             if self.restart_training and restart:
-                self._dp_continue(restart)
+                entry = host_run.restore(
+                    restart,
+                    self._dp_exact,
+                    lambda saved: batches.restore(self._dp_loaders, saved),
+                    step=self.start_step,
+                    chief=self.rank == 0,
+                )
+                self._dp_redoes_step = not isinstance(entry, dict)
             self._dp_pending: tuple[int, dict[str, Any]] | None = None
             if host_run.store is not None:
                 primary, ema = host_run.family_names(self.model_ema is not None)
@@ -164,7 +162,7 @@ def make_trainer_class(host_run: HostRun) -> type:
                 )
                 self._dp_primary, self._dp_ema = primary, ema
             self.dp_setup_best(
-                config.get("validating") if isinstance(config, dict) else None,
+                config.get("validating"),
                 disp_freq=self.disp_freq,
                 save_freq=self.save_freq,
             )
@@ -181,19 +179,6 @@ def make_trainer_class(host_run: HostRun) -> type:
             )
 
         # -- exact resume -----------------------------------------------------
-        def _dp_continue(self, restart: str) -> None:
-            """Put the random generators and the batches where the checkpoint left them."""
-            entry = host_run.exact_entry(restart)
-            self._dp_redoes_step = not isinstance(entry, dict)
-            found = self._dp_exact.continuation(entry)
-            if found.exact:
-                why = batches.restore(self._dp_loaders, found.state["data"])
-                if why is not None:
-                    found.state, found.reason = None, why
-            if found.exact:
-                restore_rngs(found.state["rng"])
-            host_run.resumed(self.start_step, found, chief=self.rank == 0)
-
         def _dp_local_state(self) -> dict[str, Any]:
             return {"rng": capture_rngs(), "data": batches.capture(self._dp_loaders)}
 
@@ -204,11 +189,7 @@ def make_trainer_class(host_run: HostRun) -> type:
             draw their own batches: each is seeded with its rank).
             """
             if self.world_size > 1 and self._dp_exact.active:
-                import torch.distributed as dist
-
-                states: list[Any] = [None] * self.world_size
-                dist.all_gather_object(states, self._dp_local_state())
-                self._dp_gathered = (step, states)
+                self._dp_gathered = (step, all_ranks(self._dp_local_state()))
 
         def save_model(self, save_path, lr=0.0, step=0, **kwargs) -> None:
             # train_infos.step: the steps done (deepmd-kit passes the last
@@ -228,8 +209,7 @@ def make_trainer_class(host_run: HostRun) -> type:
             if self.world_size > 1:
                 gathered = self._dp_gathered
                 if gathered is not None and gathered[0] == step:
-                    states = gathered[1]
-                    gather = lambda mine: states  # noqa: E731 (gathered before)
+                    gather = lambda mine: gathered[1]  # noqa: E731 (gathered before)
                 else:  # a save the chief makes alone: the step only
                     local = None
             data[KEY] = self._dp_exact.payload_entry(step, local, gather)
@@ -240,30 +220,18 @@ def make_trainer_class(host_run: HostRun) -> type:
         ) -> None:
             if self.rank == 0:
                 self._dp_add_entry(checkpoint_data)
+                _float_lr(checkpoint_data)
             best = self.dp_best_attribute(save_path)
             if best is not None:
-                if self.rank == 0:
-                    _float_lr(checkpoint_data)
                 self.dp_save_best(*best, checkpoint_data)
                 return
             step = store.step_of(save_path) if isinstance(store, StoreFamily) else None
-            if step is None:
-                self._write_file(Path(save_path), checkpoint_data, store)
-                return
-            if self.rank == 0:
-                _float_lr(checkpoint_data)
-            self._stage(step, store.prefix, checkpoint_data)
-
-        def _write_file(self, path: Path, data: dict[str, Any], store) -> None:
-            """deepmd-kit's write of a file outside the store, made atomic."""
-            if self.rank != 0:
-                return
-            _float_lr(data)
-            write_torch_atomic(
-                path, data, durable=host_run.store.durable if host_run.store else True
-            )
-            if store is not None and not isinstance(store, StoreFamily):
-                store.prune(path)  # deepmd-kit's own store, without save_dir
+            if step is not None:
+                self._stage(step, store.prefix, checkpoint_data)
+            elif self.rank == 0:  # a file outside the store, made atomic
+                host_run.write_atomic(save_path, checkpoint_data)
+                if store is not None and not isinstance(store, StoreFamily):
+                    store.prune(Path(save_path))  # deepmd-kit's own, no save_dir
 
         def _stage(self, step: int, prefix: str, data: dict[str, Any]) -> None:
             """Save the payloads of a step once every family's is there."""
@@ -280,10 +248,9 @@ def make_trainer_class(host_run: HostRun) -> type:
                 self._dp_pending = (step, states)
 
         def _dp_flush(self) -> None:
-            if self._dp_pending is not None:
-                step, states = self._dp_pending
-                self._dp_pending = None
-                self._dp_commit(step, states)
+            pending, self._dp_pending = self._dp_pending, None
+            if pending is not None:
+                self._dp_commit(*pending)
 
         def _dp_commit(self, step: int, states: dict[str, Any]) -> None:
             metrics = {self._dp_primary: self.dp_metrics(step)}
@@ -337,13 +304,6 @@ def make_trainer_class(host_run: HostRun) -> type:
                     self.ema_ckpt_store.publish(self.latest_ema_model)
 
     return CheckpointingTrainer
-
-
-def _unsupported(trainer, training) -> str | None:
-    """Why exact resume cannot work for this ``dp --pt`` run, or ``None``."""
-    if trainer._dp_loaders is None:
-        return "the run reads LMDB data, whose position is not captured"
-    return None
 
 
 class GatherBeforeSave:

@@ -33,9 +33,8 @@ from deepmd.pt_expt.train import training
 
 from ...ranks import current_ranks
 from ..checkpointing import HostRun
-from ..cli import prepare_training
 from ..exact import seed_rngs
-from ..prepare import PreparedRun
+from ..prepare import prepare_training
 from ..runtime import start_process_group, swapped
 from ..settings import for_deepmd
 from . import DESCRIPTOR
@@ -45,7 +44,7 @@ from .trainer import make_trainer_class
 HOST = DESCRIPTOR.name
 
 
-def train(flags, prepared: PreparedRun | None) -> None:
+def train(flags, prepared: HostRun | None) -> None:
     """``dp --pt-expt train``: deepmd-kit's pipeline with the steps below.
 
     ``prepared`` is the preflight of a single process (``None`` under
@@ -77,11 +76,11 @@ class CheckpointTrainEntrypoint(PTExptTrainEntrypoint):
 
     Parameters
     ----------
-    prepared : PreparedRun, optional
+    prepared : HostRun, optional
         The outcome of :func:`dp_ckpt_plugin.deepmd.prepare.prepare_run` if it ran already.
     """
 
-    def __init__(self, prepared: PreparedRun | None = None) -> None:
+    def __init__(self, prepared: HostRun | None = None) -> None:
         super().__init__()
         self.prepared = prepared
         self._made_group = False
@@ -110,7 +109,8 @@ class CheckpointTrainEntrypoint(PTExptTrainEntrypoint):
         self._owns_process_group = self._owns_process_group or self._made_group
 
     def run_training(self, config, options, neighbor_stat) -> None:
-        run = HostRun.from_prepared(self.prepared, config["training"])
+        run = self.prepared
+        run.training = config["training"]  # normalized: deepmd-kit's defaults
         seed_rngs(config["training"].get("seed"), current_ranks().rank)
         with swapped(training, "Trainer", make_trainer_class(run)):
             super().run_training(config, options, neighbor_stat)

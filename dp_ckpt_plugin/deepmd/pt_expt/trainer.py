@@ -17,7 +17,7 @@ trainer can be entered:
   (:meth:`~dp_ckpt_plugin.deepmd.checkpointing.HostRun.check_stop`);
 - ``run`` marks the start of the loop and says at the end where the latest
   checkpoint is;
-- :class:`~.metrics.MetricsMixin` records the displayed learning-curve values
+- :class:`~..metrics.ReportsMetrics` records the displayed learning-curve values
   with each periodic checkpoint, and writes best-validation checkpoints into
   ``save_dir`` as the ``best.ckpt`` family;
 - exact resume (:mod:`..exact`): the constructor has each data system
@@ -40,17 +40,17 @@ from deepmd.pt_expt.train import training
 from deepmd.pt_expt.train.ema import EMA_CHECKPOINT_KEY
 
 from .. import positions
-from ..checkpointing import HostRun, write_torch_atomic
-from ..exact import KEY, ExactResume, capture_rngs, restore_rngs
+from ..checkpointing import HostRun
+from ..exact import KEY, LMDB, all_ranks, capture_rngs
 from ..logs import say_saved
+from ..metrics import ReportsMetrics
 from ..optimizer_state import load_optimizer_state
-from .metrics import MetricsMixin
 
 
 def make_trainer_class(host_run: HostRun) -> type:
     """Return a subclass of deepmd-kit's pt_expt ``Trainer`` bound to ``host_run``."""
 
-    class CheckpointingTrainer(MetricsMixin, training.Trainer):
+    class CheckpointingTrainer(ReportsMetrics, training.Trainer):
         """deepmd-kit's pt_expt trainer writing through dp_ckpt_plugin."""
 
         dp_run = host_run
@@ -61,7 +61,7 @@ def make_trainer_class(host_run: HostRun) -> type:
             systems = [s for d in data for s in _systems_of(d)]
             unsupported = None
             if not all(positions.supported(s) for s in systems):
-                unsupported = "the run reads LMDB data, whose position is not captured"
+                unsupported = LMDB
             elif host_run.exact_resume:
                 for system in systems:
                     positions.track(system)  # before any batch is drawn
@@ -70,19 +70,19 @@ def make_trainer_class(host_run: HostRun) -> type:
                 lambda: super(CheckpointingTrainer, self).__init__(*args, **kwargs)
             )
             host_run.started(self.num_steps)
-            self._dp_exact = ExactResume(
-                enabled=host_run.exact_resume,
-                rank=self.rank,
-                world_size=self.world_size,
-                unsupported=unsupported,
-                changed=host_run.data_changed,
-            )
+            self._dp_exact = host_run.exact(self.rank, self.world_size, unsupported)
             restart = kwargs.get("restart_model")
             if self.restart_training and restart and not restart.endswith(".pte"):
-                self._dp_continue(restart)
-            config = args[0] if args else kwargs.get("config", {})
+                host_run.restore(
+                    restart,
+                    self._dp_exact,
+                    self._dp_restore_data,
+                    step=self.start_step,
+                    chief=self.rank == 0,
+                )
+            config = args[0] if args else kwargs["config"]  # as deepmd-kit read it
             self.dp_setup_best(
-                (config or {}).get("validating"),
+                config.get("validating"),
                 disp_freq=self.trainer_config.disp_freq,
                 save_freq=self.trainer_config.save_freq,
             )
@@ -105,6 +105,12 @@ def make_trainer_class(host_run: HostRun) -> type:
                 exact is not None and exact.active and self.is_distributed
             )
 
+        def _dp_data(self) -> tuple[tuple[str, dict[str, Any]], ...]:
+            return (
+                ("train", self.training_data_by_task),
+                ("valid", self.validation_data_by_task),
+            )
+
         def _dp_local_state(self) -> dict[str, Any]:
             return {
                 "rng": capture_rngs(),
@@ -113,46 +119,24 @@ def make_trainer_class(host_run: HostRun) -> type:
                         key: positions.capture(by_task.get(key))
                         for key in self.model_keys
                     }
-                    for kind, by_task in (
-                        ("train", self.training_data_by_task),
-                        ("valid", self.validation_data_by_task),
-                    )
+                    for kind, by_task in self._dp_data()
                 },
             }
-
-        def _dp_gather(self, state: dict[str, Any]) -> list[dict[str, Any]]:
-            if not self.is_distributed:
-                return [state]
-            import torch.distributed as dist
-
-            states: list[Any] = [None] * self.world_size
-            dist.all_gather_object(states, state)
-            return states
 
         def _change_bias_after_training(self) -> None:
             # deepmd-kit saves the result on the chief alone: no gather then
             self._dp_chief_alone = True
             super()._change_bias_after_training()
 
-        def _dp_continue(self, restart: str) -> None:
-            """Put the random generators and the data where the checkpoint left them."""
-            found = self._dp_exact.continuation(host_run.exact_entry(restart))
-            if found.exact:
-                for kind, by_task in (
-                    ("train", self.training_data_by_task),
-                    ("valid", self.validation_data_by_task),
-                ):
-                    saved = found.state["data"].get(kind, {})
-                    for key in self.model_keys:
-                        why = positions.restore(by_task.get(key), saved.get(key))
-                        if why is not None:
-                            found.state, found.reason = None, why
-                            break
-                    if not found.exact:
-                        break
-            if found.exact:
-                restore_rngs(found.state["rng"])
-            host_run.resumed(self.start_step, found, chief=self.rank == 0)
+        def _dp_restore_data(self, saved: dict[str, Any]) -> str | None:
+            """Put the data where the checkpoint left them; return why not, or ``None``."""
+            for kind, by_task in self._dp_data():
+                for key in self.model_keys:
+                    found = saved.get(kind, {}).get(key)
+                    why = positions.restore(by_task.get(key), found)
+                    if why is not None:
+                        return why
+            return None
 
         # -- the payload --------------------------------------------------
         def _checkpoint_payload(
@@ -203,20 +187,14 @@ def make_trainer_class(host_run: HostRun) -> type:
                 include_ema_state=include_ema_state,
             )
             if state is not None:
-                write_torch_atomic(
-                    Path(ckpt_path),
-                    state,
-                    durable=host_run.store.durable if host_run.store else True,
-                )
+                host_run.write_atomic(ckpt_path, state)
 
         # -- the periodic save ------------------------------------------------
         def save_checkpoint(self, step: int) -> None:
             # every participating rank, before any payload: the gather is collective
             alone = self.is_distributed and getattr(self, "_dp_chief_alone", False)
             self._dp_entry = self._dp_exact.payload_entry(
-                step,
-                None if alone else self._dp_local_state,
-                self._dp_gather,
+                step, None if alone else self._dp_local_state, all_ranks
             )
             try:
                 self._dp_save_checkpoint(step)
@@ -249,6 +227,42 @@ def make_trainer_class(host_run: HostRun) -> type:
             )
             if self.rank == 0:  # its path as deepmd-kit's unused store spells it
                 say_saved(host_run.host, self.ckpt_store.path_for(step))
+
+        # -- metrics and best-validation checkpoints (:mod:`..metrics`) ---------
+        # deepmd-kit's loop shows a row through collect_display_results
+        # (``step`` 0-based) and saves a best-validation checkpoint through
+        # _save_full_validation_checkpoint and its EMA twin
+        def collect_display_results(self, tasks, *, active_task, step, step_result):
+            train, valid = super().collect_display_results(
+                tasks, active_task=active_task, step=step, step_result=step_result
+            )
+            self.dp_note_shown(step + 1, train, valid)
+            return train, valid
+
+        def _save_full_validation_checkpoint(
+            self, save_path: Path, lr: float = 0.0, step: int = 0
+        ) -> None:
+            if "full_validator" not in (self._dp_best_families or {}):
+                super()._save_full_validation_checkpoint(save_path, lr=lr, step=step)
+                return
+            state = self._checkpoint_payload(
+                step, include_optimizer=True, include_ema_state=True
+            )
+            self.dp_save_best("full_validator", step, state)
+
+        def _save_full_validation_ema_checkpoint(
+            self, save_path: Path, lr: float = 0.0, step: int = 0
+        ) -> None:
+            if "ema_full_validator" not in (self._dp_best_families or {}):
+                super()._save_full_validation_ema_checkpoint(
+                    save_path, lr=lr, step=step
+                )
+                return
+            with self.model_ema.apply_shadow(self.model):
+                state = self._checkpoint_payload(
+                    step, include_optimizer=False, include_ema_state=False
+                )
+            self.dp_save_best("ema_full_validator", step, state)
 
         # -- the loop ---------------------------------------------------------
         def train_step(self, task, step: int):
