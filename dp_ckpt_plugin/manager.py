@@ -16,6 +16,7 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -179,16 +180,14 @@ class CheckpointManager:
         if async_save:  # ready (torch imported) by the time the first save comes
             self.store.start_writer()
 
-    @property
-    def directory(self) -> Path:
-        """The checkpoint directory (the staging directory of a remote store)."""
-        return self.store.directory
+    directory = property(
+        attrgetter("store.directory"),
+        doc="The checkpoint directory (the staging directory of a remote store).",
+    )
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait for the uploads to a remote store; ``False`` on timeout."""
-        if self.store.remote is None:
-            return True
-        return self.store.remote.flush(timeout)
+        return self.store.remote is None or self.store.remote.flush(timeout)
 
     def save(
         self, step: int, state: Any, *, metrics: Mapping[str, float] | None = None

@@ -18,18 +18,6 @@ from .layout import Family, record_name, record_target
 from .records import CommitRecord, read_record
 
 
-def numbered_files(
-    directory: Path, family: Family, *, storage: Storage | None = None
-) -> list[Path]:
-    """Return the numbered checkpoint files of ``family`` in ``directory``."""
-    storage = storage or default_storage()
-    return [
-        directory / name
-        for name, kind in storage.names(directory)
-        if kind == "file" and family.step_of(name) is not None
-    ]
-
-
 def read_record_or_none(
     path: Path, *, storage: Storage | None = None
 ) -> CommitRecord | None:
@@ -74,10 +62,13 @@ def uncommitted(
     directory: Path, family: Family, *, storage: Storage | None = None
 ) -> list[Path]:
     """Return the numbered files of ``family`` that have no usable record."""
+    storage = storage or default_storage()
     return [
-        p
-        for p in numbered_files(directory, family, storage=storage)
-        if read_record_or_none(p, storage=storage) is None
+        directory / name
+        for name, kind in storage.names(directory)
+        if kind == "file"
+        and family.step_of(name) is not None
+        and read_record_or_none(directory / name, storage=storage) is None
     ]
 
 

@@ -68,8 +68,11 @@ def digest_of(
         from ..storage import default_storage
 
         storage = default_storage()
+    h = hasher(algorithm)
     with storage.open_payload(path) as handle:
-        return digest_of_handle(handle, algorithm)
+        while chunk := handle.read(_CHUNK):
+            h.update(chunk)
+    return f"{algorithm}:{h.hexdigest()}"
 
 
 def digest_of_view(view: memoryview, algorithm: str = DEFAULT_ALGORITHM) -> str:
@@ -87,14 +90,6 @@ def digest_of_view(view: memoryview, algorithm: str = DEFAULT_ALGORITHM) -> str:
     else:
         h = hasher(algorithm)
     h.update(view)
-    return f"{algorithm}:{h.hexdigest()}"
-
-
-def digest_of_handle(handle: BinaryIO, algorithm: str = DEFAULT_ALGORITHM) -> str:
-    """Return ``"<algorithm>:<hex>"`` of what ``handle`` reads to its end."""
-    h = hasher(algorithm)
-    while chunk := handle.read(_CHUNK):
-        h.update(chunk)
     return f"{algorithm}:{h.hexdigest()}"
 
 

@@ -81,11 +81,9 @@ def is_inside(
     """Whether ``target``, symlinks followed, lies under one of ``roots``."""
     storage = storage or default_storage()
     real = storage.real(target)
-    for root in roots:
-        real_root = storage.real(root)
-        if real == real_root or real_root in real.parents:
-            return True
-    return False
+    return any(
+        real == root or root in real.parents for root in map(storage.real, roots)
+    )
 
 
 def link_or_pointer_target(path: Path, *, storage: Storage | None = None) -> str | None:
@@ -113,11 +111,12 @@ def named_by(
     Returns ``{"pointer": name or None, "alias": name or None}``.
     """
     storage = storage or default_storage()
-    pointer = None
     try:
         found = read_pointer(directory / family.pointer, storage=storage)
-        pointer = found.name if found is not None else None
     except UnsafePointerError:
-        pointer = None
+        found = None
     linked = storage.link_target(directory / family.alias)
-    return {"pointer": pointer, "alias": Path(linked).name if linked else None}
+    return {
+        "pointer": found and found.name,
+        "alias": Path(linked).name if linked else None,
+    }

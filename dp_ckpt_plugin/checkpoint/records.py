@@ -116,21 +116,12 @@ class CommitRecord:
             (``checkpoint/limits.py``).
         """
         self.check()
-        data = asdict(self)
-        if self.replaces is None:
-            del data["replaces"]
-        else:
+        data = {key: value for key, value in asdict(self).items() if value is not None}
+        if self.replaces is not None:
             data["replaces"] = {"size": self.replaces[0], "digest": self.replaces[1]}
-        if self.metrics is None:
-            del data["metrics"]
-        if self.provenance is None:
-            del data["provenance"]
-        else:
-            data["provenance"] = self.provenance.to_dict()
-        if self.lineage is None:
-            del data["lineage"]
-        else:
-            data["lineage"] = self.lineage.to_dict()
+        for key in ("provenance", "lineage"):
+            if getattr(self, key) is not None:
+                data[key] = getattr(self, key).to_dict()
         text = json.dumps(data, indent=1, sort_keys=True) + "\n"
         check_size(
             text.encode("utf-8"), f"the commit record of {self.name}", MAX_RECORD_BYTES
@@ -325,7 +316,6 @@ def make_record(
     storage: Storage,
     name: str | None = None,
     digest: str | None = None,
-    size: int | None = None,
     metrics: Mapping[str, float] | None = None,
     payload: PayloadBytes | None = None,
     provenance: Provenance | None = None,
@@ -334,9 +324,9 @@ def make_record(
     """Describe a durable payload.
 
     ``name`` is the file name the record is for, when ``checkpoint`` is still
-    a temporary file; ``digest`` and ``size`` what was computed once it was
-    written, or ``payload`` the bytes read from it, else the file is measured
-    and hashed now; ``metrics`` (see :func:`check_metrics`) what the trainer
+    a temporary file; ``digest`` what was computed once it was written (the
+    file is measured), or ``payload`` the bytes read from it, else the file is
+    measured and hashed now; ``metrics`` (see :func:`check_metrics`) what the trainer
     reported with it.
     """
     if payload is not None:
@@ -345,7 +335,7 @@ def make_record(
             digest, size = digest_of_view(view, DEFAULT_ALGORITHM), payload.size
         finally:
             view.release()
-    if size is None:
+    else:
         found = storage.entry(checkpoint)
         if found is None:
             raise FileNotFoundError(f"{checkpoint} is gone")
