@@ -29,9 +29,8 @@ import itertools
 import re
 from pathlib import Path
 
-from ..checkpoint import Checkpoint
 from ..checkpoint.catalogue import committed, uncommitted
-from ..checkpoint.layout import ARCHIVE_DIR, Family, parse_numbered, step_in_name
+from ..checkpoint.layout import ARCHIVE_DIR, Family, parse_numbered
 from ..checkpoint.pointers import is_inside, read_pointer
 from ..checkpoint.records import CommitRecord, read_record
 from ..errors import (
@@ -43,12 +42,8 @@ from ..errors import (
 )
 from ..markers import hookimpl
 from ..storage import Storage, entry_or_none
-from . import (
-    ResolveContext,
-    Resolved,
-    follow_link,
-)
-from .quarantine import quarantine
+from . import ResolveContext, Resolved, checkpoint_at, follow_link
+from .quarantine import set_aside
 
 
 @hookimpl(trylast=True)
@@ -212,20 +207,8 @@ class _Search:
     def found(
         self, path: Path, record: CommitRecord | None, checked: str, how: str, rule: str
     ) -> Resolved:
-        step = (
-            record.step if record else step_in_name(path.name, self.ctx.family.suffix)
-        )
-        family = (
-            record.family
-            if record
-            else (
-                self.ctx.family.prefix
-                if self.ctx.family.step_of(path.name) is not None
-                else None
-            )
-        )
         return Resolved(
-            Checkpoint(path, step, family, record),
+            checkpoint_at(path, record, self.ctx.family),
             checked,
             how,
             self.warnings,
@@ -287,14 +270,10 @@ class _Search:
             if explicit:
                 raise
             self.bad.append(path)
-            moved = None
-            if self.ctx.quarantine and self.ctx.store_dir is not None:
-                store = _absolute(self.ctx.store_dir, self.ctx.cwd)
-                moved = quarantine(path, store, storage=self.storage)
+            moved, warning = set_aside(path, exc, self.ctx)
             if moved:
                 self.moved.append(path)
-            where = f"; moved aside to {moved}" if moved else ""
-            self.warnings.append(f"{exc}{where}")
+            self.warnings.append(warning)
             return None
         found = self.found(path, record, self.ctx.level, how, rule)
         found.via = via
@@ -327,9 +306,7 @@ class _Search:
             return None
         return self.accept(target, label, trusted=True, rule=kind, via=via)
 
-    def pointer(
-        self, pointer: Path, roots: list[Path], family: Family | None = None
-    ) -> Resolved | None:
+    def pointer(self, pointer: Path, roots: list[Path]) -> Resolved | None:
         self.looked.append(f"pointer {pointer}")
         try:
             target = read_pointer(pointer, storage=self.storage)
@@ -338,7 +315,7 @@ class _Search:
             return None
         if target is None:
             return None
-        return self.follow(target, pointer, "pointer", roots, family or self.ctx.family)
+        return self.follow(target, pointer, "pointer", roots, self.ctx.family)
 
     def alias(
         self, alias: Path, roots: list[Path], family: Family | None = None
