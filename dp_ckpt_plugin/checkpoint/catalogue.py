@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import InvalidRecordError, UnreadableFileError
-from ..storage import Storage, default_storage
+from ..errors import InvalidRecordError
+from ..storage import Storage, default_storage, entries_of
 from . import Checkpoint
 from .layout import Family, record_name, record_target
 from .records import CommitRecord, read_record
@@ -78,11 +78,7 @@ def recorded_families(
     """Return the prefixes named by the commit records in ``directory``."""
     storage = storage or default_storage()
     families = set()
-    try:
-        names = storage.names(directory)
-    except UnreadableFileError:
-        return families
-    for name, _ in names:
+    for name, _ in entries_of(directory, storage):
         target = record_target(name)
         if target is None or not target.endswith(suffix):
             continue

@@ -567,15 +567,9 @@ class LocalStorage:
         self._check(dest, "move a file to")
         try:
             self._sys_rename(source, dest)
-        except FileNotFoundError:
-            if self.entry(source) is None:
-                return False
-            raise _fail(
-                "move",
-                f"{source} to {dest}",
-                FileNotFoundError(errno.ENOENT, "No such file or directory"),
-            ) from None
         except OSError as exc:
+            if isinstance(exc, FileNotFoundError) and self.entry(source) is None:
+                return False
             raise _fail("move", f"{source} to {dest}", exc) from exc
         return True
 

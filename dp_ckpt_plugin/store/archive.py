@@ -35,8 +35,8 @@ from ..checkpoint import Checkpoint
 from ..checkpoint.layout import ARCHIVE_DIR, record_name
 from ..checkpoint.pointers import link_or_pointer_target
 from ..checkpoint.records import record_path
-from ..errors import CheckpointWriteError, UnreadableFileError
-from ..storage import Storage
+from ..errors import CheckpointWriteError
+from ..storage import Storage, entries_of
 from .catalogue import Catalogue
 
 log = logging.getLogger("dp_ckpt_plugin")
@@ -301,11 +301,7 @@ def prune_archives(
 def _listed(folder: Path, storage: Storage) -> dict[str, tuple[str, int]]:
     """Name to (kind, size) of the entries of ``folder``; links not followed."""
     found = {}
-    try:
-        names = storage.names(folder)
-    except UnreadableFileError:
-        return {}
-    for name, kind in names:
+    for name, kind in entries_of(folder, storage):
         entry = storage.entry(folder / name)
         found[name] = (kind, entry.size if entry is not None and kind == "file" else 0)
     return found
