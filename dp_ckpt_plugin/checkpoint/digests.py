@@ -99,19 +99,16 @@ def write_hashed(
     *,
     durable: bool,
     storage: Storage,
-) -> tuple[Path, str | None]:
+) -> tuple[Path, str]:
     """Write a payload to a temporary file beside ``path`` and hash it.
 
     Returns the temporary path and its digest, computed from the bytes in
     the page cache while the file is fsynced (``Storage.write_payload``);
-    the format's writes pass through no hashing wrapper. The digest is
-    ``None`` only from a storage without ``write_payload`` (the file is then
-    hashed once written).
+    the format's writes pass through no hashing wrapper.
     """
     in_process = getattr(serialize, "write_in_process", None)
     if in_process is not None:  # a snapshot the writer process writes
         return in_process(path, durable=durable)
-    write_payload = getattr(storage, "write_payload", None)
-    if write_payload is None:
-        return storage.write_temp(path, serialize, durable=durable), None
-    return write_payload(path, serialize, durable=durable, digest=digest_of_view)
+    return storage.write_payload(
+        path, serialize, durable=durable, digest=digest_of_view
+    )

@@ -220,14 +220,8 @@ class CommitRecord:
             _check_digest(replaces["digest"], source)
             replaces = (replaces["size"], replaces["digest"])
         return cls(
-            name=data["name"],
-            step=data["step"],
-            family=data["family"],
-            format=data["format"],
-            size=data["size"],
-            digest=data["digest"],
+            **{key: data[key] for key in _FIELDS},
             created=float(created),
-            format_version=data["format_version"],
             replaces=replaces,
             metrics=_metrics_from_json(data.get("metrics"), source),
             provenance=None
@@ -491,24 +485,21 @@ def verify(
     storage = storage or default_storage()
     try:
         found = storage.entry(checkpoint, follow=True)
-    except UnreadableFileError as exc:
-        raise CorruptCheckpointError(f"checkpoint {exc}") from None
-    if found is None:
-        raise FileNotFoundError(f"checkpoint {checkpoint} is gone")
-    if not found.is_file:
-        raise CorruptCheckpointError(
-            f"checkpoint {checkpoint} is not a regular file ({found.kind})"
-        )
-    _check_size(checkpoint, found.size, record)
-    if digest:
-        try:
+        if found is None:
+            raise FileNotFoundError(f"checkpoint {checkpoint} is gone")
+        if not found.is_file:
+            raise CorruptCheckpointError(
+                f"checkpoint {checkpoint} is not a regular file ({found.kind})"
+            )
+        _check_size(checkpoint, found.size, record)
+        if digest:
             _check_digest_of(
                 checkpoint,
                 record,
                 lambda algorithm: digest_of(checkpoint, algorithm, storage=storage),
             )
-        except UnreadableFileError as exc:
-            raise CorruptCheckpointError(f"checkpoint {exc}") from None
+    except UnreadableFileError as exc:
+        raise CorruptCheckpointError(f"checkpoint {exc}") from None
 
 
 def check_payload(payload: PayloadBytes, record: CommitRecord, *, digest: bool) -> None:
