@@ -155,12 +155,16 @@ class CheckpointManager:
             policy = KeepLast(int(max_keep))
         elif isinstance(policy, Mapping):
             policy = policy_from_dict(policy)
+        check_not_mistyped(directory)
         remote = None
-        url = remote_url_or_none(directory)
-        if url is not None:
-            directory, remote = staged(url, format, staging)
-        else:
+        if local_path(directory) is not None:
             directory = local_path(directory)
+        else:  # the URL of a remote store
+            try:
+                url = remote_url(directory)
+            except ValueError as exc:
+                raise ConfigError(f"{directory}: {exc}") from None
+            directory, remote = staged(url, format, staging)
         self.store = CheckpointStore(
             directory,
             remote=remote,
@@ -231,17 +235,6 @@ class CheckpointManager:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def remote_url_or_none(directory) -> str | None:
-    """``directory`` as a remote store's URL, or ``None`` for a local path."""
-    check_not_mistyped(directory)
-    if local_path(directory) is not None:
-        return None
-    try:
-        return remote_url(directory)
-    except ValueError as exc:
-        raise ConfigError(f"{directory}: {exc}") from None
 
 
 def staged(url: str, format: str, staging):

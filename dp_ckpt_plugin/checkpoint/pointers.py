@@ -94,10 +94,13 @@ def link_or_pointer_target(path: Path, *, storage: Storage | None = None) -> str
     """
     storage = storage or default_storage()
     linked = storage.link_target(path)
-    if linked:
-        return Path(linked).name
+    return Path(linked).name if linked else _named(path, storage)
+
+
+def _named(pointer: Path, storage: Storage) -> str | None:
+    """The file name a readable pointer names; ``None`` for none or a malformed one."""
     try:
-        named = read_pointer(path, storage=storage)
+        named = read_pointer(pointer, storage=storage)
     except UnsafePointerError:
         return None
     return named.name if named is not None else None
@@ -111,12 +114,8 @@ def named_by(
     Returns ``{"pointer": name or None, "alias": name or None}``.
     """
     storage = storage or default_storage()
-    try:
-        found = read_pointer(directory / family.pointer, storage=storage)
-    except UnsafePointerError:
-        found = None
     linked = storage.link_target(directory / family.alias)
     return {
-        "pointer": found and found.name,
+        "pointer": _named(directory / family.pointer, storage),
         "alias": Path(linked).name if linked else None,
     }

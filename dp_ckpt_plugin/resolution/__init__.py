@@ -49,7 +49,7 @@ from ..errors import (
 )
 from ..formats.checksums import Carried, check_carried
 from ..ranks import Ranks, SingleProcess
-from ..storage import PayloadBytes, Storage, default_storage
+from ..storage import PayloadBytes, Storage, default_storage, entry_or_none
 from .sources import Origin, RemoteSource
 
 
@@ -94,10 +94,7 @@ class Verifier:
         InvalidRecordError
             When it exists but is malformed or describes another file.
         """
-        try:
-            found = self.storage.entry(record_path(path))
-        except UnreadableFileError:
-            found = None
+        found = entry_or_none(record_path(path), storage=self.storage)
         key = found and (found.dev, found.ino, found.size, found.mtime_ns)
         kept = self._records.get(path)
         if key and kept is not None and kept[0] == key:

@@ -32,7 +32,7 @@ from pathlib import Path
 from ..checkpoint.catalogue import committed, uncommitted
 from ..checkpoint.layout import ARCHIVE_DIR, Family, parse_numbered
 from ..checkpoint.pointers import is_inside, read_pointer
-from ..checkpoint.records import CommitRecord, read_record
+from ..checkpoint.records import read_record
 from ..errors import (
     CorruptCheckpointError,
     InvalidRecordError,
@@ -41,7 +41,7 @@ from ..errors import (
     UnsafePointerError,
 )
 from ..markers import hookimpl
-from ..storage import Storage, entry_or_none
+from ..storage import Storage, entries_of, entry_or_none
 from . import ResolveContext, Resolved, checkpoint_at, follow_link
 from .quarantine import set_aside
 
@@ -154,10 +154,8 @@ class _Search:
     def note_archives(self, store: Path) -> None:
         """Say where the newest archived run is, when ``latest`` found nothing."""
         root = store / ARCHIVE_DIR
-        try:
-            folders = sorted(n for n, kind in self.storage.names(root) if kind == "dir")
-        except UnreadableFileError:
-            return
+        listed = entries_of(root, self.storage)
+        folders = sorted(name for name, kind in listed if kind == "dir")
         if folders:
             newest = root / folders[-1]
             self.warnings.append(
@@ -188,10 +186,7 @@ class _Search:
         if not tail or entry_or_none(parent / tail, storage=self.storage) is not None:
             return None
         words = [] if slash else ["latest", "best"]
-        try:
-            listed = self.storage.names(parent)
-        except UnreadableFileError:
-            listed = []
+        listed = entries_of(parent, self.storage)
         suffix = self.ctx.family.suffix
         names = []
         for name, _ in itertools.islice(listed, 2000):
@@ -203,19 +198,6 @@ class _Search:
         if not found or _digits_apart(tail, found[0]):
             return None  # another step of a checkpoint is not a typo
         return f"{head}{slash}{found[0]}"
-
-    def found(
-        self, path: Path, record: CommitRecord | None, checked: str, how: str, rule: str
-    ) -> Resolved:
-        return Resolved(
-            checkpoint_at(path, record, self.ctx.family),
-            checked,
-            how,
-            self.warnings,
-            self.moved,
-            rule,
-            fell_back=bool(self.bad or self.skipped),
-        )
 
     def accept(
         self,
@@ -250,16 +232,12 @@ class _Search:
             self.skipped.add(path)
             self.warnings.append(f"skipped {path} (not committed): {exc}")
             return None
-        if record is None:
-            if not trusted:
-                self.warnings.append(f"skipped {path}: it has no commit record")
-                return None
-            # the front door checks it by its own checksums (admit)
-            found = self.found(path, None, "unverified", how, rule)
-            found.via = via
-            return found
-        try:
-            self.ctx.verifier.verify(path, record, digest=self.ctx.digest)
+        if record is None and not trusted:
+            self.warnings.append(f"skipped {path}: it has no commit record")
+            return None
+        try:  # without a record, the front door checks its own checksums (admit)
+            if record is not None:
+                self.ctx.verifier.verify(path, record, digest=self.ctx.digest)
         except FileNotFoundError:
             if explicit:
                 raise RestartNotFoundError(f"{path} went away") from None
@@ -275,9 +253,16 @@ class _Search:
                 self.moved.append(path)
             self.warnings.append(warning)
             return None
-        found = self.found(path, record, self.ctx.level, how, rule)
-        found.via = via
-        return found
+        return Resolved(
+            checkpoint_at(path, record, self.ctx.family),
+            self.ctx.level if record is not None else "unverified",
+            how,
+            self.warnings,
+            self.moved,
+            rule,
+            via,
+            fell_back=bool(self.bad or self.skipped),
+        )
 
     def follow(
         self, target: Path, via: Path, kind: str, roots: list[Path], family: Family
