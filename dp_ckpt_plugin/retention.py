@@ -408,9 +408,7 @@ def reason_of(policy: object) -> str:
 
 
 def explain(
-    policy: RetentionPolicy,
-    candidates: Sequence[Candidate],
-    protected: frozenset[str],
+    policy: RetentionPolicy, candidates: Sequence[Candidate], protected: frozenset[str]
 ) -> dict[str, list[tuple[str, str]]]:
     """Which names ``policy`` keeps, each with the ``(name, reason)`` that keeps it.
 
