@@ -16,6 +16,7 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -154,12 +155,16 @@ class CheckpointManager:
             policy = KeepLast(int(max_keep))
         elif isinstance(policy, Mapping):
             policy = policy_from_dict(policy)
+        check_not_mistyped(directory)
         remote = None
-        url = remote_url_or_none(directory)
-        if url is not None:
-            directory, remote = staged(url, format, staging)
-        else:
+        if local_path(directory) is not None:
             directory = local_path(directory)
+        else:  # the URL of a remote store
+            try:
+                url = remote_url(directory)
+            except ValueError as exc:
+                raise ConfigError(f"{directory}: {exc}") from None
+            directory, remote = staged(url, format, staging)
         self.store = CheckpointStore(
             directory,
             remote=remote,
@@ -179,16 +184,14 @@ class CheckpointManager:
         if async_save:  # ready (torch imported) by the time the first save comes
             self.store.start_writer()
 
-    @property
-    def directory(self) -> Path:
-        """The checkpoint directory (the staging directory of a remote store)."""
-        return self.store.directory
+    directory = property(
+        attrgetter("store.directory"),
+        doc="The checkpoint directory (the staging directory of a remote store).",
+    )
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait for the uploads to a remote store; ``False`` on timeout."""
-        if self.store.remote is None:
-            return True
-        return self.store.remote.flush(timeout)
+        return self.store.remote is None or self.store.remote.flush(timeout)
 
     def save(
         self, step: int, state: Any, *, metrics: Mapping[str, float] | None = None
@@ -232,17 +235,6 @@ class CheckpointManager:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def remote_url_or_none(directory) -> str | None:
-    """``directory`` as a remote store's URL, or ``None`` for a local path."""
-    check_not_mistyped(directory)
-    if local_path(directory) is not None:
-        return None
-    try:
-        return remote_url(directory)
-    except ValueError as exc:
-        raise ConfigError(f"{directory}: {exc}") from None
 
 
 def staged(url: str, format: str, staging):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -50,15 +51,8 @@ class Candidate(tuple):
         self.metrics = dict(metrics or {})
         return self
 
-    @property
-    def name(self) -> str:
-        """The file name."""
-        return self[0]
-
-    @property
-    def step(self) -> int:
-        """The step."""
-        return self[1]
+    name = property(itemgetter(0), doc="The file name.")
+    step = property(itemgetter(1), doc="The step.")
 
     def __repr__(self) -> str:
         return f"Candidate({self[0]!r}, {self[1]!r}, {self.metrics!r})"
@@ -414,9 +408,7 @@ def reason_of(policy: object) -> str:
 
 
 def explain(
-    policy: RetentionPolicy,
-    candidates: Sequence[Candidate],
-    protected: frozenset[str],
+    policy: RetentionPolicy, candidates: Sequence[Candidate], protected: frozenset[str]
 ) -> dict[str, list[tuple[str, str]]]:
     """Which names ``policy`` keeps, each with the ``(name, reason)`` that keeps it.
 

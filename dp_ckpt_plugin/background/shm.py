@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import mmap
 import os
 import pickle
@@ -59,17 +60,10 @@ def view_of(buffer, dtype, shape):
     import numpy as np
 
     if isinstance(dtype, np.dtype):
-        return np.frombuffer(buffer, dtype=dtype, count=_count(shape)).reshape(shape)
+        return np.frombuffer(buffer, dtype=dtype, count=math.prod(shape)).reshape(shape)
     import torch
 
-    return torch.frombuffer(buffer, dtype=dtype, count=_count(shape)).view(shape)
-
-
-def _count(shape) -> int:
-    count = 1
-    for n in shape:
-        count *= n
-    return count
+    return torch.frombuffer(buffer, dtype=dtype, count=math.prod(shape)).view(shape)
 
 
 class SharedSnapshotter(Snapshotter):
@@ -107,12 +101,7 @@ class SharedSnapshotter(Snapshotter):
             or shared.tensor.shape != source.shape
             or shared.tensor.dtype != source.dtype
         ):
-            if shared is not None:
-                shared.close()
-            self._next += 1
-            shared = self._shared[path] = _Buffer(
-                self._next, nbytes, source.dtype, source.shape
-            )
+            shared = self._fresh(path, nbytes, source.dtype, source.shape)
         self._buffers[path] = shared.tensor
         if self.copies.handles(source):
             self._from_device(shared, source)
@@ -136,18 +125,22 @@ class SharedSnapshotter(Snapshotter):
             or shared.tensor.dtype != dtype
             or shared.tensor.shape != value.shape
         ):
-            if shared is not None:
-                shared.close()
-            self._next += 1
-            shared = self._shared[path] = _Buffer(
-                self._next, value.nbytes, dtype, value.shape
-            )
+            shared = self._fresh(path, value.nbytes, dtype, value.shape)
         self._buffers[path] = shared.tensor
         import numpy as np
 
         np.copyto(shared.tensor, value)
         self._taken[id(shared.tensor)] = shared
         return shared.tensor
+
+    def _fresh(self, path: str, nbytes: int, dtype, shape) -> _Buffer:
+        """A new shared buffer for ``path``, in place of the one it had."""
+        old = self._shared.get(path)
+        if old is not None:
+            old.close()
+        self._next += 1
+        self._shared[path] = _Buffer(self._next, nbytes, dtype, shape)
+        return self._shared[path]
 
     def _from_device(self, shared: _Buffer, source: Any) -> None:
         """Queue the copy of a CUDA tensor into its host buffer on the side stream."""
@@ -176,17 +169,11 @@ class SharedSnapshotter(Snapshotter):
             used[shared.ident] = shared.fd
             shape = tuple(shared.tensor.shape)
             if type(shared.tensor).__name__ == "ndarray":
-                return (
-                    "shared",
-                    shared.ident,
-                    shared.tensor.dtype.str,
-                    shape,
-                    "ndarray",
-                    False,
-                )
-            kind = "parameter" if type(obj) is not type(shared.tensor) else "tensor"
-            grad = bool(getattr(obj, "requires_grad", False))
-            dtype = str(shared.tensor.dtype).removeprefix("torch.")
+                dtype, kind, grad = shared.tensor.dtype.str, "ndarray", False
+            else:
+                kind = "parameter" if type(obj) is not type(shared.tensor) else "tensor"
+                grad = bool(getattr(obj, "requires_grad", False))
+                dtype = str(shared.tensor.dtype).removeprefix("torch.")
             return ("shared", shared.ident, dtype, shape, kind, grad)
 
         pickler.persistent_id = persistent_id

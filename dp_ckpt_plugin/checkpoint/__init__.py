@@ -10,6 +10,7 @@ only.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 
 from ..retention import Candidate
@@ -39,10 +40,7 @@ class Checkpoint:
     family: str | None
     record: CommitRecord | None = None
 
-    @property
-    def name(self) -> str:
-        """The file name."""
-        return self.path.name
+    name = property(attrgetter("path.name"), doc="The file name.")
 
     @property
     def committed(self) -> bool:
@@ -85,12 +83,5 @@ class Commit:
     published: Path
     families: tuple[str, ...] = ()
 
-    @property
-    def path(self) -> Path:
-        """The checkpoint file."""
-        return self.checkpoint.path
-
-    @property
-    def step(self) -> int | None:
-        """Its step."""
-        return self.checkpoint.step
+    path = property(attrgetter("checkpoint.path"), doc="The checkpoint file.")
+    step = property(attrgetter("checkpoint.step"), doc="Its step.")

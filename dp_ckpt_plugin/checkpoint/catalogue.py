@@ -11,23 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import InvalidRecordError, UnreadableFileError
-from ..storage import Storage, default_storage
+from ..errors import InvalidRecordError
+from ..storage import Storage, default_storage, entries_of
 from . import Checkpoint
 from .layout import Family, record_name, record_target
 from .records import CommitRecord, read_record
-
-
-def numbered_files(
-    directory: Path, family: Family, *, storage: Storage | None = None
-) -> list[Path]:
-    """Return the numbered checkpoint files of ``family`` in ``directory``."""
-    storage = storage or default_storage()
-    return [
-        directory / name
-        for name, kind in storage.names(directory)
-        if kind == "file" and family.step_of(name) is not None
-    ]
 
 
 def read_record_or_none(
@@ -74,10 +62,13 @@ def uncommitted(
     directory: Path, family: Family, *, storage: Storage | None = None
 ) -> list[Path]:
     """Return the numbered files of ``family`` that have no usable record."""
+    storage = storage or default_storage()
     return [
-        p
-        for p in numbered_files(directory, family, storage=storage)
-        if read_record_or_none(p, storage=storage) is None
+        directory / name
+        for name, kind in storage.names(directory)
+        if kind == "file"
+        and family.step_of(name) is not None
+        and read_record_or_none(directory / name, storage=storage) is None
     ]
 
 
@@ -87,11 +78,7 @@ def recorded_families(
     """Return the prefixes named by the commit records in ``directory``."""
     storage = storage or default_storage()
     families = set()
-    try:
-        names = storage.names(directory)
-    except UnreadableFileError:
-        return families
-    for name, _ in names:
+    for name, _ in entries_of(directory, storage):
         target = record_target(name)
         if target is None or not target.endswith(suffix):
             continue

@@ -68,8 +68,11 @@ def digest_of(
         from ..storage import default_storage
 
         storage = default_storage()
+    h = hasher(algorithm)
     with storage.open_payload(path) as handle:
-        return digest_of_handle(handle, algorithm)
+        while chunk := handle.read(_CHUNK):
+            h.update(chunk)
+    return f"{algorithm}:{h.hexdigest()}"
 
 
 def digest_of_view(view: memoryview, algorithm: str = DEFAULT_ALGORITHM) -> str:
@@ -90,33 +93,22 @@ def digest_of_view(view: memoryview, algorithm: str = DEFAULT_ALGORITHM) -> str:
     return f"{algorithm}:{h.hexdigest()}"
 
 
-def digest_of_handle(handle: BinaryIO, algorithm: str = DEFAULT_ALGORITHM) -> str:
-    """Return ``"<algorithm>:<hex>"`` of what ``handle`` reads to its end."""
-    h = hasher(algorithm)
-    while chunk := handle.read(_CHUNK):
-        h.update(chunk)
-    return f"{algorithm}:{h.hexdigest()}"
-
-
 def write_hashed(
     path: Path,
     serialize: Callable[[BinaryIO], object],
     *,
     durable: bool,
     storage: Storage,
-) -> tuple[Path, str | None]:
+) -> tuple[Path, str]:
     """Write a payload to a temporary file beside ``path`` and hash it.
 
     Returns the temporary path and its digest, computed from the bytes in
     the page cache while the file is fsynced (``Storage.write_payload``);
-    the format's writes pass through no hashing wrapper. The digest is
-    ``None`` only from a storage without ``write_payload`` (the file is then
-    hashed once written).
+    the format's writes pass through no hashing wrapper.
     """
     in_process = getattr(serialize, "write_in_process", None)
     if in_process is not None:  # a snapshot the writer process writes
         return in_process(path, durable=durable)
-    write_payload = getattr(storage, "write_payload", None)
-    if write_payload is None:
-        return storage.write_temp(path, serialize, durable=durable), None
-    return write_payload(path, serialize, durable=durable, digest=digest_of_view)
+    return storage.write_payload(
+        path, serialize, durable=durable, digest=digest_of_view
+    )

@@ -115,12 +115,11 @@ def chain_of(lineage: Lineage | None, step: int, digest: str) -> tuple[Link, ...
 
 def on_chain(chain: tuple[Link, ...], link: Link) -> bool:
     """Whether the checkpoint ``link`` lies on ``chain`` (see the module docs)."""
-    for segment in chain:
-        if segment == link:
-            return True
-        if segment.epoch and segment.epoch == link.epoch and segment.step > link.step:
-            return True
-    return False
+    return any(
+        segment == link
+        or (segment.epoch and segment.epoch == link.epoch and segment.step > link.step)
+        for segment in chain
+    )
 
 
 def describe(chain: tuple[Link, ...]) -> str:

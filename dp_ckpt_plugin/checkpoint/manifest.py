@@ -20,12 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidRecordError, UnreadableFileError
-from ..retention import (
-    RetentionPolicy,
-    policy_from_dict,
-    policy_to_dict,
-    reason_of,
-)
+from ..retention import RetentionPolicy, policy_from_dict, policy_to_dict, reason_of
 from ..storage import Storage, default_storage
 from .layout import MANIFEST_NAME, Family
 from .limits import (

@@ -81,11 +81,9 @@ def is_inside(
     """Whether ``target``, symlinks followed, lies under one of ``roots``."""
     storage = storage or default_storage()
     real = storage.real(target)
-    for root in roots:
-        real_root = storage.real(root)
-        if real == real_root or real_root in real.parents:
-            return True
-    return False
+    return any(
+        real == root or root in real.parents for root in map(storage.real, roots)
+    )
 
 
 def link_or_pointer_target(path: Path, *, storage: Storage | None = None) -> str | None:
@@ -96,10 +94,13 @@ def link_or_pointer_target(path: Path, *, storage: Storage | None = None) -> str
     """
     storage = storage or default_storage()
     linked = storage.link_target(path)
-    if linked:
-        return Path(linked).name
+    return Path(linked).name if linked else _named(path, storage)
+
+
+def _named(pointer: Path, storage: Storage) -> str | None:
+    """The file name a readable pointer names; ``None`` for none or a malformed one."""
     try:
-        named = read_pointer(path, storage=storage)
+        named = read_pointer(pointer, storage=storage)
     except UnsafePointerError:
         return None
     return named.name if named is not None else None
@@ -113,11 +114,8 @@ def named_by(
     Returns ``{"pointer": name or None, "alias": name or None}``.
     """
     storage = storage or default_storage()
-    pointer = None
-    try:
-        found = read_pointer(directory / family.pointer, storage=storage)
-        pointer = found.name if found is not None else None
-    except UnsafePointerError:
-        pointer = None
     linked = storage.link_target(directory / family.alias)
-    return {"pointer": pointer, "alias": Path(linked).name if linked else None}
+    return {
+        "pointer": _named(directory / family.pointer, storage),
+        "alias": Path(linked).name if linked else None,
+    }

@@ -177,19 +177,8 @@ class Provenance:
 
     def to_dict(self) -> dict[str, Any]:
         self.check()
-        out = {
-            "plugin": self.plugin,
-            "python": self.python,
-            "deepmd_kit": self.deepmd_kit,
-            "torch": self.torch,
-            "backend": self.backend,
-            "world_size": self.world_size,
-            "seed": self.seed,
-            "host": self.host,
-            "input": self.input,
-            "data": None if self.data is None else self.data.to_dict(),
-        }
-        return out
+        data = None if self.data is None else self.data.to_dict()
+        return {**vars(self), "data": data}
 
     @classmethod
     def from_dict(cls, value: object, source: object) -> Provenance:

@@ -116,21 +116,12 @@ class CommitRecord:
             (``checkpoint/limits.py``).
         """
         self.check()
-        data = asdict(self)
-        if self.replaces is None:
-            del data["replaces"]
-        else:
+        data = {key: value for key, value in asdict(self).items() if value is not None}
+        if self.replaces is not None:
             data["replaces"] = {"size": self.replaces[0], "digest": self.replaces[1]}
-        if self.metrics is None:
-            del data["metrics"]
-        if self.provenance is None:
-            del data["provenance"]
-        else:
-            data["provenance"] = self.provenance.to_dict()
-        if self.lineage is None:
-            del data["lineage"]
-        else:
-            data["lineage"] = self.lineage.to_dict()
+        for key in ("provenance", "lineage"):
+            if getattr(self, key) is not None:
+                data[key] = getattr(self, key).to_dict()
         text = json.dumps(data, indent=1, sort_keys=True) + "\n"
         check_size(
             text.encode("utf-8"), f"the commit record of {self.name}", MAX_RECORD_BYTES
@@ -229,14 +220,8 @@ class CommitRecord:
             _check_digest(replaces["digest"], source)
             replaces = (replaces["size"], replaces["digest"])
         return cls(
-            name=data["name"],
-            step=data["step"],
-            family=data["family"],
-            format=data["format"],
-            size=data["size"],
-            digest=data["digest"],
+            **{key: data[key] for key in _FIELDS},
             created=float(created),
-            format_version=data["format_version"],
             replaces=replaces,
             metrics=_metrics_from_json(data.get("metrics"), source),
             provenance=None
@@ -325,7 +310,6 @@ def make_record(
     storage: Storage,
     name: str | None = None,
     digest: str | None = None,
-    size: int | None = None,
     metrics: Mapping[str, float] | None = None,
     payload: PayloadBytes | None = None,
     provenance: Provenance | None = None,
@@ -334,9 +318,9 @@ def make_record(
     """Describe a durable payload.
 
     ``name`` is the file name the record is for, when ``checkpoint`` is still
-    a temporary file; ``digest`` and ``size`` what was computed once it was
-    written, or ``payload`` the bytes read from it, else the file is measured
-    and hashed now; ``metrics`` (see :func:`check_metrics`) what the trainer
+    a temporary file; ``digest`` what was computed once it was written (the
+    file is measured), or ``payload`` the bytes read from it, else the file is
+    measured and hashed now; ``metrics`` (see :func:`check_metrics`) what the trainer
     reported with it.
     """
     if payload is not None:
@@ -345,7 +329,7 @@ def make_record(
             digest, size = digest_of_view(view, DEFAULT_ALGORITHM), payload.size
         finally:
             view.release()
-    if size is None:
+    else:
         found = storage.entry(checkpoint)
         if found is None:
             raise FileNotFoundError(f"{checkpoint} is gone")
@@ -501,24 +485,21 @@ def verify(
     storage = storage or default_storage()
     try:
         found = storage.entry(checkpoint, follow=True)
-    except UnreadableFileError as exc:
-        raise CorruptCheckpointError(f"checkpoint {exc}") from None
-    if found is None:
-        raise FileNotFoundError(f"checkpoint {checkpoint} is gone")
-    if not found.is_file:
-        raise CorruptCheckpointError(
-            f"checkpoint {checkpoint} is not a regular file ({found.kind})"
-        )
-    _check_size(checkpoint, found.size, record)
-    if digest:
-        try:
+        if found is None:
+            raise FileNotFoundError(f"checkpoint {checkpoint} is gone")
+        if not found.is_file:
+            raise CorruptCheckpointError(
+                f"checkpoint {checkpoint} is not a regular file ({found.kind})"
+            )
+        _check_size(checkpoint, found.size, record)
+        if digest:
             _check_digest_of(
                 checkpoint,
                 record,
                 lambda algorithm: digest_of(checkpoint, algorithm, storage=storage),
             )
-        except UnreadableFileError as exc:
-            raise CorruptCheckpointError(f"checkpoint {exc}") from None
+    except UnreadableFileError as exc:
+        raise CorruptCheckpointError(f"checkpoint {exc}") from None
 
 
 def check_payload(payload: PayloadBytes, record: CommitRecord, *, digest: bool) -> None:

@@ -37,6 +37,7 @@ HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 #: A pickle of protocol 2 or above starts with its PROTO opcode.
 PICKLE_PROTO = b"\x80"
 _CHUNK = 1 << 20
+_ZIP_FAILURES = (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError)
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,7 @@ def _check_zip(payload: PayloadBytes) -> Carried:
     """Read every member of the archive to its end: zipfile checks each CRC32."""
     try:
         archive = zipfile.ZipFile(payload.reader())
-    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError) as exc:
+    except _ZIP_FAILURES as exc:
         raise _damaged(payload, "not a whole zip archive", exc) from None
     with archive:
         members = archive.infolist()
@@ -120,14 +121,7 @@ def _check_zip(payload: PayloadBytes) -> Carried:
                 with archive.open(info) as member:
                     while member.read(_CHUNK):
                         pass
-            except (
-                zipfile.BadZipFile,
-                zlib.error,
-                OSError,
-                EOFError,
-                ValueError,
-                NotImplementedError,
-            ) as exc:
+            except (*_ZIP_FAILURES, NotImplementedError) as exc:
                 raise _damaged(
                     payload,
                     f"member {shown(info.filename)} of its zip archive fails its check",

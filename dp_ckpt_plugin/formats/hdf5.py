@@ -41,6 +41,7 @@ _ORDER = "%order"
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_\-.]*")
 _INT64 = (-(2**63), 2**63 - 1)
 _PY_SCALARS = {bool: "bool", int: "int", float: "float", complex: "complex"}
+_PY_TYPES = {name: kind for kind, name in _PY_SCALARS.items()}
 
 
 @hookimpl(trylast=True)
@@ -110,7 +111,7 @@ def on_load_step(format: str, path: Path, file: BinaryIO | None):
 
     with h5py.File(reading(path, file), "r") as h5:
         if int(h5.attrs.get(_LAYOUT, 1)) < 2:
-            return _read_group_v1(h5)
+            return _read_group(h5, v1=True)
         return _read_group(h5)
 
 
@@ -185,15 +186,20 @@ def _member(key: str) -> str:
 # -- reading ---------------------------------------------------------------------
 
 
-def _read_group(group) -> Any:
+def _read_group(group, v1: bool = False) -> Any:
+    """A group of either layout (``v1``: the first one)."""
+    read = _read_node_v1 if v1 else _read_node
     kind = group.attrs.get(_KIND, "dict")
     if kind == "none":
         return None
     if kind in ("list", "tuple"):
-        items = [_read_node(group[str(i)]) for i in range(int(group.attrs["length"]))]
+        items = [read(group[str(i)]) for i in range(int(group.attrs["length"]))]
         return items if kind == "list" else tuple(items)
+    if v1:
+        keys = [k.decode("utf-8") for k in group[_ORDER][()]]
+        return {key: read(group[_safe_v1(key)]) for key in keys}
     keys = json.loads(group[_ORDER][...].tobytes().decode("ascii"))
-    return {key: _read_node(group[_member(key)]) for key in keys}
+    return {key: read(group[_member(key)]) for key in keys}
 
 
 def _read_node(node) -> Any:
@@ -223,30 +229,17 @@ def _read_node(node) -> Any:
         return data
     if kind == "bigint":
         return int(data.decode("ascii"))
-    return {"bool": bool, "int": int, "float": float, "complex": complex}[kind](data)
+    return _PY_TYPES[kind](data)
 
 
 # -- the first layout (dp-ckpt-plugin 0.1) ------------------------------------------
-
-
-def _read_group_v1(group) -> Any:
-    kind = group.attrs.get(_KIND, "dict")
-    if kind == "none":
-        return None
-    if kind in ("list", "tuple"):
-        items = [
-            _read_node_v1(group[str(i)]) for i in range(int(group.attrs["length"]))
-        ]
-        return items if kind == "list" else tuple(items)
-    keys = [k.decode("utf-8") for k in group[_ORDER][()]]
-    return {key: _read_node_v1(group[_safe_v1(key)]) for key in keys}
 
 
 def _read_node_v1(node) -> Any:
     import h5py
 
     if isinstance(node, h5py.Group):
-        return _read_group_v1(node)
+        return _read_group(node, v1=True)
     kind = node.attrs.get(_KIND, "ndarray")
     if kind == "ndarray":
         return node[...]
@@ -257,7 +250,7 @@ def _read_node_v1(node) -> Any:
         return value.decode("utf-8")
     if kind == "bytes":
         return value.tobytes()
-    return {"bool": bool, "int": int, "float": float, "complex": complex}[kind](value)
+    return _PY_TYPES[kind](value)
 
 
 def _safe_v1(key: str) -> str:

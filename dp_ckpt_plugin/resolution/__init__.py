@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Protocol
 
@@ -48,7 +49,7 @@ from ..errors import (
 )
 from ..formats.checksums import Carried, check_carried
 from ..ranks import Ranks, SingleProcess
-from ..storage import PayloadBytes, Storage, default_storage
+from ..storage import PayloadBytes, Storage, default_storage, entry_or_none
 from .sources import Origin, RemoteSource
 
 
@@ -93,10 +94,7 @@ class Verifier:
         InvalidRecordError
             When it exists but is malformed or describes another file.
         """
-        try:
-            found = self.storage.entry(record_path(path))
-        except UnreadableFileError:
-            found = None
+        found = entry_or_none(record_path(path), storage=self.storage)
         key = found and (found.dev, found.ino, found.size, found.mtime_ns)
         kept = self._records.get(path)
         if key and kept is not None and kept[0] == key:
@@ -148,10 +146,7 @@ class Verifier:
             When it is gone.
         """
         if record is None:
-            try:
-                return self.storage.read_payload(path)
-            except UnreadableFileError as exc:
-                raise CorruptCheckpointError(f"checkpoint {exc}") from None
+            return read_payload(self.storage, path)
         return self._read_checked(path, record, digest=digest)
 
     def _read_checked(
@@ -162,10 +157,7 @@ class Verifier:
             kept_key, kept_digest, kept = self._kept
             if kept_key == key and (kept_digest or not digest):
                 return kept
-        try:
-            payload = self.storage.read_payload(path)
-        except UnreadableFileError as exc:
-            raise CorruptCheckpointError(f"checkpoint {exc}") from None
+        payload = read_payload(self.storage, path)
         check_payload(payload, record, digest=digest)
         self._kept = (key, digest, payload)  # the last one found good, only
         return payload
@@ -306,20 +298,9 @@ class Resolved:
     payload: PayloadBytes | None = field(default=None, repr=False, compare=False)
     carried: Carried | None = None
 
-    @property
-    def path(self) -> Path:
-        """The checkpoint file."""
-        return self.checkpoint.path
-
-    @property
-    def step(self) -> int | None:
-        """Its step."""
-        return self.checkpoint.step
-
-    @property
-    def record(self) -> CommitRecord | None:
-        """Its commit record, or ``None``."""
-        return self.checkpoint.record
+    path = property(attrgetter("checkpoint.path"), doc="The checkpoint file.")
+    step = property(attrgetter("checkpoint.step"), doc="Its step.")
+    record = property(attrgetter("checkpoint.record"), doc="Its record, or ``None``.")
 
 
 def resolve_restart(
@@ -390,16 +371,10 @@ def admit(found: Resolved, ctx: ResolveContext) -> Resolved:
         ) from None
     warnings = list(found.warnings)
     payload = carried = None
-    if record is None:
-        step, family = found.step, found.checkpoint.family
-        if path.name != found.path.name:  # a link named something else
-            step = step_in_name(path.name, ctx.family.suffix)
-            family = (
-                ctx.family.prefix if ctx.family.step_of(path.name) is not None else None
-            )
-    else:
-        checked = ctx.level
-        step, family = record.step, record.family
+    checkpoint = Checkpoint(path, found.step, found.checkpoint.family)
+    if record is not None or path.name != found.path.name:  # or a link named another
+        checkpoint = checkpoint_at(path, record, ctx.family)
+    checked = ctx.level
     try:
         if record is not None:
             ctx.verifier.verify(path, record, digest=ctx.digest)
@@ -418,7 +393,7 @@ def admit(found: Resolved, ctx: ResolveContext) -> Resolved:
             if note not in warnings:
                 warnings.append(note)
     return Resolved(
-        Checkpoint(path, step, family, record),
+        checkpoint,
         checked,
         found.how,
         warnings,
@@ -430,6 +405,17 @@ def admit(found: Resolved, ctx: ResolveContext) -> Resolved:
         payload,
         carried,
     )
+
+
+def checkpoint_at(
+    path: Path, record: CommitRecord | None, family: Family
+) -> Checkpoint:
+    """``path`` as a checkpoint: as its record says, else as its name says."""
+    if record is not None:
+        return Checkpoint(path, record.step, record.family, record)
+    ours = family.step_of(path.name) is not None
+    step = step_in_name(path.name, family.suffix)
+    return Checkpoint(path, step, family.prefix if ours else None)
 
 
 def payload_of(found: Resolved, storage: Storage | None = None) -> PayloadBytes:
@@ -450,16 +436,20 @@ def payload_of(found: Resolved, storage: Storage | None = None) -> PayloadBytes:
     """
     if found.payload is not None:
         return found.payload
-    storage = storage or default_storage()
-    try:
-        payload = storage.read_payload(found.path)
-    except UnreadableFileError as exc:
-        raise CorruptCheckpointError(f"checkpoint {exc}") from None
+    payload = read_payload(storage or default_storage(), found.path)
     if found.record is not None and found.checked != "unverified":
         check_payload(payload, found.record, digest=found.checked == "digest")
     elif found.record is None and found.checked == "checksums":
         check_carried(payload)
     return payload
+
+
+def read_payload(storage: Storage, path: Path) -> PayloadBytes:
+    """``storage.read_payload(path)``; a file it cannot read is a corrupt checkpoint."""
+    try:
+        return storage.read_payload(path)
+    except UnreadableFileError as exc:
+        raise CorruptCheckpointError(f"checkpoint {exc}") from None
 
 
 def follow_link(path: Path, storage: Storage) -> tuple[Path, Path | None]:

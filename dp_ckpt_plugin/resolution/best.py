@@ -33,7 +33,7 @@ from ..retention import KeepBest, ranking_of
 from ..storage import Storage
 from . import ResolveContext, Resolved
 from .builtin import resolve
-from .quarantine import quarantine
+from .quarantine import set_aside
 
 #: The restart specification this plugin answers.
 SPEC = "best"
@@ -113,14 +113,7 @@ def resolve_best(directory: Path, context: ResolveContext, *, spec: str) -> Reso
         try:
             chosen = resolve(str(path), ctx)
         except CorruptCheckpointError as exc:
-            moved = None
-            if context.quarantine and context.store_dir is not None:
-                store = context.store_dir
-                if not store.is_absolute():
-                    store = context.cwd / store
-                moved = quarantine(path, store, storage=storage)
-            where = f"; moved aside to {moved}" if moved else ""
-            skipped.append(f"{exc}{where}")
+            skipped.append(set_aside(path, exc, context)[1])
             continue
         except RestartNotFoundError as exc:  # its record changed meanwhile
             skipped.append(str(exc))

@@ -29,11 +29,10 @@ import itertools
 import re
 from pathlib import Path
 
-from ..checkpoint import Checkpoint
 from ..checkpoint.catalogue import committed, uncommitted
-from ..checkpoint.layout import ARCHIVE_DIR, Family, parse_numbered, step_in_name
+from ..checkpoint.layout import ARCHIVE_DIR, Family, parse_numbered
 from ..checkpoint.pointers import is_inside, read_pointer
-from ..checkpoint.records import CommitRecord, read_record
+from ..checkpoint.records import read_record
 from ..errors import (
     CorruptCheckpointError,
     InvalidRecordError,
@@ -42,13 +41,9 @@ from ..errors import (
     UnsafePointerError,
 )
 from ..markers import hookimpl
-from ..storage import Storage, entry_or_none
-from . import (
-    ResolveContext,
-    Resolved,
-    follow_link,
-)
-from .quarantine import quarantine
+from ..storage import Storage, entries_of, entry_or_none
+from . import ResolveContext, Resolved, checkpoint_at, follow_link
+from .quarantine import set_aside
 
 
 @hookimpl(trylast=True)
@@ -159,10 +154,8 @@ class _Search:
     def note_archives(self, store: Path) -> None:
         """Say where the newest archived run is, when ``latest`` found nothing."""
         root = store / ARCHIVE_DIR
-        try:
-            folders = sorted(n for n, kind in self.storage.names(root) if kind == "dir")
-        except UnreadableFileError:
-            return
+        listed = entries_of(root, self.storage)
+        folders = sorted(name for name, kind in listed if kind == "dir")
         if folders:
             newest = root / folders[-1]
             self.warnings.append(
@@ -193,10 +186,7 @@ class _Search:
         if not tail or entry_or_none(parent / tail, storage=self.storage) is not None:
             return None
         words = [] if slash else ["latest", "best"]
-        try:
-            listed = self.storage.names(parent)
-        except UnreadableFileError:
-            listed = []
+        listed = entries_of(parent, self.storage)
         suffix = self.ctx.family.suffix
         names = []
         for name, _ in itertools.islice(listed, 2000):
@@ -208,31 +198,6 @@ class _Search:
         if not found or _digits_apart(tail, found[0]):
             return None  # another step of a checkpoint is not a typo
         return f"{head}{slash}{found[0]}"
-
-    def found(
-        self, path: Path, record: CommitRecord | None, checked: str, how: str, rule: str
-    ) -> Resolved:
-        step = (
-            record.step if record else step_in_name(path.name, self.ctx.family.suffix)
-        )
-        family = (
-            record.family
-            if record
-            else (
-                self.ctx.family.prefix
-                if self.ctx.family.step_of(path.name) is not None
-                else None
-            )
-        )
-        return Resolved(
-            Checkpoint(path, step, family, record),
-            checked,
-            how,
-            self.warnings,
-            self.moved,
-            rule,
-            fell_back=bool(self.bad or self.skipped),
-        )
 
     def accept(
         self,
@@ -267,16 +232,12 @@ class _Search:
             self.skipped.add(path)
             self.warnings.append(f"skipped {path} (not committed): {exc}")
             return None
-        if record is None:
-            if not trusted:
-                self.warnings.append(f"skipped {path}: it has no commit record")
-                return None
-            # the front door checks it by its own checksums (admit)
-            found = self.found(path, None, "unverified", how, rule)
-            found.via = via
-            return found
-        try:
-            self.ctx.verifier.verify(path, record, digest=self.ctx.digest)
+        if record is None and not trusted:
+            self.warnings.append(f"skipped {path}: it has no commit record")
+            return None
+        try:  # without a record, the front door checks its own checksums (admit)
+            if record is not None:
+                self.ctx.verifier.verify(path, record, digest=self.ctx.digest)
         except FileNotFoundError:
             if explicit:
                 raise RestartNotFoundError(f"{path} went away") from None
@@ -287,18 +248,21 @@ class _Search:
             if explicit:
                 raise
             self.bad.append(path)
-            moved = None
-            if self.ctx.quarantine and self.ctx.store_dir is not None:
-                store = _absolute(self.ctx.store_dir, self.ctx.cwd)
-                moved = quarantine(path, store, storage=self.storage)
+            moved, warning = set_aside(path, exc, self.ctx)
             if moved:
                 self.moved.append(path)
-            where = f"; moved aside to {moved}" if moved else ""
-            self.warnings.append(f"{exc}{where}")
+            self.warnings.append(warning)
             return None
-        found = self.found(path, record, self.ctx.level, how, rule)
-        found.via = via
-        return found
+        return Resolved(
+            checkpoint_at(path, record, self.ctx.family),
+            self.ctx.level if record is not None else "unverified",
+            how,
+            self.warnings,
+            self.moved,
+            rule,
+            via,
+            fell_back=bool(self.bad or self.skipped),
+        )
 
     def follow(
         self, target: Path, via: Path, kind: str, roots: list[Path], family: Family
@@ -327,9 +291,7 @@ class _Search:
             return None
         return self.accept(target, label, trusted=True, rule=kind, via=via)
 
-    def pointer(
-        self, pointer: Path, roots: list[Path], family: Family | None = None
-    ) -> Resolved | None:
+    def pointer(self, pointer: Path, roots: list[Path]) -> Resolved | None:
         self.looked.append(f"pointer {pointer}")
         try:
             target = read_pointer(pointer, storage=self.storage)
@@ -338,7 +300,7 @@ class _Search:
             return None
         if target is None:
             return None
-        return self.follow(target, pointer, "pointer", roots, family or self.ctx.family)
+        return self.follow(target, pointer, "pointer", roots, self.ctx.family)
 
     def alias(
         self, alias: Path, roots: list[Path], family: Family | None = None

@@ -13,11 +13,15 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..checkpoint.layout import QUARANTINE_DIR
 from ..checkpoint.records import record_path
 from ..errors import CheckpointWriteError, UnreadableFileError
 from ..storage import Storage
+
+if TYPE_CHECKING:
+    from . import ResolveContext
 
 log = logging.getLogger("dp_ckpt_plugin")
 
@@ -60,3 +64,16 @@ def quarantine(path: Path, store: Path, *, storage: Storage) -> Path | None:
         log.warning("could not move corrupt %s aside: %s", path, exc)
         return None
     return dest
+
+
+def set_aside(
+    path: Path, error: Exception, ctx: ResolveContext
+) -> tuple[Path | None, str]:
+    """Quarantine a corrupt candidate when ``ctx`` allows; where it went, and the warning."""
+    moved = None
+    if ctx.quarantine and ctx.store_dir is not None:
+        store = (
+            ctx.store_dir if ctx.store_dir.is_absolute() else ctx.cwd / ctx.store_dir
+        )
+        moved = quarantine(path, store, storage=ctx.storage)
+    return moved, f"{error}; moved aside to {moved}" if moved else str(error)

@@ -199,3 +199,11 @@ def entry_or_none(
         return (storage or default_storage()).entry(path, follow=follow)
     except UnreadableFileError:
         return None
+
+
+def entries_of(directory: Path, storage: Storage) -> list[tuple[str, str]]:
+    """``storage.names(directory)``, or nothing when it cannot be listed."""
+    try:
+        return storage.names(directory)
+    except UnreadableFileError:
+        return []

@@ -24,7 +24,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from ..errors import CheckpointWriteError, UnreadableFileError, describe_os_error
 from . import SMALL_FILE_LIMIT, Entry, PayloadBytes
@@ -84,6 +84,10 @@ def kind_of(mode: int) -> str:
 
 def _entry(st: os.stat_result) -> Entry:
     return Entry(kind_of(st.st_mode), st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino)
+
+
+def _unreadable(path: object, what: str, exc: OSError) -> UnreadableFileError:
+    return UnreadableFileError(path, f"cannot be {what}: {describe_os_error(exc)}")
 
 
 def _fail(what: str, path: object, exc: BaseException) -> CheckpointWriteError:
@@ -203,9 +207,7 @@ class LocalStorage:
         except OSError as exc:
             if follow and exc.errno == errno.ELOOP:
                 return None
-            raise UnreadableFileError(
-                path, f"cannot be read: {describe_os_error(exc)}"
-            ) from None
+            raise _unreadable(path, "read", exc) from None
         return _entry(st)
 
     def names(self, directory: Path) -> list[tuple[str, str]]:
@@ -234,9 +236,7 @@ class LocalStorage:
         except (FileNotFoundError, NotADirectoryError):
             return []
         except OSError as exc:
-            raise UnreadableFileError(
-                directory, f"cannot be listed: {describe_os_error(exc)}"
-            ) from None
+            raise _unreadable(directory, "listed", exc) from None
         return found
 
     def read_small(self, path: Path, limit: int = SMALL_FILE_LIMIT) -> bytes | None:
@@ -265,9 +265,7 @@ class LocalStorage:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise UnreadableFileError(
-                path, f"cannot be read: {describe_os_error(exc)}"
-            ) from None
+            raise _unreadable(path, "read", exc) from None
         try:
             now = os.fstat(fd)
             if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (
@@ -283,9 +281,7 @@ class LocalStorage:
                 chunks.append(chunk)
                 size += len(chunk)
         except OSError as exc:
-            raise UnreadableFileError(
-                path, f"cannot be read: {describe_os_error(exc)}"
-            ) from None
+            raise _unreadable(path, "read", exc) from None
         finally:
             os.close(fd)
         if size > limit:
@@ -327,9 +323,7 @@ class LocalStorage:
         except FileNotFoundError:
             raise
         except OSError as exc:
-            raise UnreadableFileError(
-                path, f"cannot be read: {describe_os_error(exc)}"
-            ) from None
+            raise _unreadable(path, "read", exc) from None
         now = os.fstat(fd)
         if not stat.S_ISREG(now.st_mode):
             os.close(fd)
@@ -354,9 +348,7 @@ class LocalStorage:
             try:
                 mapped = mmap.mmap(handle.fileno(), size, prot=mmap.PROT_READ)
             except OSError as exc:
-                raise UnreadableFileError(
-                    path, f"cannot be read: {describe_os_error(exc)}"
-                ) from None
+                raise _unreadable(path, "read", exc) from None
         self.count("payload_map")
         view = memoryview(mapped)
         try:
@@ -386,9 +378,7 @@ class LocalStorage:
                 found = _entry(os.fstat(handle.fileno()))
                 data = handle.read()
             except OSError as exc:
-                raise UnreadableFileError(
-                    path, f"cannot be read: {describe_os_error(exc)}"
-                ) from None
+                raise _unreadable(path, "read", exc) from None
         self.count("payload_read")
         self.count("payload_bytes", len(data))
         return PayloadBytes(Path(path), data, found)
@@ -577,15 +567,9 @@ class LocalStorage:
         self._check(dest, "move a file to")
         try:
             self._sys_rename(source, dest)
-        except FileNotFoundError:
-            if self.entry(source) is None:
-                return False
-            raise _fail(
-                "move",
-                f"{source} to {dest}",
-                FileNotFoundError(errno.ENOENT, "No such file or directory"),
-            ) from None
         except OSError as exc:
+            if isinstance(exc, FileNotFoundError) and self.entry(source) is None:
+                return False
             raise _fail("move", f"{source} to {dest}", exc) from exc
         return True
 
@@ -824,12 +808,9 @@ class LocalStorage:
         return (found.st_dev, found.st_ino) == (now.st_dev, now.st_ino)
 
 
-class _HeldLock:
+class _HeldLock(NamedTuple):
     """A lock :meth:`LocalStorage.lock_file` took: the lock file and its descriptor."""
 
-    __slots__ = ("fallback", "fd", "path")
-
-    def __init__(self, path: Path, fd: int, fallback: object = None) -> None:
-        self.path = path
-        self.fd = fd
-        self.fallback = fallback
+    path: Path
+    fd: int
+    fallback: object = None

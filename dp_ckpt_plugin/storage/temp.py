@@ -16,7 +16,8 @@ import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import CheckpointWriteError, UnreadableFileError
+from ..errors import CheckpointWriteError
+from . import entries_of
 
 if TYPE_CHECKING:
     from . import Storage
@@ -45,13 +46,6 @@ def temp_pid(name: str) -> int | None:
     """Return the pid of the process that made a temporary name, or ``None``."""
     found = _TEMP_RE.fullmatch(name)
     return int(found.group("pid")) if found else None
-
-
-def entries_of(directory: Path, storage: Storage) -> list[tuple[str, str]]:
-    try:
-        return storage.names(directory)
-    except UnreadableFileError:
-        return []
 
 
 def remove_leftover(

@@ -16,6 +16,7 @@ the ``dp-ckpt adopt`` command both build on :func:`adopt_family`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -137,12 +138,8 @@ def adopt_directory(
     Unless ``dry_run``, the store's lock is held while records are written
     (:class:`~dp_ckpt_plugin.errors.StoreLockedError` if a run holds it).
     """
-    families = list(families)
     storage = local_storage(directory)
-    lock = None if dry_run else StoreLock(directory, storage=storage)
-    if lock is not None:
-        lock.acquire()
-    try:
+    with nullcontext() if dry_run else StoreLock(directory, storage=storage):
         return [
             adopt_family(
                 directory,
@@ -155,6 +152,3 @@ def adopt_directory(
             )
             for family, fmt in families
         ]
-    finally:
-        if lock is not None:
-            lock.release()

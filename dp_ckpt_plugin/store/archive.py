@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..checkpoint import Checkpoint
-from ..checkpoint.layout import ARCHIVE_DIR, Family, record_name
+from ..checkpoint.layout import ARCHIVE_DIR, record_name
 from ..checkpoint.pointers import link_or_pointer_target
 from ..checkpoint.records import record_path
-from ..errors import CheckpointWriteError, UnreadableFileError
-from ..storage import Storage
+from ..errors import CheckpointWriteError
+from ..storage import Storage, entries_of
 from .catalogue import Catalogue
 
 log = logging.getLogger("dp_ckpt_plugin")
@@ -108,71 +108,38 @@ def new_archive_folder(
         n += 1
 
 
-def earlier_run(
-    committed: dict[Family, list[Checkpoint]], continues_from: Path | None
-) -> list[Checkpoint]:
-    """The checkpoints a run must archive before its first save.
-
-    Parameters
-    ----------
-    committed : dict
-        Every family of the store and its committed checkpoints.
-    continues_from : Path or None
-        The checkpoint inside the store the run continues from, if any: then
-        only the checkpoints numbered above its step go; otherwise all do.
-    """
-    step = None
-    if continues_from is not None:
-        for family in committed:
-            step = family.step_of(continues_from.name)
-            if step is not None:
-                break
-    found = []
-    for checkpoints in committed.values():
-        found += [c for c in checkpoints if step is None or c.step > step]
-    return found
-
-
-def links_to_archive(
-    directory: Path,
-    families: Iterable[Family],
-    archived: set[str],
-    *,
-    everything: bool,
-    storage: Storage,
-) -> list[Path]:
-    """The in-store pointers and aliases that go with an archive.
-
-    All of them when the whole earlier run goes (``everything``), otherwise
-    those naming an archived checkpoint.
-    """
-    links = []
-    for family in families:
-        for link in (directory / family.pointer, directory / family.alias):
-            named = link_or_pointer_target(link, storage=storage)
-            if everything or (named and named in archived):
-                links.append(link)
-    return links
-
-
 def archive_earlier_run(
     catalogue: Catalogue, continues_from: Path | None
 ) -> tuple[Path | None, list[Checkpoint]]:
     """Archive what an earlier run left in the catalogue's store (see the module docs).
 
     Returns the archive folder (``None`` when nothing moved) and the
-    checkpoints moved; they are dropped from ``catalogue``.
+    checkpoints moved; they are dropped from ``catalogue``. A run that
+    continues from a checkpoint of the store archives those numbered above
+    its step, with the pointers and aliases naming one of them; any other run
+    archives every committed checkpoint, pointer and alias.
     """
     place, families = catalogue.place, catalogue.families
     directory, storage = place.directory, place.storage
-    doomed = earlier_run(
-        {f: sorted(catalogue.of(f).values(), key=lambda c: c.step) for f in families},
-        continues_from,
-    )
+    step = None
+    for family in families if continues_from is not None else ():
+        step = family.step_of(continues_from.name)
+        if step is not None:
+            break
+    doomed = [
+        c
+        for family in families
+        for c in sorted(catalogue.of(family).values(), key=lambda c: c.step)
+        if step is None or c.step > step
+    ]
     names = {c.name for c in doomed}
-    links = links_to_archive(
-        directory, families, names, everything=continues_from is None, storage=storage
-    )
+    links = [
+        link
+        for family in families
+        for link in (directory / family.pointer, directory / family.alias)
+        if continues_from is None
+        or link_or_pointer_target(link, storage=storage) in names
+    ]
     dest = archive(directory, doomed, links, storage=storage, durable=place.durable)
     if dest is not None:
         log.info(
@@ -334,11 +301,7 @@ def prune_archives(
 def _listed(folder: Path, storage: Storage) -> dict[str, tuple[str, int]]:
     """Name to (kind, size) of the entries of ``folder``; links not followed."""
     found = {}
-    try:
-        names = storage.names(folder)
-    except UnreadableFileError:
-        return {}
-    for name, kind in names:
+    for name, kind in entries_of(folder, storage):
         entry = storage.entry(folder / name)
         found[name] = (kind, entry.size if entry is not None and kind == "file" else 0)
     return found

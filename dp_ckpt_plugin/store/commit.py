@@ -149,9 +149,6 @@ class Committer:
             "provenance": self.provenance,
             "lineage": lineage,
         }
-        # publication, next, fsyncs the directory after the pointer and alias
-        # moved: the payload's name is made durable with them
-        fresh = {"sync_name": False}
         if place.storage.entry(path) is not None:
             old = read_record_or_none(path, storage=place.storage)
             if old is not None and path.name in self.written:
@@ -165,7 +162,9 @@ class Committer:
             )
             self.catalogue.discard(family, path.name)
             log.info("moved %s, written before this run, to %s", path, dest)
-        record = write_new(path, serialize, **details, **fresh, overlap=overlap)
+        # publication, next, fsyncs the directory after the pointer and alias
+        # moved: the payload's name is made durable with them
+        record = write_new(path, serialize, **details, sync_name=False, overlap=overlap)
         self.written.add(path.name)
         return record
 
@@ -193,18 +192,16 @@ def write_new(
     path: Path,
     serialize: Callable[[BinaryIO], object],
     *,
-    step: int,
-    family: str,
-    format: str,
     durable: bool,
     storage: Storage,
-    metrics: Mapping[str, float] | None = None,
     sync_name: bool = True,
     overlap: bool = True,
-    provenance: Provenance | None = None,
-    lineage: Lineage | None = None,
+    **fields: Any,
 ) -> CommitRecord:
     """Write and commit the first checkpoint of a step at ``path`` (absent).
+
+    ``fields`` are the record's (``step``, ``family``, ``format``,
+    ``metrics``, ``provenance``, ``lineage``), as ``make_record`` takes them.
 
     The payload is written and fsynced under a temporary name and hashed;
     its record is written (durably) before the payload gets its name, so no
@@ -224,14 +221,6 @@ def write_new(
     record, one not yet named) names no file and is swept. Without
     ``overlap`` the three run one after the other on this thread.
     """
-    fields = {
-        "step": step,
-        "family": family,
-        "format": format,
-        "metrics": metrics,
-        "provenance": provenance,
-        "lineage": lineage,
-    }
     beside = durable and overlap and _overlaps(serialize, storage)
     if beside:
         tmp, record = _recorded_payload(path, serialize, storage, fields)
@@ -250,11 +239,7 @@ def write_new(
 
 def _overlaps(serialize, storage: Storage) -> bool:
     """Whether a first save can overlap its fsyncs (see :func:`write_new`)."""
-    return (
-        not hasattr(serialize, "write_in_process")
-        and hasattr(storage, "write_payload")
-        and hasattr(storage, "sync_file")
-    )
+    return not hasattr(serialize, "write_in_process") and hasattr(storage, "sync_file")
 
 
 def _recorded_payload(
@@ -334,28 +319,15 @@ def rewrite(
     serialize: Callable[[BinaryIO], object],
     *,
     old: CommitRecord,
-    step: int,
-    family: str,
-    format: str,
     durable: bool,
     storage: Storage,
-    metrics: Mapping[str, float] | None = None,
-    provenance: Provenance | None = None,
-    lineage: Lineage | None = None,
+    **fields: Any,
 ) -> CommitRecord:
-    """Re-save a step whose committed checkpoint (``old``) is at ``path``."""
-    tmp, new = _described_payload(
-        path,
-        serialize,
-        durable,
-        storage,
-        step=step,
-        family=family,
-        format=format,
-        metrics=metrics,
-        provenance=provenance,
-        lineage=lineage,
-    )
+    """Re-save a step whose committed checkpoint (``old``) is at ``path``.
+
+    ``fields`` are the record's, as :func:`write_new` takes them.
+    """
+    tmp, new = _described_payload(path, serialize, durable, storage, **fields)
     try:
         both = dataclasses.replace(new, replaces=(old.size, old.digest))
         write_record(path, both, durable=durable, storage=storage)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..checkpoint.layout import HOLDER_NAME, LOCK_NAME
 from ..checkpoint.records import load_json, shorten
-from ..errors import CheckpointWriteError, StoreLockedError, UnreadableFileError
+from ..errors import CheckpointWriteError, StoreLockedError
 from ..storage import Storage, local_storage
 
 
@@ -58,7 +58,10 @@ class StoreLock:
             return
         self._held = self.storage.lock_file(self.path)
         if self._held is None:
-            raise self._refusal()
+            raise StoreLockedError(
+                f"checkpoint directory {self.directory} is in use by another run "
+                f"({self.describe_holder()}); wait for it to finish or choose another save_dir"
+            )
         holder = {
             "host": socket.gethostname(),
             "pid": os.getpid(),
@@ -75,20 +78,12 @@ class StoreLock:
             self.release()
             raise
 
-    def _refusal(self) -> StoreLockedError:
-        return StoreLockedError(
-            f"checkpoint directory {self.directory} is in use by another run "
-            f"({self.describe_holder()}); wait for it to finish or choose another save_dir"
-        )
-
     def describe_holder(self) -> str:
         """Say who holds the lock, as far as the holder file tells."""
         try:
             data = self.storage.read_small(self.directory / HOLDER_NAME, 64 * 1024)
             info = load_json(data.decode("utf-8"), HOLDER_NAME, "holder note")
             fields = [info[k] for k in ("pid", "host", "since", "command")]
-        except (UnreadableFileError, ValueError, KeyError, TypeError, AttributeError):
-            return "holder unknown"
         except Exception:  # an unreadable note is no reason to fail a refusal
             return "holder unknown"
         pid, host, since, command = (

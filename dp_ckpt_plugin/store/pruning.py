@@ -54,8 +54,7 @@ class Pruner:
     def protected(self, family: Family, current: Path | None = None) -> set[str]:
         """Names retention must not remove in ``family``."""
         named = named_by(self.place.directory, family, storage=self.place.storage)
-        named = named.values()
-        names = {n for n in named if n}
+        names = {n for n in named.values() if n}
         if current is not None:
             names.add(current.name)
         start = self.resume.protected(family)

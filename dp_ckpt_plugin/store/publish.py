@@ -81,26 +81,21 @@ class Publisher:
         ``overlap``: whether mirrored pointers are written beside the fsync
         of the store directory (:func:`publish`); off for a background save.
         """
-        directory, storage, durable = (
-            self.place.directory,
-            self.place.storage,
-            self.place.durable,
-        )
-        family = config.family
+        place, directory, family = self.place, self.place.directory, config.family
         chosen, step = checkpoint.path, checkpoint.step
         last = self._steps.get(family.prefix, -1)
         if config.policy.ranked:
             best = config.policy.leader(self.catalogue.candidates(family, up_to=step))
             chosen = directory / best.name if best is not None else chosen
         elif step < last:
-            if durable:  # the new payload's name, which publication makes durable
-                storage.sync_dir(directory, holding=[checkpoint.path])
+            if place.durable:  # the new payload's name, which publication makes durable
+                place.storage.sync_dir(directory, holding=[checkpoint.path])
             return directory / family.numbered(last)
         publish(
             chosen,
             targets(directory, family, config.mirrors),
-            storage=storage,
-            durable=durable,
+            storage=place.storage,
+            durable=place.durable,
             overlap=overlap,
         )
         self._steps[family.prefix] = max(step, last)

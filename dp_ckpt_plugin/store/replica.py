@@ -23,25 +23,17 @@ from .place import StorePlace
 class Staging(Protocol):
     """What a remote store reads of the local store that stages for it."""
 
-    @property
-    def place(self) -> StorePlace:
-        """The staging directory, its storage and durability."""
-        ...
+    #: The staging directory, its storage and durability.
+    place: StorePlace
 
-    @property
-    def catalogue(self) -> Catalogue:
-        """Its committed checkpoints."""
-        ...
+    #: Its committed checkpoints.
+    catalogue: Catalogue
 
-    @property
-    def families(self) -> dict[str, FamilyConfig]:
-        """Its families by prefix."""
-        ...
+    #: Its families by prefix.
+    families: dict[str, FamilyConfig]
 
-    @property
-    def is_chief(self) -> bool:
-        """Whether this process writes."""
-        ...
+    #: Whether this process writes.
+    is_chief: bool
 
 
 @runtime_checkable

@@ -36,8 +36,8 @@ from ..checkpoint.layout import (
     record_target,
 )
 from ..errors import CheckpointWriteError
-from ..storage import Storage
-from ..storage.temp import entries_of, remove_counted, remove_leftover, temp_target
+from ..storage import Storage, entries_of
+from ..storage.temp import remove_counted, remove_leftover, temp_target
 
 
 def sweep(
