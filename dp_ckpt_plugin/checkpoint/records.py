@@ -21,7 +21,7 @@ import math
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from ..errors import CorruptCheckpointError, InvalidRecordError, UnreadableFileError
@@ -116,7 +116,9 @@ class CommitRecord:
             (``checkpoint/limits.py``).
         """
         self.check()
-        data = {key: value for key, value in asdict(self).items() if value is not None}
+        # one level: provenance and lineage serialize themselves below
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data = {key: value for key, value in data.items() if value is not None}
         if self.replaces is not None:
             data["replaces"] = {"size": self.replaces[0], "digest": self.replaces[1]}
         for key in ("provenance", "lineage"):
