@@ -163,6 +163,7 @@ def run_freeze(flags: argparse.Namespace, host: str):
     from ..resolution import payload_of
     from .heads import check_head
     from .loading import ServedPayloads
+    from .prepare import plugin_manager
 
     pm = plugin_manager(host)
     spec = flags.checkpoint_folder
@@ -186,6 +187,7 @@ def run_change_bias(flags: argparse.Namespace, host: str) -> None:
     """
     from ..resolution import payload_of
     from .loading import ServedPayloads
+    from .prepare import plugin_manager
 
     spec = flags.INPUT
     served = ServedPayloads()
@@ -270,13 +272,6 @@ def stopped_line(stop: Stopped) -> str:
         f"{stop.name}: stopped after step {stop.step};{where} continue with "
         f"--restart latest ({status})"
     )
-
-
-def plugin_manager(host: str):
-    """The plugin manager of a ``dp`` command: the core's plugins and the host's."""
-    from ..plugin import get_plugin_manager
-
-    return get_plugin_manager(host_plugins={"freeze": descriptor(host).freezer})
 
 
 def share_deepmd_handlers(logger: logging.Logger) -> None:

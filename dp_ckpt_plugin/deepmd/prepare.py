@@ -59,14 +59,19 @@ REPORT_PLUGIN = "dp_ckpt.deepmd.save_report"
 HANDLES = ("init_model", "restart", "finetune")
 
 
+def plugin_manager(host: str) -> pluggy.PluginManager:
+    """The plugin manager of a ``dp`` command: the core's plugins and the host's."""
+    from ..plugin import get_plugin_manager
+
+    return get_plugin_manager(host_plugins={"freeze": descriptor(host).freezer})
+
+
 def prepare_training(host: str, input_file: str, handles, ranks: Ranks) -> HostRun:
     """The preflight of ``dp --<host> train``: :func:`prepare_run` with its plugins.
 
     ``handles`` is anything with ``restart``, ``init_model`` and ``finetune``
     (deepmd-kit's parsed flags, or its train entrypoint's options).
     """
-    from .cli import plugin_manager
-
     return prepare_run(
         input_file,
         restart=handles.restart,
