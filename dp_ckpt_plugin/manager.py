@@ -157,8 +157,9 @@ class CheckpointManager:
             policy = policy_from_dict(policy)
         check_not_mistyped(directory)
         remote = None
-        if local_path(directory) is not None:
-            directory = local_path(directory)
+        local = local_path(directory)
+        if local is not None:
+            directory = local
         else:  # the URL of a remote store
             try:
                 url = remote_url(directory)
