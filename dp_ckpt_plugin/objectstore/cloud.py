@@ -427,8 +427,8 @@ class CloudStorage:
         parts = -(-size // PART_SIZE) if size > PART_SIZE else 0
         self._count("put", parts + 2 if parts else 1)
         put = self._obstore.put
-        parts = {"chunk_size": PART_SIZE, "max_concurrency": PART_CONCURRENCY}
-        found = self._run("write", key, lambda: put(self._store, key, source, **parts))
+        chunks = {"chunk_size": PART_SIZE, "max_concurrency": PART_CONCURRENCY}
+        found = self._run("write", key, lambda: put(self._store, key, source, **chunks))
         return ObjectInfo(key, size, self._version(found), time.time())
 
     def _conditional(self, op: str, what: str, key: str, data: bytes, mode):
