@@ -271,15 +271,15 @@ class ForkServer:
             connection.connect(str(self.socket))
             connection.sendall(json.dumps(request).encode() + b"\n")
             reader = connection.makefile("rb")
-            pid = json.loads(reader.readline())["pid"]
+            pid = _answer(reader.readline(), "pid", argv)
             connection.settimeout(timeout)
             try:
-                answer = reader.readline()
+                line = reader.readline()
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                 raise subprocess.TimeoutExpired(argv, timeout) from None
-        returncode = json.loads(answer)["returncode"]
+        returncode = _answer(line, "returncode", argv)
         out = stdout.read_text("utf-8", "replace")
         err = stderr.read_text("utf-8", "replace")
         stdout.unlink()
@@ -290,6 +290,13 @@ class ForkServer:
         self.proc.kill()
         self.proc.wait()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _answer(line: bytes, key: str, argv: list[str]) -> int:
+    """``key`` of the server's answer; an answer cut short says so in one line."""
+    if not line:
+        raise RuntimeError(f"the dp fork server gave no {key} for {' '.join(argv)}")
+    return json.loads(line)[key]
 
 
 def startup_of(env: Mapping[str, str]) -> dict[str, str]:
