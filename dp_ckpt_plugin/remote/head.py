@@ -37,11 +37,9 @@ from ..checkpoint.limits import (
     MAX_LINEAGE,
     MAX_SEGMENT_LEVEL,
     MAX_SEGMENTS,
-    MAX_TEXT,
-    check_int,
     check_size,
-    check_text,
-    check_time,
+    is_int,
+    is_text,
     is_time,
 )
 from ..checkpoint.lineage import Link
@@ -169,9 +167,12 @@ class Segment:
         if type(item) is not dict or set(item) not in (fields, fields | {"level"}):
             return None
         segment = cls(**item)
-        try:
-            _check_segments([segment])
-        except ValueError:
+        numbers = (segment.count, segment.first, segment.last)
+        if not (
+            _is(segment.key, SEGMENT)
+            and all(is_int(n) for n in numbers)
+            and is_int(segment.level, MAX_SEGMENT_LEVEL)
+        ):
             return None
         return segment
 
@@ -374,7 +375,6 @@ class Head:
         """
         if self.expanded:
             raise ValueError("an expanded HEAD is read, never written")
-        self.check()
         data = {
             "what": "dp_ckpt_plugin remote store",
             "format_version": HEAD_FORMAT_VERSION,
@@ -395,36 +395,12 @@ class Head:
             "archives": list(self.archives),
         }
         text = (json.dumps(data, indent=1, sort_keys=True) + "\n").encode("utf-8")
-        return check_size(text, "HEAD", MAX_HEAD_BYTES)
-
-    def check(self) -> None:
-        """Refuse (``ValueError``) a field beyond what readers accept."""
-        check_int(self.seq, "HEAD's sequence number")
-        check_int(self.epoch, "HEAD's epoch")
-        check_time(self.updated, "HEAD's time")
-        if self.format is not None:
-            check_text(self.format, "HEAD's format")
-        for prefix, state in self.families.items():
-            if "/" in check_text(prefix, "a family of HEAD"):
-                raise ValueError(f"a family of HEAD is a name, got {prefix!r}")
-            for entry in state.kept:
-                check_text(entry.key, "a key in HEAD")
-                if not _entry_key(entry.key, check_text(entry.name, "a name")):
-                    raise ValueError(
-                        f"{shown(entry.key)} is not a payload key of {shown(entry.name)}"
-                    )
-                check_int(entry.step, "a step")
-                check_int(entry.size, "a checkpoint's size")
-                _check_digest(entry.digest, "HEAD", ValueError)
-                check_metrics(entry.metrics)
-            if len(state.lineage) > MAX_LINEAGE:
-                raise ValueError(f"a lineage in HEAD holds at most {MAX_LINEAGE} links")
-            for link in state.lineage:
-                link.check()
-            _check_segments(state.segments)
-        for archive in self.archives:
-            if not _is(check_text(archive, "an archive of HEAD"), ARCHIVE):
-                raise ValueError(f"{shown(archive)} is not an archive key")
+        check_size(text, "HEAD", MAX_HEAD_BYTES)
+        try:  # what its readers refuse, the writer refuses: they are one parser
+            Head.parse(text, "to be written")
+        except InvalidRecordError as exc:
+            raise ValueError(str(exc)) from None
+        return text
 
     @classmethod
     def parse(cls, data: bytes, source: str) -> Head:
@@ -453,7 +429,7 @@ class Head:
         seq = _int(raw, "seq", source)
         epoch = _int(raw, "epoch", source)
         fmt = raw.get("format")
-        if fmt is not None and not _text(fmt):
+        if fmt is not None and not is_text(fmt):
             raise InvalidRecordError(f"HEAD {source}: 'format' must be a short string")
         updated = raw.get("updated", 0.0)
         if not is_time(updated):
@@ -463,7 +439,7 @@ class Head:
             raise InvalidRecordError(f"HEAD {source}: 'families' must be an object")
         families = {}
         for prefix, state in families_raw.items():
-            if not _text(prefix) or "/" in prefix or type(state) is not dict:
+            if not is_text(prefix) or "/" in prefix or type(state) is not dict:
                 raise InvalidRecordError(
                     f"HEAD {source}: a family must be a name and an object"
                 )
@@ -479,15 +455,11 @@ class Head:
 
 def _int(raw: Mapping, key: str, source: str) -> int:
     value = raw.get(key)
-    if type(value) is not int or not 0 <= value <= MAX_INT:
+    if not is_int(value):
         raise InvalidRecordError(
             f"HEAD {source}: {key!r} must be an int between 0 and {MAX_INT}"
         )
     return value
-
-
-def _text(value: object) -> bool:
-    return type(value) is str and 0 < len(value) <= MAX_TEXT
 
 
 def _entry_key(key: object, name: object) -> bool:
@@ -506,12 +478,12 @@ def _family(raw: Mapping, prefix: str, source: str) -> FamilyState:
     kept_raw = raw.get("kept")
     latest = raw.get("latest")
     pointer = raw.get("pointer")
-    if type(kept_raw) is not list or not (latest is None or _text(latest)):
+    if type(kept_raw) is not list or not (latest is None or is_text(latest)):
         raise InvalidRecordError(
             f"HEAD {source}: family {prefix!r} must have a 'kept' list and a 'latest' key"
         )
     if pointer is not None and not (
-        _text(pointer) and "/" not in pointer and pointer not in (".", "..")
+        is_text(pointer) and "/" not in pointer and pointer not in (".", "..")
     ):
         raise InvalidRecordError(
             f"HEAD {source}: the pointer of family {prefix!r} must be a file name"
@@ -554,10 +526,7 @@ def parse_entries(items: list, prefix: str, source: str) -> list[Entry]:
                 f"{shown(entry.key)}, which is not a payload key this store writes "
                 "(e<epoch>/<checkpoint name>); nothing is read or removed by it"
             )
-        if not (
-            all(type(v) is int and 0 <= v <= MAX_INT for v in (entry.step, entry.size))
-            and _text(entry.digest)
-        ):
+        if not (is_int(entry.step) and is_int(entry.size) and is_text(entry.digest)):
             raise InvalidRecordError(
                 f"HEAD {source}: a malformed entry in family {prefix!r}"
             )
@@ -565,18 +534,6 @@ def parse_entries(items: list, prefix: str, source: str) -> list[Entry]:
         kept.append(entry)
     kept.sort(key=lambda e: e.step)
     return kept
-
-
-def _check_segments(segments) -> None:
-    """Refuse (``ValueError``) segments beyond what readers accept."""
-    if len(segments) > MAX_SEGMENTS:
-        raise ValueError(f"HEAD names at most {MAX_SEGMENTS} segments of a family")
-    for segment in segments:
-        if not _is(segment.key, SEGMENT):
-            raise ValueError(f"{shown(segment.key)} is not a segment key")
-        for value in (segment.count, segment.first, segment.last):
-            check_int(value, "a segment's count or step")
-        check_int(segment.level, "a segment's level", MAX_SEGMENT_LEVEL)
 
 
 def parse_segments(raw: object, prefix: str, source: str) -> tuple[Segment, ...]:
