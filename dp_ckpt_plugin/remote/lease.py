@@ -36,7 +36,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 from ..checkpoint.limits import (
@@ -318,22 +318,25 @@ class Lease:
         with self._lock:
             if self.epoch is not None:
                 return self.epoch
-            watched: tuple[str, float] | None = None  # (version, since) being waited on
-            while True:
-                state, version = self.read()
-                if state is None:
-                    if self._take(None, min_epoch, "created"):
-                        return self.epoch
-                    continue
-                why = self._free(state)
-                if why is None:
-                    watched, why = self._watch(state, version, watched)
-                    if why is None:
-                        continue
-                epoch = max(state.epoch + 1, min_epoch)
+            for state, version, why in self._until_free():
+                epoch = min_epoch if state is None else max(state.epoch + 1, min_epoch)
                 if self._take(version, epoch, why, previous=state):
                     return self.epoch
-                watched = None
+
+    def _until_free(self) -> Iterator[tuple[LeaseState | None, str | None, str]]:
+        """``(state, version, why)`` each time the lease is free to move (``state``
+        ``None``: there is none); watched as long as it is held. Whoever failed
+        to move it asks again."""
+        watched: tuple[str, float] | None = None  # (version, since) being waited on
+        while True:
+            state, version = self.read()
+            why = "created" if state is None else self._free(state)
+            if why is None:
+                watched, why = self._watch(state, version, watched)
+                if why is None:
+                    continue
+            yield state, version, why
+            watched = None
 
     def _take(
         self,
@@ -384,31 +387,23 @@ class Lease:
         StoreLockedError
             When its holder renews it.
         """
-        watched: tuple | None = None
-        while True:
-            try:
-                state, version = self.read()
-            except InvalidRecordError:
-                self.storage.delete(LEASE_KEY)
-                return "it was malformed, so it was removed"
-            if state is None:
-                return None
-            if state.released:
-                return "it was released already"
-            why = self._free(state)
-            if why is None:
-                watched, why = self._watch(state, version, watched)
-                if why is None:
-                    continue
-            released = LeaseState(
-                state.epoch, self.holder, self._wall(), state.ttl, True
-            )
-            try:
-                self.storage.put_if_match(LEASE_KEY, released.to_bytes(), version)
-            except VersionMismatchError:
-                watched = None  # it moved as it was released: look again
-                continue
-            return why
+        try:
+            for state, version, why in self._until_free():
+                if state is None:
+                    return None
+                if state.released:
+                    return "it was released already"
+                released = LeaseState(
+                    state.epoch, self.holder, self._wall(), state.ttl, True
+                )
+                try:
+                    self.storage.put_if_match(LEASE_KEY, released.to_bytes(), version)
+                except VersionMismatchError:
+                    continue  # it moved as it was released: look again
+                return why
+        except InvalidRecordError:
+            self.storage.delete(LEASE_KEY)
+            return "it was malformed, so it was removed"
 
     def _state(self, epoch: int, *, released: bool = False) -> LeaseState:
         """This run's lease of ``epoch``, renewed now."""
