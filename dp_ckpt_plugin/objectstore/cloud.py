@@ -99,16 +99,23 @@ CAPABILITIES = Capabilities(
     create_if_absent=True, compare_and_swap=True, multipart=True
 )
 
-_S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
-_GCS_BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")
-_AZURE_CONTAINER = re.compile(r"[a-z0-9](?!.*--)[a-z0-9-]{1,61}[a-z0-9]")
-_BUCKET_RULES = {
-    "s3": "3 to 63 lowercase letters, digits, dots and hyphens, starting and "
-    "ending with a letter or digit",
-    "gcs": "3 to 63 lowercase letters, digits, dots, hyphens and underscores, "
-    "starting and ending with a letter or digit",
-    "azure": "3 to 63 lowercase letters, digits and single hyphens, starting "
-    "and ending with a letter or digit",
+#: Kind of store -> the bucket (container) names it takes, and their rule in words.
+_BUCKETS = {
+    "s3": (
+        re.compile(r"(?!.*\.\.)[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"),
+        "3 to 63 lowercase letters, digits, dots and hyphens, starting and "
+        "ending with a letter or digit",
+    ),
+    "gcs": (  # up to 222 characters with dots, 63 between two
+        re.compile(r"(?!.*[^.]{64})[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]"),
+        "3 to 63 lowercase letters, digits, dots, hyphens and underscores, "
+        "starting and ending with a letter or digit",
+    ),
+    "azure": (
+        re.compile(r"[a-z0-9](?!.*--)[a-z0-9-]{1,61}[a-z0-9]"),
+        "3 to 63 lowercase letters, digits and single hyphens, starting "
+        "and ending with a letter or digit",
+    ),
 }
 #: Names of settings whose values are secret (environment and options).
 _SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|SAS|KEY|CREDENTIAL", re.IGNORECASE)
@@ -172,28 +179,13 @@ def parse_url(url: str) -> tuple[str, str, str, str]:
         raise ConfigError(
             f"{url} names no {word}: write {scheme}://{word.upper()}/PREFIX"
         )
-    if not _valid_bucket(kind, netloc):
-        raise ConfigError(
-            f"{url}: {netloc!r} is not a valid {word} name ({_BUCKET_RULES[kind]})"
-        )
+    names, rule = _BUCKETS[kind]
+    if not names.fullmatch(netloc) or (kind == "s3" and aws.is_ip(netloc)):
+        raise ConfigError(f"{url}: {netloc!r} is not a valid {word} name ({rule})")
     prefix = parts.path.strip("/")
     if prefix and any(p in ("", ".", "..") for p in prefix.split("/")):
         raise ConfigError(f"{url}: the prefix {prefix!r} has empty, '.' or '..' parts")
     return scheme, netloc, account, prefix
-
-
-def _valid_bucket(kind: str, name: str) -> bool:
-    if kind == "s3":
-        return (
-            bool(_S3_BUCKET.fullmatch(name))
-            and ".." not in name
-            and not aws.is_ip(name)
-        )
-    if kind == "gcs":
-        return bool(_GCS_BUCKET.fullmatch(name)) and (
-            len(name) <= 63 or all(len(p) <= 63 for p in name.split("."))
-        )
-    return bool(_AZURE_CONTAINER.fullmatch(name))
 
 
 #: Whether obstore's I/O runtime may have started in this process, and whether
