@@ -416,27 +416,16 @@ class Head:
         raw = load_json(text, source, "HEAD")
         if type(raw) is not dict:
             raise InvalidRecordError(f"HEAD {source} is not a JSON object")
-        version = raw.get("format_version")
-        if type(version) is not int or version < 1:
-            raise InvalidRecordError(
-                f"HEAD {source}: 'format_version' must be a positive int"
-            )
+        version = _field(raw, "format_version", source)
         if version > HEAD_FORMAT_VERSION:
             raise InvalidRecordError(
                 f"HEAD {source} has format version {version}, newer than this plugin "
                 f"reads ({HEAD_FORMAT_VERSION}); upgrade dp-ckpt-plugin"
             )
-        seq = _int(raw, "seq", source)
-        epoch = _int(raw, "epoch", source)
-        fmt = raw.get("format")
-        if fmt is not None and not is_text(fmt):
-            raise InvalidRecordError(f"HEAD {source}: 'format' must be a short string")
-        updated = raw.get("updated", 0.0)
-        if not is_time(updated):
-            raise InvalidRecordError(f"HEAD {source}: 'updated' must be a Unix time")
-        families_raw = raw.get("families")
-        if type(families_raw) is not dict:
-            raise InvalidRecordError(f"HEAD {source}: 'families' must be an object")
+        seq, epoch, fmt, updated, families_raw = (
+            _field(raw, key, source)
+            for key in ("seq", "epoch", "format", "updated", "families")
+        )
         families = {}
         for prefix, state in families_raw.items():
             if not is_text(prefix) or "/" in prefix or type(state) is not dict:
@@ -444,34 +433,43 @@ class Head:
                     f"HEAD {source}: a family must be a name and an object"
                 )
             families[prefix] = _family(state, prefix, source)
-        archives = raw.get("archives", [])
-        if type(archives) is not list or not all(_is(a, ARCHIVE) for a in archives):
-            raise InvalidRecordError(
-                f"HEAD {source}: 'archives' must be a list of archive keys "
-                "(archive/<UTC>.json)"
-            )
+        archives = _field(raw, "archives", source)
         return cls(seq, epoch, fmt, families, tuple(archives), float(updated))
 
 
-def _int(raw: Mapping, key: str, source: str) -> int:
-    value = raw.get(key)
-    if not is_int(value):
-        raise InvalidRecordError(
-            f"HEAD {source}: {key!r} must be an int between 0 and {MAX_INT}"
-        )
+#: HEAD's own fields: what each must be, its test, and what an absent one is.
+_FIELDS: dict[str, tuple[str, Callable[[object], bool], object]] = {
+    "format_version": ("a positive int", lambda v: type(v) is int and v >= 1, None),
+    "seq": (f"an int between 0 and {MAX_INT}", is_int, None),
+    "epoch": (f"an int between 0 and {MAX_INT}", is_int, None),
+    "format": ("a short string", lambda v: v is None or is_text(v), None),
+    "updated": ("a Unix time", is_time, 0.0),
+    "families": ("an object", lambda v: type(v) is dict, None),
+    "archives": (
+        "a list of archive keys (archive/<UTC>.json)",
+        lambda v: type(v) is list and all(_is(a, ARCHIVE) for a in v),
+        [],
+    ),
+}
+
+
+def _field(raw: Mapping, key: str, source: str):
+    """HEAD's field ``key`` if it is what :data:`_FIELDS` says, else one line."""
+    must, test, absent = _FIELDS[key]
+    value = raw.get(key, absent)
+    if not test(value):
+        raise InvalidRecordError(f"HEAD {source}: {key!r} must be {must}")
     return value
 
 
-def _entry_key(key: object, name: object) -> bool:
-    """Whether ``key`` is a payload key of the store's grammar, of ``name``."""
+def _is(key: object, kind: str, name: object = None) -> bool:
+    """Whether ``key`` is a key of the store's grammar, of ``kind`` (and ``name``)."""
     parsed = parse_key(key)
-    return parsed is not None and parsed.kind == PAYLOAD and parsed.name == name
-
-
-def _is(key: object, kind: str) -> bool:
-    """Whether ``key`` is a key of the store's grammar, of ``kind``."""
-    parsed = parse_key(key)
-    return parsed is not None and parsed.kind == kind
+    return (
+        parsed is not None
+        and parsed.kind == kind
+        and (name is None or parsed.name == name)
+    )
 
 
 def _family(raw: Mapping, prefix: str, source: str) -> FamilyState:
@@ -520,7 +518,7 @@ def parse_entries(items: list, prefix: str, source: str) -> list[Entry]:
             raise InvalidRecordError(f"HEAD {source}: {exc}") from None
         fields = [item.get(name) for name in ("key", "name", "step", "size", "digest")]
         entry = Entry(*fields, metrics)
-        if not _entry_key(entry.key, entry.name):
+        if not _is(entry.key, PAYLOAD, entry.name):
             raise InvalidRecordError(
                 f"HEAD {source}: an entry of family {prefix!r} names "
                 f"{shown(entry.key)}, which is not a payload key this store writes "
