@@ -119,19 +119,27 @@ def read_children(
 
 
 def leaves(
-    storage, prefix: str, segment: Segment, step: int | None = None, newest=False
+    storage,
+    prefix: str,
+    segment: Segment,
+    step: int | None = None,
+    newest=False,
+    inner: set[str] | None = None,
 ):
     """``(segment, entries)`` of each level-0 segment under ``segment``, oldest
     first (``newest``: newest first, each read only when reached); only those
-    whose steps may hold ``step`` when it is given."""
+    whose steps may hold ``step`` when it is given. The keys of the segments
+    above level 0 read on the way are added to ``inner``."""
     if step is not None and not segment.holds(step):
         return
     if segment.level == 0:
         yield segment, read_segment(storage, prefix, segment)
         return
+    if inner is not None:
+        inner.add(segment.key)
     children = read_children(storage, prefix, segment)
     for child in reversed(children) if newest else children:
-        yield from leaves(storage, prefix, child, step, newest)
+        yield from leaves(storage, prefix, child, step, newest, inner)
 
 
 def write_segment(
@@ -172,11 +180,9 @@ def expand(storage: ObjectStorage, head: Head) -> Head:
     for prefix, state in head.families.items():
         older = []
         for top in state.segments:
-            for leaf, entries in leaves(storage, prefix, top):
+            for leaf, entries in leaves(storage, prefix, top, inner=nested):
                 nested.add(leaf.key)
                 older += entries
-            if top.level:
-                nested |= _inner(storage, prefix, top)
         inline = {e.key for e in state.kept}
         kept = sorted(
             [*(e for e in older if e.key not in inline), *state.kept],
@@ -184,15 +190,6 @@ def expand(storage: ObjectStorage, head: Head) -> Head:
         )
         families[prefix] = replace(state, kept=tuple(kept))
     return replace(head, families=families, expanded=True, nested=frozenset(nested))
-
-
-def _inner(storage, prefix: str, segment: Segment) -> set[str]:
-    """The keys of the segments above level 0 under ``segment`` (itself too)."""
-    keys = {segment.key}
-    for child in read_children(storage, prefix, segment):
-        if child.level:
-            keys |= _inner(storage, prefix, child)
-    return keys
 
 
 def find(storage: ObjectStorage, head: Head, name: str) -> tuple[str, Entry] | None:

@@ -159,12 +159,8 @@ class LeaseState:
         try:
             epoch, renewed, ttl = raw["epoch"], raw["renewed"], raw["ttl"]
             released = raw.get("released", False)
-            holder = Holder(
-                str(who["host"])[:MAX_HOLDER_HOST],
-                who["pid"],
-                str(who["command"])[:MAX_HOLDER_COMMAND],
-                str(who["since"])[:MAX_HOLDER_SINCE],
-            )
+            texts = {k: str(who[k])[:most] for k, most in _HOLDER_TEXT.items()}
+            holder = Holder(pid=who["pid"], **texts)
         except (KeyError, TypeError):
             raise InvalidRecordError(
                 f"lease {source} is malformed; if no run writes this store, "
