@@ -216,20 +216,15 @@ class RemoteStore:
                 "dp_ckpt_plugin cannot keep two runs from writing it at once; "
                 "run one writer at a time"
             )
-        current = heads.read(self.storage)
-        floor = current[0].epoch + 1 if current[0] is not None else 1
-        epoch = self.lease.acquire(min_epoch=floor)
+        self._head = heads.read(self.storage)
+        self.epoch = self.lease.acquire(min_epoch=self.head.epoch + 1)
         try:
-            # from now on a writer of an older epoch can no longer move HEAD
-            swap = heads.update(
-                self.storage, epoch, lambda h: h, known=current, format=self.format
-            )
+            self._swap(lambda h: h)  # no writer of an older epoch moves HEAD now
         except BaseException:
             self.lease.release()
+            self.epoch = None
             raise
-        self.epoch = epoch
         self.notes.extend(self.lease.notes)
-        self._head = (swap.head, swap.version)
         self.lease.start_heartbeat()
         self._thread = threading.Thread(
             target=self._run, name="dp_ckpt-upload", daemon=True
@@ -578,11 +573,10 @@ class RemoteStore:
                 head = head.without(prefix, [e.key for e in gone])
             return head
 
-        before = self._head[0] or Head()
         replaced = {
             k
             for prefix, (_, entry) in entries.items()
-            for e in before.family(prefix).kept
+            for e in self.head.family(prefix).kept
             if e.step == entry.step and e.key != entry.key
             for k in e.keys
         }
@@ -597,8 +591,7 @@ class RemoteStore:
                     self.storage.url_of(key),
                     exc.cause,
                 )
-        for _, entry in entries.values():
-            self.uploaded.append(entry)
+        self.uploaded += [entry for _, entry in entries.values()]
         self._spill(entries)
 
     def _spill(self, entries) -> None:
