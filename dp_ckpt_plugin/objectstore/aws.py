@@ -312,12 +312,11 @@ def _endpoint_of(profile: Mapping[str, object]) -> str | None:
 
 
 def _refreshed(credentials) -> bool:
-    """Whether botocore renews these credentials (a role, SSO, a process)."""
+    """Whether botocore renews these credentials (a role, SSO, a process; its
+    DeferredRefreshableCredentials are RefreshableCredentials too)."""
     from botocore.credentials import RefreshableCredentials
 
-    return isinstance(credentials, RefreshableCredentials) or (
-        type(credentials).__name__ == "DeferredRefreshableCredentials"
-    )
+    return isinstance(credentials, RefreshableCredentials)
 
 
 def _credentials(session, name: str):
@@ -389,20 +388,15 @@ class MultipartUploads:
             retries={"max_attempts": REQUEST_ATTEMPTS, "mode": "standard"},
             s3={"addressing_style": "virtual" if settings.virtual_hosted else "path"},
         )
-        keys = {}
-        if settings.static:
-            keys = {
-                "aws_access_key_id": settings.access_key_id,
-                "aws_secret_access_key": settings.secret_access_key,
-                "aws_session_token": settings.session_token,
-            }
-        try:
+        try:  # keys are None unless static: the session's own are used then
             self._client = session.create_client(
                 "s3",
                 region_name=settings.region,
                 endpoint_url=settings.endpoint,
                 config=config,
-                **keys,
+                aws_access_key_id=settings.access_key_id,
+                aws_secret_access_key=settings.secret_access_key,
+                aws_session_token=settings.session_token,
             )
         except self._errors as exc:
             raise S3RequestError(_line(exc)) from None
