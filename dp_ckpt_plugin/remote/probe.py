@@ -59,18 +59,12 @@ def _try(storage: ObjectStorage) -> str | None:
     key = f"{PROBE_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
     try:
         first = storage.put_if_absent(key, b"1")
-        try:
+        with contextlib.suppress(KeyExistsError):  # refused, as it must be
             storage.put_if_absent(key, b"2")
-        except KeyExistsError:
-            pass
-        else:
             return "a second create of the same object was accepted"
         second = storage.put_if_match(key, b"3", first.version)
-        try:
+        with contextlib.suppress(VersionMismatchError):
             storage.put_if_match(key, b"4", first.version)
-        except VersionMismatchError:
-            pass
-        else:
             return "a swap on a stale version was accepted"
         if second.version == first.version:
             return "a replaced object kept its version"
