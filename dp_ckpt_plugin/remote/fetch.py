@@ -1,6 +1,6 @@
 """Reading a remote store: HEAD, then the record, then the payload, verified.
 
-:func:`candidates` reads HEAD once and picks an entry: the published checkpoint of a
+:func:`find` reads HEAD once and picks an entry: the published checkpoint of a
 family (``latest``), the best one (``best``), or one named by file name or
 key. Its commit record is read next and must agree with the entry (name,
 step, size, digest). :func:`fetch` then downloads the payload into a local
@@ -100,6 +100,20 @@ def _archived(head: Head) -> str:
     if not head.archives:
         return ""
     return f"; its earlier runs are archived in {', '.join(head.archives[-3:])}"
+
+
+def find(
+    storage: ObjectStorage,
+    spec: str,
+    family: str,
+    *,
+    best_family: str | None = None,
+) -> Found:
+    """The entry ``spec`` names in the store, its record read and checked.
+
+    The first of :func:`candidates`.
+    """
+    return next(iter(candidates(storage, spec, family, best_family=best_family)))
 
 
 def candidates(

@@ -5,7 +5,7 @@ It answers, when the run's ``save_dir`` is a remote store
 or key of one of its checkpoints; and, for any run, the URL of a remote store
 or of a checkpoint in one (``s3://bucket/run``,
 ``s3://bucket/run/e000002/model.ckpt-30.pt``). The checkpoint is found through
-HEAD and its record (:func:`~dp_ckpt_plugin.remote.fetch.candidates`) and
+HEAD and its record (:func:`~dp_ckpt_plugin.remote.fetch.find`) and
 downloaded into the staging directory, its record beside it
 (:func:`~dp_ckpt_plugin.remote.fetch.fetch`: bytes that do not match the
 record get no name there, and ``latest`` falls back to the previous
