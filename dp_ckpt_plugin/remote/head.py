@@ -402,6 +402,10 @@ class Head:
             raise ValueError(str(exc)) from None
         return text
 
+    def check(self) -> None:
+        """Refuse (``ValueError``) a field beyond what readers accept."""
+        self.to_bytes()
+
     @classmethod
     def parse(cls, data: bytes, source: str) -> Head:
         """Read HEAD strictly; :class:`InvalidRecordError` naming ``source`` if malformed."""
