@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidRecordError, UnreadableFileError
+from ..errors import InvalidRecordError
 from ..retention import RetentionPolicy, policy_from_dict, policy_to_dict, reason_of
-from ..storage import Storage, default_storage
+from ..storage import Storage
 from .layout import MANIFEST_NAME, Family
 from .limits import (
     MAX_FAMILIES,
@@ -33,7 +33,7 @@ from .limits import (
     check_text,
     is_text,
 )
-from .records import load_json, shorten
+from .records import load_json, read_text, shorten
 
 log = logging.getLogger("dp_ckpt_plugin")
 
@@ -174,16 +174,10 @@ def read_manifest(
         When it exists but is malformed or of a newer version.
     """
     path = directory / MANIFEST_NAME
-    storage = storage or default_storage()
-    try:
-        raw = storage.read_small(path, MAX_MANIFEST_BYTES)
-        if raw is None:
-            return None
-        data = load_json(raw.decode("utf-8"), path, "store manifest")
-    except UnreadableFileError as exc:
-        raise InvalidRecordError(f"store manifest {exc}") from None
-    except UnicodeDecodeError:
-        raise InvalidRecordError(f"store manifest {path} is not UTF-8 text") from None
+    text = read_text(path, MAX_MANIFEST_BYTES, "store manifest", storage)
+    if text is None:
+        return None
+    data = load_json(text, path, "store manifest")
     try:
         if type(data) is not dict:
             raise TypeError("not an object")

@@ -180,6 +180,8 @@ class CommitRecord:
                 replaces = dict(replaces)
                 replaces["digest"] = _v1_digest(replaces.pop("sha256"), source)
                 data["replaces"] = replaces
+        # dp-ckpt-plugin 0.1 and 0.2 bounded no step: a version 1 record's is read
+        top_step = math.inf if data.get("format_version") == 1 else MAX_INT
         for key, kind in _FIELDS.items():
             value = data.get(key)
             if type(value) is not kind:
@@ -187,7 +189,9 @@ class CommitRecord:
                     f"commit record {source}: key {key!r} must be {kind.__name__}, "
                     f"got {shorten(value)}"
                 )
-            if kind is int and not is_int(value) and not _legacy_step(data, key, value):
+            if kind is int and not is_int(
+                value, top_step if key == "step" else MAX_INT
+            ):
                 raise InvalidRecordError(
                     f"commit record {source}: key {key!r} must be between 0 and "
                     f"{MAX_INT}, got {shorten(value)}"
@@ -221,29 +225,29 @@ class CommitRecord:
                 )
             _check_digest(replaces["digest"], source)
             replaces = (replaces["size"], replaces["digest"])
+        metrics = _metrics_from_json(data.get("metrics"), source)
+        provenance = data.get("provenance")
+        if provenance is not None:
+            provenance = Provenance.from_dict(provenance, source)
+        lineage = data.get("lineage")
+        if lineage is not None and (lineage := Lineage.parse(lineage)) is None:
+            raise InvalidRecordError(
+                f"commit record {source}: 'lineage' must hold an epoch and at most "
+                f"{MAX_LINEAGE} [epoch, step, digest] links"
+            )
         return cls(
             **{key: data[key] for key in _FIELDS},
             created=float(created),
             replaces=replaces,
-            metrics=_metrics_from_json(data.get("metrics"), source),
-            provenance=None
-            if data.get("provenance") is None
-            else Provenance.from_dict(data["provenance"], source),
-            lineage=_lineage_from_json(data.get("lineage"), source),
+            metrics=metrics,
+            provenance=provenance,
+            lineage=lineage,
         )
 
     def describes(self, name: str) -> bool:
         """Whether this record's name, family and step are those of file ``name``."""
         head = f"{self.family}-{self.step}."
         return name == self.name and name.startswith(head) and "/" not in name
-
-
-def _legacy_step(data: dict, key: str, value: int) -> bool:
-    """Whether ``value`` is a step above ``MAX_INT`` a version 1 record holds.
-
-    dp-ckpt-plugin 0.1 and 0.2 bounded no step; what they wrote is still read.
-    """
-    return key == "step" and data.get("format_version") == 1 and value > MAX_INT
 
 
 _FIELDS = {
@@ -298,6 +302,25 @@ def load_json(text: str, source: object, what: str) -> object:
         ) from None
 
 
+def read_text(
+    path: Path, most: int, what: str, storage: Storage | None = None
+) -> str | None:
+    """The text of a small file (at most ``most`` bytes), or ``None`` when absent.
+
+    Raises
+    ------
+    InvalidRecordError
+        Naming ``what``, when it is unreadable or not UTF-8.
+    """
+    try:
+        data = (storage or default_storage()).read_small(path, most)
+        return None if data is None else data.decode("utf-8")
+    except UnreadableFileError as exc:
+        raise InvalidRecordError(f"{what} {exc}") from None
+    except UnicodeDecodeError:
+        raise InvalidRecordError(f"{what} {path} is not UTF-8 text") from None
+
+
 def record_path(checkpoint: Path) -> Path:
     """Return where the commit record of ``checkpoint`` lives."""
     return checkpoint.parent / record_name(checkpoint.name)
@@ -326,11 +349,8 @@ def make_record(
     reported with it.
     """
     if payload is not None:
-        view = memoryview(payload.data)
-        try:
+        with memoryview(payload.data) as view:
             digest, size = digest_of_view(view, DEFAULT_ALGORITHM), payload.size
-        finally:
-            view.release()
     else:
         found = storage.entry(checkpoint)
         if found is None:
@@ -430,17 +450,10 @@ def read_record(
         file it sits beside): the checkpoint is then not committed.
     """
     path = record_path(checkpoint)
-    storage = storage or default_storage()
-    try:
-        data = storage.read_small(path, MAX_RECORD_BYTES)
-        if data is None:
-            return None
-        text = data.decode("utf-8")
-    except UnreadableFileError as exc:
-        raise InvalidRecordError(f"commit record {exc}") from None
-    except UnicodeDecodeError:
-        raise InvalidRecordError(f"commit record {path} is not UTF-8 text") from None
-    return parse_record(text, source=path, name=checkpoint.name)
+    text = read_text(path, MAX_RECORD_BYTES, "commit record", storage)
+    return (
+        None if text is None else parse_record(text, source=path, name=checkpoint.name)
+    )
 
 
 def parse_record(text: str, *, source, name: str) -> CommitRecord:
@@ -517,13 +530,10 @@ def check_payload(payload: PayloadBytes, record: CommitRecord, *, digest: bool) 
     """
     _check_size(payload.path, payload.size, record)
     if digest:
-        view = memoryview(payload.data)
-        try:
+        with memoryview(payload.data) as view:
             _check_digest_of(
                 payload.path, record, lambda algorithm: digest_of_view(view, algorithm)
             )
-        finally:
-            view.release()
 
 
 def _check_size(checkpoint: Path, size: int, record: CommitRecord) -> None:
@@ -621,16 +631,3 @@ def _metrics_from_json(value: object, source: Path) -> dict[str, float | None] |
             f"commit record {source}: 'metrics' must map names to finite numbers or null"
         )
     return {k: None if v is None else float(v) for k, v in value.items()} or None
-
-
-def _lineage_from_json(value: object, source: Path) -> Lineage | None:
-    """Read the ``lineage`` of a record strictly (absent: ``None``)."""
-    if value is None:
-        return None
-    lineage = Lineage.parse(value)
-    if lineage is None:
-        raise InvalidRecordError(
-            f"commit record {source}: 'lineage' must hold an epoch and at most "
-            f"{MAX_LINEAGE} [epoch, step, digest] links"
-        )
-    return lineage
