@@ -50,9 +50,7 @@ def on_resolve_restart(spec, context):
         directory = Path(spec[len(SPEC) + 1 :])
     else:
         return None
-    if not directory.is_absolute():
-        directory = context.cwd / directory
-    return resolve_best(directory, context, spec=spec)
+    return resolve_best(context.cwd / directory, context, spec=spec)
 
 
 def ranked_family(

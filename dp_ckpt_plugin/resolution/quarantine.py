@@ -72,8 +72,5 @@ def set_aside(
     """Quarantine a corrupt candidate when ``ctx`` allows; where it went, and the warning."""
     moved = None
     if ctx.quarantine and ctx.store_dir is not None:
-        store = (
-            ctx.store_dir if ctx.store_dir.is_absolute() else ctx.cwd / ctx.store_dir
-        )
-        moved = quarantine(path, store, storage=ctx.storage)
+        moved = quarantine(path, ctx.cwd / ctx.store_dir, storage=ctx.storage)
     return moved, f"{error}; moved aside to {moved}" if moved else str(error)
