@@ -20,7 +20,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -165,6 +165,10 @@ class CommitRecord:
         data = load_json(text, source, "commit record")
         if not isinstance(data, dict):
             raise InvalidRecordError(f"commit record {source} is not a JSON object")
+
+        def bad(complaint: str) -> InvalidRecordError:
+            return InvalidRecordError(f"commit record {source}: {complaint}")
+
         if "format" not in data and "backend" in data:
             data["format"] = data.pop("backend")  # records written by 0.1
         version = data.get("format_version")
@@ -174,43 +178,31 @@ class CommitRecord:
                 f"newer than this plugin reads ({FORMAT_VERSION}); upgrade dp-ckpt-plugin"
             )
         if version == 1:
-            data["digest"] = _v1_digest(data.get("sha256"), source)
+            data["digest"] = _v1_digest(data.get("sha256"), bad)
             replaces = data.get("replaces")
             if type(replaces) is dict and "sha256" in replaces:
                 replaces = dict(replaces)
-                replaces["digest"] = _v1_digest(replaces.pop("sha256"), source)
+                replaces["digest"] = _v1_digest(replaces.pop("sha256"), bad)
                 data["replaces"] = replaces
         # dp-ckpt-plugin 0.1 and 0.2 bounded no step: a version 1 record's is read
-        top_step = math.inf if data.get("format_version") == 1 else MAX_INT
+        top = {"step": math.inf} if version == 1 else {}
         for key, kind in _FIELDS.items():
             value = data.get(key)
             if type(value) is not kind:
-                raise InvalidRecordError(
-                    f"commit record {source}: key {key!r} must be {kind.__name__}, "
-                    f"got {shorten(value)}"
-                )
-            if kind is int and not is_int(
-                value, top_step if key == "step" else MAX_INT
-            ):
-                raise InvalidRecordError(
-                    f"commit record {source}: key {key!r} must be between 0 and "
-                    f"{MAX_INT}, got {shorten(value)}"
+                raise bad(f"key {key!r} must be {kind.__name__}, got {shorten(value)}")
+            if kind is int and not is_int(value, top.get(key, MAX_INT)):
+                raise bad(
+                    f"key {key!r} must be between 0 and {MAX_INT}, got {shorten(value)}"
                 )
             if kind is str and not is_text(value):
-                raise InvalidRecordError(
-                    f"commit record {source}: key {key!r} must be a non-empty "
-                    f"string of at most {MAX_TEXT} characters"
+                raise bad(
+                    f"key {key!r} must be a non-empty string of at most {MAX_TEXT} characters"
                 )
         created = data.get("created", 0.0)
         if not is_time(created):
-            raise InvalidRecordError(
-                f"commit record {source}: key 'created' must be a Unix time, "
-                f"got {shorten(created)}"
-            )
+            raise bad(f"key 'created' must be a Unix time, got {shorten(created)}")
         if data["format_version"] < 1:
-            raise InvalidRecordError(
-                f"commit record {source}: format version must be at least 1"
-            )
+            raise bad("format version must be at least 1")
         _check_digest(data["digest"], source)
         replaces = data.get("replaces")
         if replaces is not None:
@@ -220,26 +212,26 @@ class CommitRecord:
                 or not is_int(replaces["size"])
                 or type(replaces["digest"]) is not str
             ):
-                raise InvalidRecordError(
-                    f"commit record {source}: 'replaces' must hold a size and a digest"
-                )
+                raise bad("'replaces' must hold a size and a digest")
             _check_digest(replaces["digest"], source)
             replaces = (replaces["size"], replaces["digest"])
-        metrics = _metrics_from_json(data.get("metrics"), source)
+        metrics = data.get("metrics")
+        if metrics is not None and (metrics := _metrics_from_json(metrics)) is None:
+            raise bad("'metrics' must map names to finite numbers or null")
         provenance = data.get("provenance")
         if provenance is not None:
             provenance = Provenance.from_dict(provenance, source)
         lineage = data.get("lineage")
         if lineage is not None and (lineage := Lineage.parse(lineage)) is None:
-            raise InvalidRecordError(
-                f"commit record {source}: 'lineage' must hold an epoch and at most "
-                f"{MAX_LINEAGE} [epoch, step, digest] links"
+            raise bad(
+                f"'lineage' must hold an epoch and at most {MAX_LINEAGE} "
+                "[epoch, step, digest] links"
             )
         return cls(
             **{key: data[key] for key in _FIELDS},
             created=float(created),
             replaces=replaces,
-            metrics=metrics,
+            metrics=metrics or None,
             provenance=provenance,
             lineage=lineage,
         )
@@ -261,11 +253,9 @@ _FIELDS = {
 }
 
 
-def _v1_digest(value: object, source: Path) -> str:
+def _v1_digest(value: object, bad: Callable[[str], Exception]) -> str:
     if type(value) is not str or not re.fullmatch(r"[0-9a-f]{64}", value):
-        raise InvalidRecordError(
-            f"commit record {source}: sha256 is not 64 hex digits, got {shorten(value)}"
-        )
+        raise bad(f"sha256 is not 64 hex digits, got {shorten(value)}")
     return f"sha256:{value}"
 
 
@@ -610,24 +600,18 @@ def check_metrics(
     return checked or None
 
 
-def _metrics_from_json(value: object, source: Path) -> dict[str, float | None] | None:
-    """Read the ``metrics`` of a record strictly (absent: ``None``)."""
-    if value is None:
+def _metrics_from_json(value: object) -> dict[str, float | None] | None:
+    """The ``metrics`` of a record, read strictly; ``None`` when malformed."""
+    if type(value) is not dict or len(value) > MAX_METRICS:
         return None
-    if (
-        type(value) is not dict
-        or len(value) > MAX_METRICS
-        or not all(
-            is_text(k)
-            and (
-                v is None
-                or (type(v) is float and math.isfinite(v))
-                or is_int(v, low=-MAX_INT)
-            )
-            for k, v in value.items()
+    if not all(
+        is_text(k)
+        and (
+            v is None
+            or (type(v) is float and math.isfinite(v))
+            or is_int(v, low=-MAX_INT)
         )
+        for k, v in value.items()
     ):
-        raise InvalidRecordError(
-            f"commit record {source}: 'metrics' must map names to finite numbers or null"
-        )
-    return {k: None if v is None else float(v) for k, v in value.items()} or None
+        return None
+    return {k: None if v is None else float(v) for k, v in value.items()}
