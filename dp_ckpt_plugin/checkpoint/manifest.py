@@ -103,24 +103,17 @@ class Manifest:
                 f"a manifest describes 1 to {MAX_FAMILIES} families, "
                 f"got {len(self.families)}"
             )
-        for f in self.families:
-            for key in ("prefix", "suffix", "pointer"):
-                check_text(getattr(f.family, key), f"a family's {key}", MAX_FILE_NAME)
-        data = {
-            "format_version": MANIFEST_VERSION,
-            "format": self.format,
-            "families": [
-                {
-                    "prefix": f.family.prefix,
-                    "suffix": f.family.suffix,
-                    "pointer": f.family.pointer,
-                    "policy": f.policy,
-                    "reason": f.reason,
-                }
-                for f in self.families
-            ],
-        }
-        text = json.dumps(data, indent=1) + "\n"
+        families = []
+        for info in self.families:
+            names = {
+                key: check_text(
+                    getattr(info.family, key), f"a family's {key}", MAX_FILE_NAME
+                )
+                for key in ("prefix", "suffix", "pointer")
+            }
+            families.append({**names, "policy": info.policy, "reason": info.reason})
+        data = {"format_version": MANIFEST_VERSION, "format": self.format}
+        text = json.dumps({**data, "families": families}, indent=1) + "\n"
         check_size(text.encode("utf-8"), "the store's manifest", MAX_MANIFEST_BYTES)
         return text
 
@@ -205,13 +198,8 @@ def read_manifest(
             if policy is not None and type(policy) is not dict:
                 raise TypeError("policy")
             reason = entry.get("reason", "")
-            families.append(
-                FamilyInfo(
-                    Family(*fields),
-                    policy,
-                    reason[:MAX_REASON] if type(reason) is str else "",
-                )
-            )
+            reason = reason[:MAX_REASON] if type(reason) is str else ""
+            families.append(FamilyInfo(Family(*fields), policy, reason))
         if not is_text(data["format"], MAX_FORMAT_NAME):
             raise TypeError("format")
         return Manifest(data["format"], tuple(families))
