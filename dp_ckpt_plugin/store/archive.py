@@ -24,6 +24,7 @@ built with ``max_archives`` at the start of each run, after archiving).
 from __future__ import annotations
 
 import calendar
+import itertools
 import logging
 import re
 import time
@@ -100,12 +101,10 @@ def new_archive_folder(
     if found is None:
         storage.make_dir(root, durable=durable)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    n = 0
-    while True:
+    for n in itertools.count():
         dest = root / (stamp if n == 0 else f"{stamp}-{n}")
         if storage.make_dir(dest, durable=durable):
             return dest
-        n += 1
 
 
 def archive_earlier_run(
