@@ -21,7 +21,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import CorruptCheckpointError, InvalidRecordError, UnreadableFileError
@@ -116,15 +116,11 @@ class CommitRecord:
             (``checkpoint/limits.py``).
         """
         self.check()
-        # one level: provenance and lineage serialize themselves below
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
-        data = {key: value for key, value in data.items() if value is not None}
+        data = {key: value for key, value in vars(self).items() if value is not None}
         if self.replaces is not None:
             data["replaces"] = {"size": self.replaces[0], "digest": self.replaces[1]}
-        for key in ("provenance", "lineage"):
-            if getattr(self, key) is not None:
-                data[key] = getattr(self, key).to_dict()
-        text = json.dumps(data, indent=1, sort_keys=True) + "\n"
+        # provenance and lineage serialize themselves
+        text = json.dumps(data, indent=1, sort_keys=True, default=_to_dict) + "\n"
         check_size(
             text.encode("utf-8"), f"the commit record of {self.name}", MAX_RECORD_BYTES
         )
@@ -251,6 +247,10 @@ _FIELDS = {
     "digest": str,
     "format_version": int,
 }
+
+
+def _to_dict(value: Provenance | Lineage) -> dict:
+    return value.to_dict()
 
 
 def _v1_digest(value: object, bad: Callable[[str], Exception]) -> str:
