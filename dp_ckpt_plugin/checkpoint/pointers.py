@@ -103,13 +103,12 @@ def _named(pointer: Path, storage: Storage) -> str | None:
 
 
 def named_by(
-    directory: Path, family: Family, *, storage: Storage | None = None
+    directory: Path, family: Family, *, storage: Storage
 ) -> dict[str, str | None]:
     """The file names the family's pointer and alias in ``directory`` name.
 
     Returns ``{"pointer": name or None, "alias": name or None}``.
     """
-    storage = storage or default_storage()
     linked = storage.link_target(directory / family.alias)
     return {
         "pointer": _named(directory / family.pointer, storage),
