@@ -220,6 +220,29 @@ class ResolveContext:
         if self.verifier is None:
             self.verifier = Verifier(self.storage, keep=self.load)
 
+    @classmethod
+    def of_store(
+        cls, store, *, digest=False, cwd=None, family=None, load=False
+    ) -> ResolveContext:
+        """The context of a :class:`~dp_ckpt_plugin.store.core.CheckpointStore`.
+
+        Its directory, the family's pointer mirrors as fallbacks, its storage,
+        and its remote store (if it stages for one). Corrupt candidates are
+        moved aside only by the chief.
+        """
+        cfg = store.family(family)
+        return cls(
+            family=cfg.family,
+            store_dir=store.directory,
+            cwd=cwd or Path.cwd(),
+            fallback_pointers=tuple(m.path for m in cfg.mirrors if m.kind == "pointer"),
+            digest=digest,
+            quarantine=store.is_chief,
+            storage=store.storage,
+            load=load,
+            remote=None if store.remote is None else store.remote.source(store),
+        )
+
     @property
     def level(self) -> str:
         """``"digest"`` or ``"size"``: what a verified candidate was checked for."""

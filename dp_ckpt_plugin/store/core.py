@@ -400,23 +400,9 @@ class CheckpointStore:
         family: str | None = None,
         load: bool = False,
     ) -> ResolveContext:
-        """Return the resolution context of this store.
-
-        Its directory, the family's pointer mirrors as fallbacks, its storage,
-        and its remote store (if it stages for one). Corrupt candidates are
-        moved aside only by the chief.
-        """
-        cfg = self.family(family)
-        return ResolveContext(
-            family=cfg.family,
-            store_dir=self.directory,
-            cwd=cwd or Path.cwd(),
-            fallback_pointers=tuple(m.path for m in cfg.mirrors if m.kind == "pointer"),
-            digest=digest,
-            quarantine=self.is_chief,
-            storage=self.storage,
-            load=load,
-            remote=None if self.remote is None else self.remote.source(self),
+        """Return the resolution context of this store."""
+        return ResolveContext.of_store(
+            self, digest=digest, cwd=cwd, family=family, load=load
         )
 
     def resolve(
