@@ -330,9 +330,7 @@ class _Search:
         except UnreadableFileError as exc:
             self.warnings.append(f"ignored: {exc}")
             return None
-        for candidate in candidates:
-            if candidate.path in self.bad:
-                continue
+        for candidate in candidates:  # accept passes over one found corrupt already
             found = self.accept(
                 candidate.path,
                 f"newest committed checkpoint in {directory}",
