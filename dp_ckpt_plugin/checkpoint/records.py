@@ -22,6 +22,7 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from ..errors import CorruptCheckpointError, InvalidRecordError, UnreadableFileError
@@ -498,11 +499,8 @@ def verify(
             )
         _check_size(checkpoint, found.size, record)
         if digest:
-            _check_digest_of(
-                checkpoint,
-                record,
-                lambda algorithm: digest_of(checkpoint, algorithm, storage=storage),
-            )
+            hashed = partial(digest_of, checkpoint, storage=storage)
+            _check_digest_of(checkpoint, record, hashed)
     except UnreadableFileError as exc:
         raise CorruptCheckpointError(f"checkpoint {exc}") from None
 
@@ -521,9 +519,7 @@ def check_payload(payload: PayloadBytes, record: CommitRecord, *, digest: bool) 
     _check_size(payload.path, payload.size, record)
     if digest:
         with memoryview(payload.data) as view:
-            _check_digest_of(
-                payload.path, record, lambda algorithm: digest_of_view(view, algorithm)
-            )
+            _check_digest_of(payload.path, record, partial(digest_of_view, view))
 
 
 def _check_size(checkpoint: Path, size: int, record: CommitRecord) -> None:
@@ -534,7 +530,9 @@ def _check_size(checkpoint: Path, size: int, record: CommitRecord) -> None:
         )
 
 
-def _check_digest_of(checkpoint: Path, record: CommitRecord, digest_with) -> None:
+def _check_digest_of(
+    checkpoint: Path, record: CommitRecord, digest_with: Callable[[str], str]
+) -> None:
     """Compare ``digest_with(algorithm)`` with the record's digest (or the one it replaces)."""
     allowed = {record.digest}
     if record.replaces is not None:
