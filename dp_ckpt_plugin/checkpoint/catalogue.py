@@ -49,11 +49,7 @@ def committed(
             continue
         path = directory / name
         record = read_record_or_none(path, storage=storage)
-        if (
-            record is not None
-            and record.step == step
-            and record.family == family.prefix
-        ):
+        if record is not None and (record.step, record.family) == (step, family.prefix):
             found.append(Checkpoint(path, step, family.prefix, record))
     return sorted(found, key=lambda c: c.step, reverse=newest_first)
 

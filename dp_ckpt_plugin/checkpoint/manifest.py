@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidRecordError, UnreadableFileError
+from ..errors import InvalidRecordError
 from ..retention import RetentionPolicy, policy_from_dict, policy_to_dict, reason_of
-from ..storage import Storage, default_storage
+from ..storage import Storage
 from .layout import MANIFEST_NAME, Family
 from .limits import (
     MAX_FAMILIES,
@@ -33,7 +33,7 @@ from .limits import (
     check_text,
     is_text,
 )
-from .records import load_json, shorten
+from .records import load_json, read_text, shorten
 
 log = logging.getLogger("dp_ckpt_plugin")
 
@@ -103,24 +103,17 @@ class Manifest:
                 f"a manifest describes 1 to {MAX_FAMILIES} families, "
                 f"got {len(self.families)}"
             )
-        for f in self.families:
-            for key in ("prefix", "suffix", "pointer"):
-                check_text(getattr(f.family, key), f"a family's {key}", MAX_FILE_NAME)
-        data = {
-            "format_version": MANIFEST_VERSION,
-            "format": self.format,
-            "families": [
-                {
-                    "prefix": f.family.prefix,
-                    "suffix": f.family.suffix,
-                    "pointer": f.family.pointer,
-                    "policy": f.policy,
-                    "reason": f.reason,
-                }
-                for f in self.families
-            ],
-        }
-        text = json.dumps(data, indent=1) + "\n"
+        families = []
+        for info in self.families:
+            names = {
+                key: check_text(
+                    getattr(info.family, key), f"a family's {key}", MAX_FILE_NAME
+                )
+                for key in ("prefix", "suffix", "pointer")
+            }
+            families.append({**names, "policy": info.policy, "reason": info.reason})
+        data = {"format_version": MANIFEST_VERSION, "format": self.format}
+        text = json.dumps({**data, "families": families}, indent=1) + "\n"
         check_size(text.encode("utf-8"), "the store's manifest", MAX_MANIFEST_BYTES)
         return text
 
@@ -174,16 +167,10 @@ def read_manifest(
         When it exists but is malformed or of a newer version.
     """
     path = directory / MANIFEST_NAME
-    storage = storage or default_storage()
-    try:
-        raw = storage.read_small(path, MAX_MANIFEST_BYTES)
-        if raw is None:
-            return None
-        data = load_json(raw.decode("utf-8"), path, "store manifest")
-    except UnreadableFileError as exc:
-        raise InvalidRecordError(f"store manifest {exc}") from None
-    except UnicodeDecodeError:
-        raise InvalidRecordError(f"store manifest {path} is not UTF-8 text") from None
+    text = read_text(path, MAX_MANIFEST_BYTES, "store manifest", storage)
+    if text is None:
+        return None
+    data = load_json(text, path, "store manifest")
     try:
         if type(data) is not dict:
             raise TypeError("not an object")
@@ -211,13 +198,8 @@ def read_manifest(
             if policy is not None and type(policy) is not dict:
                 raise TypeError("policy")
             reason = entry.get("reason", "")
-            families.append(
-                FamilyInfo(
-                    Family(*fields),
-                    policy,
-                    reason[:MAX_REASON] if type(reason) is str else "",
-                )
-            )
+            reason = reason[:MAX_REASON] if type(reason) is str else ""
+            families.append(FamilyInfo(Family(*fields), policy, reason))
         if not is_text(data["format"], MAX_FORMAT_NAME):
             raise TypeError("format")
         return Manifest(data["format"], tuple(families))

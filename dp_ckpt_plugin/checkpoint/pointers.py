@@ -75,24 +75,20 @@ def pointer_text(checkpoint: Path, pointer: Path) -> str:
     return os.path.relpath(checkpoint, pointer.parent)
 
 
-def is_inside(
-    target: Path, roots: list[Path], *, storage: Storage | None = None
-) -> bool:
+def is_inside(target: Path, roots: list[Path], *, storage: Storage) -> bool:
     """Whether ``target``, symlinks followed, lies under one of ``roots``."""
-    storage = storage or default_storage()
     real = storage.real(target)
     return any(
         real == root or root in real.parents for root in map(storage.real, roots)
     )
 
 
-def link_or_pointer_target(path: Path, *, storage: Storage | None = None) -> str | None:
+def link_or_pointer_target(path: Path, *, storage: Storage) -> str | None:
     """The file name a pointer or alias at ``path`` names, or ``None``.
 
     A symlink's target (as written) or a readable pointer's line; anything
     unreadable or malformed names nothing.
     """
-    storage = storage or default_storage()
     linked = storage.link_target(path)
     return Path(linked).name if linked else _named(path, storage)
 
@@ -107,13 +103,12 @@ def _named(pointer: Path, storage: Storage) -> str | None:
 
 
 def named_by(
-    directory: Path, family: Family, *, storage: Storage | None = None
+    directory: Path, family: Family, *, storage: Storage
 ) -> dict[str, str | None]:
     """The file names the family's pointer and alias in ``directory`` name.
 
     Returns ``{"pointer": name or None, "alias": name or None}``.
     """
-    storage = storage or default_storage()
     linked = storage.link_target(directory / family.alias)
     return {
         "pointer": _named(directory / family.pointer, storage),

@@ -18,6 +18,7 @@ Every field is bounded in ``checkpoint/limits.py``; records without provenance
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -245,27 +246,18 @@ def _check_data(data: DataIdentity, error: type[Exception]) -> None:
 
 
 def _data_from(value: object, source: object) -> DataIdentity:
-    def bad() -> InvalidRecordError:
-        return InvalidRecordError(
-            f"commit record {source}: provenance data must hold a count, a digest "
-            f"and at most {MAX_SYSTEMS} systems, got {shorten(value)}"
-        )
-
-    if type(value) is not dict or type(value.get("systems", [])) is not list:
-        raise bad()
-    systems = []
-    for item in value.get("systems", []):
-        if type(item) is not dict:
-            raise bad()
-        systems.append(
-            DataSystem(item.get("role"), item.get("path"), item.get("fingerprint"))
-        )
-    data = DataIdentity(value.get("count"), value.get("digest"), tuple(systems))
-    try:
-        _check_data(data, InvalidRecordError)
-    except InvalidRecordError:
-        raise bad() from None
-    return data
+    listed = value.get("systems", []) if type(value) is dict else None
+    if type(listed) is list and all(type(item) is dict for item in listed):
+        keys = ("role", "path", "fingerprint")
+        systems = tuple(DataSystem(*map(item.get, keys)) for item in listed)
+        data = DataIdentity(value.get("count"), value.get("digest"), systems)
+        with contextlib.suppress(InvalidRecordError):
+            _check_data(data, InvalidRecordError)
+            return data
+    raise InvalidRecordError(
+        f"commit record {source}: provenance data must hold a count, a digest "
+        f"and at most {MAX_SYSTEMS} systems, got {shorten(value)}"
+    )
 
 
 # -- the stored inputs -------------------------------------------------------------

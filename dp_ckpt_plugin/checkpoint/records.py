@@ -20,8 +20,9 @@ import json
 import math
 import re
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from ..errors import CorruptCheckpointError, InvalidRecordError, UnreadableFileError
@@ -116,15 +117,11 @@ class CommitRecord:
             (``checkpoint/limits.py``).
         """
         self.check()
-        # one level: provenance and lineage serialize themselves below
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
-        data = {key: value for key, value in data.items() if value is not None}
+        data = {key: value for key, value in vars(self).items() if value is not None}
         if self.replaces is not None:
             data["replaces"] = {"size": self.replaces[0], "digest": self.replaces[1]}
-        for key in ("provenance", "lineage"):
-            if getattr(self, key) is not None:
-                data[key] = getattr(self, key).to_dict()
-        text = json.dumps(data, indent=1, sort_keys=True) + "\n"
+        # provenance and lineage serialize themselves
+        text = json.dumps(data, indent=1, sort_keys=True, default=_to_dict) + "\n"
         check_size(
             text.encode("utf-8"), f"the commit record of {self.name}", MAX_RECORD_BYTES
         )
@@ -165,6 +162,10 @@ class CommitRecord:
         data = load_json(text, source, "commit record")
         if not isinstance(data, dict):
             raise InvalidRecordError(f"commit record {source} is not a JSON object")
+
+        def bad(complaint: str) -> InvalidRecordError:
+            return InvalidRecordError(f"commit record {source}: {complaint}")
+
         if "format" not in data and "backend" in data:
             data["format"] = data.pop("backend")  # records written by 0.1
         version = data.get("format_version")
@@ -174,39 +175,31 @@ class CommitRecord:
                 f"newer than this plugin reads ({FORMAT_VERSION}); upgrade dp-ckpt-plugin"
             )
         if version == 1:
-            data["digest"] = _v1_digest(data.get("sha256"), source)
+            data["digest"] = _v1_digest(data.get("sha256"), bad)
             replaces = data.get("replaces")
             if type(replaces) is dict and "sha256" in replaces:
                 replaces = dict(replaces)
-                replaces["digest"] = _v1_digest(replaces.pop("sha256"), source)
+                replaces["digest"] = _v1_digest(replaces.pop("sha256"), bad)
                 data["replaces"] = replaces
+        # dp-ckpt-plugin 0.1 and 0.2 bounded no step: a version 1 record's is read
+        top = {"step": math.inf} if version == 1 else {}
         for key, kind in _FIELDS.items():
             value = data.get(key)
             if type(value) is not kind:
-                raise InvalidRecordError(
-                    f"commit record {source}: key {key!r} must be {kind.__name__}, "
-                    f"got {shorten(value)}"
-                )
-            if kind is int and not is_int(value) and not _legacy_step(data, key, value):
-                raise InvalidRecordError(
-                    f"commit record {source}: key {key!r} must be between 0 and "
-                    f"{MAX_INT}, got {shorten(value)}"
+                raise bad(f"key {key!r} must be {kind.__name__}, got {shorten(value)}")
+            if kind is int and not is_int(value, top.get(key, MAX_INT)):
+                raise bad(
+                    f"key {key!r} must be between 0 and {MAX_INT}, got {shorten(value)}"
                 )
             if kind is str and not is_text(value):
-                raise InvalidRecordError(
-                    f"commit record {source}: key {key!r} must be a non-empty "
-                    f"string of at most {MAX_TEXT} characters"
+                raise bad(
+                    f"key {key!r} must be a non-empty string of at most {MAX_TEXT} characters"
                 )
         created = data.get("created", 0.0)
         if not is_time(created):
-            raise InvalidRecordError(
-                f"commit record {source}: key 'created' must be a Unix time, "
-                f"got {shorten(created)}"
-            )
+            raise bad(f"key 'created' must be a Unix time, got {shorten(created)}")
         if data["format_version"] < 1:
-            raise InvalidRecordError(
-                f"commit record {source}: format version must be at least 1"
-            )
+            raise bad("format version must be at least 1")
         _check_digest(data["digest"], source)
         replaces = data.get("replaces")
         if replaces is not None:
@@ -216,34 +209,34 @@ class CommitRecord:
                 or not is_int(replaces["size"])
                 or type(replaces["digest"]) is not str
             ):
-                raise InvalidRecordError(
-                    f"commit record {source}: 'replaces' must hold a size and a digest"
-                )
+                raise bad("'replaces' must hold a size and a digest")
             _check_digest(replaces["digest"], source)
             replaces = (replaces["size"], replaces["digest"])
+        metrics = data.get("metrics")
+        if metrics is not None and (metrics := _metrics_from_json(metrics)) is None:
+            raise bad("'metrics' must map names to finite numbers or null")
+        provenance = data.get("provenance")
+        if provenance is not None:
+            provenance = Provenance.from_dict(provenance, source)
+        lineage = data.get("lineage")
+        if lineage is not None and (lineage := Lineage.parse(lineage)) is None:
+            raise bad(
+                f"'lineage' must hold an epoch and at most {MAX_LINEAGE} "
+                "[epoch, step, digest] links"
+            )
         return cls(
             **{key: data[key] for key in _FIELDS},
             created=float(created),
             replaces=replaces,
-            metrics=_metrics_from_json(data.get("metrics"), source),
-            provenance=None
-            if data.get("provenance") is None
-            else Provenance.from_dict(data["provenance"], source),
-            lineage=_lineage_from_json(data.get("lineage"), source),
+            metrics=metrics or None,
+            provenance=provenance,
+            lineage=lineage,
         )
 
     def describes(self, name: str) -> bool:
         """Whether this record's name, family and step are those of file ``name``."""
         head = f"{self.family}-{self.step}."
         return name == self.name and name.startswith(head) and "/" not in name
-
-
-def _legacy_step(data: dict, key: str, value: int) -> bool:
-    """Whether ``value`` is a step above ``MAX_INT`` a version 1 record holds.
-
-    dp-ckpt-plugin 0.1 and 0.2 bounded no step; what they wrote is still read.
-    """
-    return key == "step" and data.get("format_version") == 1 and value > MAX_INT
 
 
 _FIELDS = {
@@ -257,11 +250,13 @@ _FIELDS = {
 }
 
 
-def _v1_digest(value: object, source: Path) -> str:
+def _to_dict(value: Provenance | Lineage) -> dict:
+    return value.to_dict()
+
+
+def _v1_digest(value: object, bad: Callable[[str], Exception]) -> str:
     if type(value) is not str or not re.fullmatch(r"[0-9a-f]{64}", value):
-        raise InvalidRecordError(
-            f"commit record {source}: sha256 is not 64 hex digits, got {shorten(value)}"
-        )
+        raise bad(f"sha256 is not 64 hex digits, got {shorten(value)}")
     return f"sha256:{value}"
 
 
@@ -298,6 +293,25 @@ def load_json(text: str, source: object, what: str) -> object:
         ) from None
 
 
+def read_text(
+    path: Path, most: int, what: str, storage: Storage | None = None
+) -> str | None:
+    """The text of a small file (at most ``most`` bytes), or ``None`` when absent.
+
+    Raises
+    ------
+    InvalidRecordError
+        Naming ``what``, when it is unreadable or not UTF-8.
+    """
+    try:
+        data = (storage or default_storage()).read_small(path, most)
+        return None if data is None else data.decode("utf-8")
+    except UnreadableFileError as exc:
+        raise InvalidRecordError(f"{what} {exc}") from None
+    except UnicodeDecodeError:
+        raise InvalidRecordError(f"{what} {path} is not UTF-8 text") from None
+
+
 def record_path(checkpoint: Path) -> Path:
     """Return where the commit record of ``checkpoint`` lives."""
     return checkpoint.parent / record_name(checkpoint.name)
@@ -326,11 +340,8 @@ def make_record(
     reported with it.
     """
     if payload is not None:
-        view = memoryview(payload.data)
-        try:
+        with memoryview(payload.data) as view:
             digest, size = digest_of_view(view, DEFAULT_ALGORITHM), payload.size
-        finally:
-            view.release()
     else:
         found = storage.entry(checkpoint)
         if found is None:
@@ -430,17 +441,10 @@ def read_record(
         file it sits beside): the checkpoint is then not committed.
     """
     path = record_path(checkpoint)
-    storage = storage or default_storage()
-    try:
-        data = storage.read_small(path, MAX_RECORD_BYTES)
-        if data is None:
-            return None
-        text = data.decode("utf-8")
-    except UnreadableFileError as exc:
-        raise InvalidRecordError(f"commit record {exc}") from None
-    except UnicodeDecodeError:
-        raise InvalidRecordError(f"commit record {path} is not UTF-8 text") from None
-    return parse_record(text, source=path, name=checkpoint.name)
+    text = read_text(path, MAX_RECORD_BYTES, "commit record", storage)
+    return (
+        None if text is None else parse_record(text, source=path, name=checkpoint.name)
+    )
 
 
 def parse_record(text: str, *, source, name: str) -> CommitRecord:
@@ -495,11 +499,8 @@ def verify(
             )
         _check_size(checkpoint, found.size, record)
         if digest:
-            _check_digest_of(
-                checkpoint,
-                record,
-                lambda algorithm: digest_of(checkpoint, algorithm, storage=storage),
-            )
+            hashed = partial(digest_of, checkpoint, storage=storage)
+            _check_digest_of(checkpoint, record, hashed)
     except UnreadableFileError as exc:
         raise CorruptCheckpointError(f"checkpoint {exc}") from None
 
@@ -517,13 +518,8 @@ def check_payload(payload: PayloadBytes, record: CommitRecord, *, digest: bool) 
     """
     _check_size(payload.path, payload.size, record)
     if digest:
-        view = memoryview(payload.data)
-        try:
-            _check_digest_of(
-                payload.path, record, lambda algorithm: digest_of_view(view, algorithm)
-            )
-        finally:
-            view.release()
+        with memoryview(payload.data) as view:
+            _check_digest_of(payload.path, record, partial(digest_of_view, view))
 
 
 def _check_size(checkpoint: Path, size: int, record: CommitRecord) -> None:
@@ -534,7 +530,9 @@ def _check_size(checkpoint: Path, size: int, record: CommitRecord) -> None:
         )
 
 
-def _check_digest_of(checkpoint: Path, record: CommitRecord, digest_with) -> None:
+def _check_digest_of(
+    checkpoint: Path, record: CommitRecord, digest_with: Callable[[str], str]
+) -> None:
     """Compare ``digest_with(algorithm)`` with the record's digest (or the one it replaces)."""
     allowed = {record.digest}
     if record.replaces is not None:
@@ -600,37 +598,18 @@ def check_metrics(
     return checked or None
 
 
-def _metrics_from_json(value: object, source: Path) -> dict[str, float | None] | None:
-    """Read the ``metrics`` of a record strictly (absent: ``None``)."""
-    if value is None:
+def _metrics_from_json(value: object) -> dict[str, float | None] | None:
+    """The ``metrics`` of a record, read strictly; ``None`` when malformed."""
+    if type(value) is not dict or len(value) > MAX_METRICS:
         return None
-    if (
-        type(value) is not dict
-        or len(value) > MAX_METRICS
-        or not all(
-            is_text(k)
-            and (
-                v is None
-                or (type(v) is float and math.isfinite(v))
-                or is_int(v, low=-MAX_INT)
-            )
-            for k, v in value.items()
+    if not all(
+        is_text(k)
+        and (
+            v is None
+            or (type(v) is float and math.isfinite(v))
+            or is_int(v, low=-MAX_INT)
         )
+        for k, v in value.items()
     ):
-        raise InvalidRecordError(
-            f"commit record {source}: 'metrics' must map names to finite numbers or null"
-        )
-    return {k: None if v is None else float(v) for k, v in value.items()} or None
-
-
-def _lineage_from_json(value: object, source: Path) -> Lineage | None:
-    """Read the ``lineage`` of a record strictly (absent: ``None``)."""
-    if value is None:
         return None
-    lineage = Lineage.parse(value)
-    if lineage is None:
-        raise InvalidRecordError(
-            f"commit record {source}: 'lineage' must hold an epoch and at most "
-            f"{MAX_LINEAGE} [epoch, step, digest] links"
-        )
-    return lineage
+    return {k: None if v is None else float(v) for k, v in value.items()}

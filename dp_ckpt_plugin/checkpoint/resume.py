@@ -51,14 +51,10 @@ class ResumeState:
         path = self.origin = Path(path)
         directory, storage = place.directory, place.storage
         if storage.real(path.parent) == storage.real(directory):
-            self.note(directory / path.name, families, continues=continues)
+            self.start, self.continues = directory / path.name, continues
             self._record = record
-
-    def note(self, path: Path, families: Iterable[Family], *, continues: bool) -> None:
-        """The run starts from ``path`` (a checkpoint of the store)."""
-        self.start, self.continues, self._record = path, continues, None
-        self._protected.clear()
-        self.apply(families)
+            self._protected.clear()
+            self.apply(families)
 
     def apply(self, families: Iterable[Family]) -> None:
         """Protect the start in whichever of ``families`` it belongs to."""

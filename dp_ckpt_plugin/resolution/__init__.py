@@ -392,18 +392,15 @@ def admit(found: Resolved, ctx: ResolveContext) -> Resolved:
             note = unrecorded_note(path)
             if note not in warnings:
                 warnings.append(note)
-    return Resolved(
-        checkpoint,
-        checked,
-        found.how,
-        warnings,
-        list(found.moved_aside),
-        found.rule,
-        found.via or via,
-        found.fell_back,
-        found.source,
-        payload,
-        carried,
+    return dataclasses.replace(
+        found,
+        checkpoint=checkpoint,
+        checked=checked,
+        warnings=warnings,
+        moved_aside=list(found.moved_aside),
+        via=found.via or via,
+        payload=payload,
+        carried=carried,
     )
 
 

@@ -44,15 +44,11 @@ def on_resolve_restart(spec, context):
     """Answer ``best`` and ``best:<directory>``; leave anything else."""
     if context is None or not isinstance(spec, str):
         return None
-    if spec == SPEC:
-        directory = context.store_dir or context.cwd
-    elif spec.startswith(f"{SPEC}:") and spec[len(SPEC) + 1 :].strip():
-        directory = Path(spec[len(SPEC) + 1 :])
-    else:
+    head, colon, rest = spec.partition(":")
+    if head != SPEC or (colon and not rest.strip()):
         return None
-    if not directory.is_absolute():
-        directory = context.cwd / directory
-    return resolve_best(directory, context, spec=spec)
+    directory = Path(rest) if colon else context.store_dir or context.cwd
+    return resolve_best(context.cwd / directory, context, spec=spec)
 
 
 def ranked_family(

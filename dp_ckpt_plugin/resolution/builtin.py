@@ -79,30 +79,26 @@ def _dispatch(search: _Search, spec: str, ctx: ResolveContext) -> Resolved | Non
     storage = ctx.storage
     if spec == "latest":
         if ctx.store_dir is not None:
-            store = _absolute(ctx.store_dir, ctx.cwd)
+            store = ctx.cwd / ctx.store_dir
             found = search.directory(store)
             for pointer in ctx.fallback_pointers:
                 if found is not None:
                     break
-                if _absolute(pointer, ctx.cwd) != store / fam.pointer:
+                if ctx.cwd / pointer != store / fam.pointer:
                     # a store written without records, its pointer elsewhere
-                    found = search.pointer(_absolute(pointer, ctx.cwd), [store])
+                    found = search.pointer(ctx.cwd / pointer, [store])
             if found is None:
                 search.note_archives(store)
             return found
         found = search.pointer(ctx.cwd / fam.pointer, [ctx.cwd])
         if found is None:
-            prefix = _absolute(ctx.prefix_path or Path(fam.prefix), ctx.cwd)
+            prefix = ctx.cwd / (ctx.prefix_path or Path(fam.prefix))
             found = search.alias(prefix.parent / fam.alias, [ctx.cwd, prefix.parent])
         return found
-    path = _absolute(Path(spec), ctx.cwd)
+    path = ctx.cwd / spec
     entry = entry_or_none(path, follow=True, storage=storage)
     if entry is not None and entry.is_dir:
-        extra = (
-            [_absolute(ctx.store_dir, ctx.cwd)]
-            if ctx.store_dir and path == ctx.cwd
-            else []
-        )
+        extra = [ctx.cwd / ctx.store_dir] if ctx.store_dir and path == ctx.cwd else []
         return search.directory(path, extra_roots=extra)
     if entry is not None and entry.is_file and _is_pointer(path, ctx):
         # a pointer named itself: what it names, else its directory's latest
@@ -182,7 +178,7 @@ class _Search:
         """
         spec = str(self.spec).rstrip("/")
         head, slash, tail = spec.rpartition("/")
-        parent = _absolute(Path(head + slash or "."), self.ctx.cwd)
+        parent = self.ctx.cwd / (head + slash or ".")
         if not tail or entry_or_none(parent / tail, storage=self.storage) is not None:
             return None
         words = [] if slash else ["latest", "best"]
@@ -334,9 +330,7 @@ class _Search:
         except UnreadableFileError as exc:
             self.warnings.append(f"ignored: {exc}")
             return None
-        for candidate in candidates:
-            if candidate.path in self.bad:
-                continue
+        for candidate in candidates:  # accept passes over one found corrupt already
             found = self.accept(
                 candidate.path,
                 f"newest committed checkpoint in {directory}",
@@ -399,10 +393,6 @@ def _provably_committed(path: Path, storage: Storage) -> bool:
         and found.is_file
         and record.accepts(found.size)
     )
-
-
-def _absolute(path: Path, cwd: Path) -> Path:
-    return path if path.is_absolute() else cwd / path
 
 
 _STEP_NAME = re.compile(r"(.*-)([0-9]+)((?:\.[^.]*)?)")

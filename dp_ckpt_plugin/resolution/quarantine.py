@@ -10,6 +10,7 @@ reported and left where it is (rule 31).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from pathlib import Path
@@ -48,18 +49,14 @@ def quarantine(path: Path, store: Path, *, storage: Storage) -> Path | None:
         if found is None:
             storage.make_dir(folder, durable=False)
         stamp = time.strftime("%Y%m%dT%H%M%S")
-        dest = folder / f"{path.name}.{stamp}"
-        n = 0
-        while (
-            storage.entry(dest) is not None
-            or storage.entry(Path(f"{dest}.commit.json")) is not None
-        ):
-            n += 1
-            dest = folder / f"{path.name}.{stamp}.{n}"
+        for n in itertools.count():
+            dest = folder / f"{path.name}.{stamp}{f'.{n}' if n else ''}"
+            record = Path(f"{dest}.commit.json")
+            if storage.entry(dest) is None and storage.entry(record) is None:
+                break
         storage.rename(path, dest)
-        rec = record_path(path)
-        if storage.entry(rec) is not None:
-            storage.rename(rec, folder / f"{dest.name}.commit.json")
+        if storage.entry(record_path(path)) is not None:
+            storage.rename(record_path(path), record)
     except (CheckpointWriteError, UnreadableFileError) as exc:
         log.warning("could not move corrupt %s aside: %s", path, exc)
         return None
@@ -72,8 +69,5 @@ def set_aside(
     """Quarantine a corrupt candidate when ``ctx`` allows; where it went, and the warning."""
     moved = None
     if ctx.quarantine and ctx.store_dir is not None:
-        store = (
-            ctx.store_dir if ctx.store_dir.is_absolute() else ctx.cwd / ctx.store_dir
-        )
-        moved = quarantine(path, store, storage=ctx.storage)
+        moved = quarantine(path, ctx.cwd / ctx.store_dir, storage=ctx.storage)
     return moved, f"{error}; moved aside to {moved}" if moved else str(error)

@@ -56,18 +56,6 @@ class Adoption:
     malformed: list[Path] = field(default_factory=list)
 
 
-def loads_with(
-    pm: pluggy.PluginManager | Hooks, format: str
-) -> Callable[[PayloadBytes], None]:
-    """A check that raises unless a file's bytes load through ``on_load_step`` of ``format``."""
-    hooks = Hooks.of(pm)
-
-    def check(payload: PayloadBytes) -> None:
-        hooks.load_step(format, payload.path, payload.reader())
-
-    return check
-
-
 def why_not(exc: BaseException, path: Path | None = None) -> str:
     """Why a file does not load, in one short line (its first sentence).
 
@@ -139,13 +127,16 @@ def adopt_directory(
     (:class:`~dp_ckpt_plugin.errors.StoreLockedError` if a run holds it).
     """
     storage = local_storage(directory)
+    hooks = Hooks.of(pm)
     with nullcontext() if dry_run else StoreLock(directory, storage=storage):
         return [
             adopt_family(
                 directory,
                 family,
                 fmt,
-                loads_with(pm, fmt),
+                lambda payload, fmt=fmt: hooks.load_step(
+                    fmt, payload.path, payload.reader()
+                ),
                 storage=storage,
                 durable=durable,
                 dry_run=dry_run,

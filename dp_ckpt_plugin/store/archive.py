@@ -24,6 +24,7 @@ built with ``max_archives`` at the start of each run, after archiving).
 from __future__ import annotations
 
 import calendar
+import itertools
 import logging
 import re
 import time
@@ -100,12 +101,10 @@ def new_archive_folder(
     if found is None:
         storage.make_dir(root, durable=durable)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    n = 0
-    while True:
+    for n in itertools.count():
         dest = root / (stamp if n == 0 else f"{stamp}-{n}")
         if storage.make_dir(dest, durable=durable):
             return dest
-        n += 1
 
 
 def archive_earlier_run(
@@ -203,19 +202,16 @@ def archive_folders(directory: Path, *, storage: Storage) -> list[ArchiveFolder]
         path = root / name
         listed = _listed(path, storage)
         entry = storage.entry(path)
-        folders.append(
-            ArchiveFolder(
-                name,
-                path,
-                _created(name, entry.mtime_ns if entry else 0),
-                sum(size for _, size in listed.values()),
-                sorted(
-                    n
-                    for n, (kind, _) in listed.items()
-                    if kind == "file" and record_name(n) in listed
-                ),
-            )
+        stamp = _FOLDER_NAME.fullmatch(name)
+        created = (
+            calendar.timegm(time.strptime(stamp[1], "%Y%m%dT%H%M%SZ"))
+            if stamp
+            else (entry.mtime_ns if entry else 0) / 1e9
         )
+        files = [n for n, (kind, _) in listed.items() if kind == "file"]
+        size = sum(size for _, size in listed.values())
+        payloads = sorted(n for n in files if record_name(n) in listed)
+        folders.append(ArchiveFolder(name, path, float(created), size, payloads))
     return sorted(folders, key=lambda f: (f.created, _order(f.name)))
 
 
@@ -305,13 +301,6 @@ def _listed(folder: Path, storage: Storage) -> dict[str, tuple[str, int]]:
         entry = storage.entry(folder / name)
         found[name] = (kind, entry.size if entry is not None and kind == "file" else 0)
     return found
-
-
-def _created(name: str, mtime_ns: int) -> float:
-    found = _FOLDER_NAME.fullmatch(name)
-    if found:
-        return float(calendar.timegm(time.strptime(found[1], "%Y%m%dT%H%M%SZ")))
-    return mtime_ns / 1e9
 
 
 def _order(name: str) -> int:

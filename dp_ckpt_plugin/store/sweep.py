@@ -56,12 +56,9 @@ def sweep(
         if target is not None and _ours(target, families):
             remove_leftover(directory / name, entries[name], removed, storage)
             continue
-        checkpoint = record_target(name)
-        if (
-            checkpoint is not None
-            and _numbered(checkpoint, families)
-            and checkpoint not in entries
-        ) and not _follow_into_archive(directory, checkpoint, storage):
+        checkpoint = record_target(name) or ""  # "": not a record
+        orphan = _numbered(checkpoint, families) and checkpoint not in entries
+        if orphan and not _follow_into_archive(directory, checkpoint, storage):
             remove_counted(directory / name, removed, storage)
     for mirror in mirrors:
         if mirror.parent == directory:
