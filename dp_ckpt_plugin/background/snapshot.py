@@ -46,6 +46,15 @@ log = logging.getLogger("dp_ckpt_plugin")
 _IMMUTABLE = (type(None), bool, int, float, complex, str, bytes)
 #: The ways a background save copies a CUDA tensor (see the module).
 CUDA_COPIES = ("device", "pinned")
+#: What the first snapshot holding a CUDA tensor logs, by way (the MiB it costs).
+_SAID = {
+    "device": "background saves copy CUDA tensors on the device: %.1f MiB of GPU "
+    "memory while a save is in flight (DP_CKPT_CUDA_COPY=pinned copies "
+    "into pinned host memory instead)",
+    "pinned": "background saves copy CUDA tensors into %.1f MiB of pinned host "
+    "memory on a side stream: no GPU memory "
+    "(DP_CKPT_CUDA_COPY=device copies on the device instead)",
+}
 
 
 def cuda_copy_way(asked: str | None = None) -> str:
@@ -163,21 +172,9 @@ class Snapshotter:
         self.copies.wait()
 
     def _say(self) -> None:
-        mib = 1 << 20
-        if self.cuda_copy == "pinned":
-            log.info(
-                "background saves copy CUDA tensors into %.1f MiB of pinned host "
-                "memory on a side stream: no GPU memory "
-                "(DP_CKPT_CUDA_COPY=device copies on the device instead)",
-                self._pinned_bytes / mib,
-            )
-        else:
-            log.info(
-                "background saves copy CUDA tensors on the device: %.1f MiB of GPU "
-                "memory while a save is in flight (DP_CKPT_CUDA_COPY=pinned copies "
-                "into pinned host memory instead)",
-                self._device_bytes / mib,
-            )
+        pinned = self.cuda_copy == "pinned"
+        mib = (self._pinned_bytes if pinned else self._device_bytes) / (1 << 20)
+        log.info(_SAID[self.cuda_copy], mib)
 
     def _copy(self, value: Any, path: str, seen: set[str]) -> Any:
         kind = type(value)
@@ -211,9 +208,7 @@ class Snapshotter:
             buffer = self._same_device(source, path)
             if self.copies.handles(source):
                 self._device_bytes += _nbytes(source)
-        if type(value) is not type(source):  # a Parameter stays a Parameter
-            return type(value)(buffer, requires_grad=value.requires_grad)
-        return buffer
+        return _as_given(value, source, buffer)
 
     def _pinnable(self, source: Any) -> bool:
         return (
@@ -227,10 +222,7 @@ class Snapshotter:
         if (
             buffer is None
             or path in self._layouts
-            or buffer.shape != source.shape
-            or buffer.dtype != source.dtype
-            or buffer.device != source.device
-            or buffer.layout != source.layout
+            or _layout(buffer) != _layout(source)
             or not source.is_contiguous()
         ):
             buffer = source.clone()
@@ -265,6 +257,17 @@ class Snapshotter:
         else:
             np.copyto(buffer, value)
         return buffer
+
+
+def _as_given(value: Any, source: Any, buffer: Any) -> Any:
+    """``buffer`` as what ``value`` was: a Parameter stays a Parameter."""
+    if type(value) is not type(source):
+        return type(value)(buffer, requires_grad=value.requires_grad)
+    return buffer
+
+
+def _layout(tensor: Any) -> tuple:
+    return (tensor.shape, tensor.dtype, tensor.device, tensor.layout)
 
 
 def _nbytes(tensor: Any) -> int:
