@@ -107,24 +107,16 @@ class WriterProcess:
                 "from dp_ckpt_plugin.background.child import main; "
                 "sys.exit(main(sys.argv[1:]))"
             )
+            passed = (theirs.fileno(), their_fds.fileno())
+            argv = [sys.executable, "-c", code, *map(str, passed), str(self.root)]
             try:
                 self._proc = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-c",
-                        code,
-                        str(theirs.fileno()),
-                        str(their_fds.fileno()),
-                        str(self.root),
-                        self.format,
-                    ],
-                    pass_fds=(theirs.fileno(), their_fds.fileno()),
-                    stdin=subprocess.DEVNULL,
+                    [*argv, self.format], pass_fds=passed, stdin=subprocess.DEVNULL
                 )
             finally:
                 theirs.close()
                 their_fds.close()
-            self._sent: set[int] = set()
+            self._sent = set()
             self._conn = Connection(messages.detach())
             self._fds = fds
 
