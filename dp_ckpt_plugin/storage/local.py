@@ -251,28 +251,10 @@ class LocalStorage:
             When it is not a regular file, is larger than ``limit``, or
             cannot be read.
         """
-        found = self.entry(path)
-        if found is None:
+        fd = self._open_file(path, _NOFOLLOW, follow=False, limit=limit)
+        if fd is None:
             return None
-        if not found.is_file:
-            raise UnreadableFileError(path, f"is {_A_KIND[found.kind]}, not a file")
-        if found.size > limit:
-            raise UnreadableFileError(
-                path, f"holds {found.size} bytes, more than the {limit} it may"
-            )
         try:
-            fd = self._sys_open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise _unreadable(path, "read", exc) from None
-        try:
-            now = os.fstat(fd)
-            if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (
-                found.dev,
-                found.ino,
-            ):
-                raise UnreadableFileError(path, "changed while it was opened")
             chunks, size = [], 0
             while size <= limit:
                 chunk = os.read(fd, limit + 1 - size)
@@ -289,6 +271,38 @@ class LocalStorage:
         self.count("small_read")
         self.count("small_bytes", size)
         return b"".join(chunks)
+
+    def _open_file(
+        self, path: Path, flags: int, *, follow: bool, limit: int | None = None
+    ) -> int | None:
+        """Open the regular file at ``path`` to read; ``None`` when it is absent.
+
+        Raises :class:`UnreadableFileError` when it is no regular file (or
+        holds more than ``limit`` bytes), cannot be opened, or is another
+        file once opened (``follow``: no longer a regular file).
+        """
+        found = self.entry(path, follow=follow)
+        if found is None:
+            return None
+        if not found.is_file:
+            raise UnreadableFileError(path, f"is {_A_KIND[found.kind]}, not a file")
+        if limit is not None and found.size > limit:
+            raise UnreadableFileError(
+                path, f"holds {found.size} bytes, more than the {limit} it may"
+            )
+        try:
+            fd = self._sys_open(path, os.O_RDONLY | flags | _NONBLOCK | _CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise _unreadable(path, "read", exc) from None
+        now = os.fstat(fd)
+        if not stat.S_ISREG(now.st_mode) or (
+            not follow and (now.st_dev, now.st_ino) != (found.dev, found.ino)
+        ):
+            os.close(fd)
+            raise UnreadableFileError(path, "changed while it was opened")
+        return fd
 
     def link_target(self, path: Path) -> str | None:
         """A symbolic link's target as written, or ``None`` if it is no link."""
@@ -311,23 +325,11 @@ class LocalStorage:
         UnreadableFileError
             When it is not a regular file or cannot be opened.
         """
-        found = self.entry(path, follow=True)
-        if found is None:
+        fd = self._open_file(path, 0, follow=True)
+        if fd is None:
             raise FileNotFoundError(
                 errno.ENOENT, "No such file or directory", str(path)
             )
-        if not found.is_file:
-            raise UnreadableFileError(path, f"is {_A_KIND[found.kind]}, not a file")
-        try:
-            fd = self._sys_open(path, os.O_RDONLY | _NONBLOCK | _CLOEXEC)
-        except FileNotFoundError:
-            raise
-        except OSError as exc:
-            raise _unreadable(path, "read", exc) from None
-        now = os.fstat(fd)
-        if not stat.S_ISREG(now.st_mode):
-            os.close(fd)
-            raise UnreadableFileError(path, "changed while it was opened")
         os.set_blocking(fd, True)
         self.count("payload_open")
         return os.fdopen(fd, "rb")
