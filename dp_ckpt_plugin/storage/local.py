@@ -53,6 +53,8 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+#: A new file: never an existing one, never through a link.
+_NEW = os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
 #: Times a lock whose file vanished under it is tried again before giving up.
 _LOCK_ATTEMPTS = 5
 _KINDS = (
@@ -397,12 +399,6 @@ class LocalStorage:
         return os.access(directory, os.W_OK | os.X_OK)
 
     # -- writing -----------------------------------------------------------------
-    def _create(self, path: Path) -> int:
-        """Create ``path`` new (never an existing file, never through a link)."""
-        return self._sys_open(
-            path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o644
-        )
-
     def write_temp(
         self, path: Path, writer: Callable[[BinaryIO], object], *, durable: bool
     ) -> Path:
@@ -479,7 +475,7 @@ class LocalStorage:
         found = None
         named = None
         try:
-            fd = self._create(tmp)
+            fd = self._sys_open(tmp, _NEW)
             with os.fdopen(fd, "w+b") as handle:
                 step = "write"
                 wrapped = self._wrap_handle(handle, tmp)
@@ -682,22 +678,20 @@ class LocalStorage:
                 new == self.root or new in self.root.parents
             ):
                 self._check(new, "create the directory")
-            try:
-                self._sys_mkdir(new)
-            except FileExistsError:
-                if not (self.entry(new, follow=True) or Entry("", 0, 0, 0, 0)).is_dir:
-                    raise CheckpointWriteError(
-                        f"could not create directory {new}: it exists and is not one"
-                    ) from None
-                continue
-            except OSError as exc:
-                raise _fail("create the directory", new, exc) from exc
-            if durable:
-                self.sync_dir(new.parent, holding=[new])
+            if (
+                not self._mkdir(new, durable=durable)
+                and not (self.entry(new, follow=True) or Entry("", 0, 0, 0, 0)).is_dir
+            ):
+                raise CheckpointWriteError(
+                    f"could not create directory {new}: it exists and is not one"
+                )
 
     def make_dir(self, path: Path, *, durable: bool) -> bool:
         """Create one new directory; ``False`` if the name is taken."""
         self._check(path, "create the directory")
+        return self._mkdir(path, durable=durable)
+
+    def _mkdir(self, path: Path, *, durable: bool) -> bool:
         try:
             self._sys_mkdir(path)
         except FileExistsError:
