@@ -35,8 +35,9 @@ from multiprocessing.reduction import sendfds
 from pathlib import Path
 
 from ..errors import CheckpointWriteError, ConfigError
+from ..storage import Storage
 from ..storage.forks import in_child
-from ..storage.temp import temp_pid, temp_target
+from ..storage.temp import remove_leftover, temp_pid, temp_target
 
 #: Seconds :meth:`WriterProcess.close` waits for the process before killing it.
 CLOSE_TIMEOUT = 30.0
@@ -61,13 +62,13 @@ class WriterProcess:
     ----------
     root : Path
         The store directory; the process writes nowhere else.
-    storage : Storage, optional
+    storage : Storage
         The store's storage, to remove what a process that died left.
-    format : str, optional
+    format : str
         The store's format, one of :data:`FORMATS`.
     """
 
-    def __init__(self, root: Path, storage=None, format: str = "torch") -> None:
+    def __init__(self, root: Path, storage: Storage, format: str) -> None:
         self.root = root
         self.storage = storage
         self.format = format
@@ -182,10 +183,8 @@ class WriterProcess:
 
     def _remove_leftovers(self, path: Path, pid: int | None) -> None:
         """Remove the temporary file (and linking directory) a dead process left."""
-        if self.storage is None or pid is None:
+        if pid is None:
             return
-        from ..storage.temp import remove_leftover
-
         for name, kind in self.storage.names(path.parent):
             if temp_pid(name) == pid and temp_target(name) == path.name:
                 remove_leftover(path.parent / name, kind, [], self.storage)
