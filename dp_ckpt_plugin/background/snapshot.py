@@ -187,7 +187,7 @@ class Snapshotter:
             return out
         if kind in (list, tuple):
             return kind(self._copy(v, f"{path}/{i}", seen) for i, v in enumerate(value))
-        if _is_tensor(value):
+        if hasattr(value, "detach") and hasattr(value, "copy_"):  # a tensor
             seen.add(path)
             return self._tensor(value, path)
         if _is_ndarray(value):
@@ -202,20 +202,18 @@ class Snapshotter:
 
     def _tensor(self, value: Any, path: str) -> Any:
         source = value.detach()
-        if self.cuda_copy == "pinned" and self._pinnable(source):
+        if (
+            self.cuda_copy == "pinned"
+            and self.copies.handles(source)
+            and str(source.layout) == "torch.strided"
+            and not source.is_quantized
+        ):
             buffer = self._pinned(source, path)
         else:
             buffer = self._same_device(source, path)
             if self.copies.handles(source):
                 self._device_bytes += _nbytes(source)
         return _as_given(value, source, buffer)
-
-    def _pinnable(self, source: Any) -> bool:
-        return (
-            self.copies.handles(source)
-            and str(source.layout) == "torch.strided"
-            and not source.is_quantized
-        )
 
     def _same_device(self, source: Any, path: str) -> Any:
         buffer = self._buffers.get(path)
@@ -272,10 +270,6 @@ def _layout(tensor: Any) -> tuple:
 
 def _nbytes(tensor: Any) -> int:
     return tensor.numel() * tensor.element_size()
-
-
-def _is_tensor(value: Any) -> bool:
-    return hasattr(value, "detach") and hasattr(value, "copy_")
 
 
 def _is_ndarray(value: Any) -> bool:

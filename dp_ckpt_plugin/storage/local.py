@@ -76,16 +76,9 @@ _A_KIND = {
 }
 
 
-def kind_of(mode: int) -> str:
-    """The kind of a file from its ``st_mode``."""
-    for test, kind in _KINDS:
-        if test(mode):
-            return kind
-    return "other"
-
-
 def _entry(st: os.stat_result) -> Entry:
-    return Entry(kind_of(st.st_mode), st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino)
+    kind = next((kind for test, kind in _KINDS if test(st.st_mode)), "other")
+    return Entry(kind, st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino)
 
 
 def _unreadable(path: object, what: str, exc: OSError) -> UnreadableFileError:
