@@ -181,10 +181,8 @@ class Snapshotter:
         if kind in _IMMUTABLE:
             return value
         if kind in (dict, collections.OrderedDict):
-            out = kind()
-            for key, item in value.items():
-                out[key] = self._copy(item, f"{path}/{key!r}", seen)
-            return out
+            items = value.items()
+            return kind((k, self._copy(v, f"{path}/{k!r}", seen)) for k, v in items)
         if kind in (list, tuple):
             return kind(self._copy(v, f"{path}/{i}", seen) for i, v in enumerate(value))
         if hasattr(value, "detach") and hasattr(value, "copy_"):  # a tensor
