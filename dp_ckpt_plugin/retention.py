@@ -372,20 +372,17 @@ class AnyOf(RetentionPolicy):
 
     def to_dict(self) -> dict[str, Any] | None:
         """The merged keys of the parts, or ``None`` when two parts set one key."""
-        merged: dict[str, Any] = {"keep_last": None}
+        merged: dict[str, Any] = {}
         for policy in self.policies:
             part = policy_to_dict(policy)
             if part is None:
                 return None
-            window = part.pop("keep_last")
-            if window is not None:
-                if merged["keep_last"] is not None:
-                    return None
-                merged["keep_last"] = window
+            if part["keep_last"] is None:  # no window: says nothing of one
+                del part["keep_last"]
             if set(part) & set(merged):
                 return None
             merged.update(part)
-        return merged
+        return {"keep_last": None, **merged}
 
 
 # -- explaining -------------------------------------------------------------------
