@@ -165,7 +165,10 @@ class CheckpointManager:
                 url = remote_url(directory)
             except ValueError as exc:
                 raise ConfigError(f"{directory}: {exc}") from None
-            directory, remote = staged(url, format, staging)
+            from .remote.factory import open_remote
+
+            base = Path(os.path.abspath(staging)) if staging is not None else None
+            directory, remote = open_remote(url, format=format, staging_root=base)
         self.store = CheckpointStore(
             directory,
             remote=remote,
@@ -236,11 +239,3 @@ class CheckpointManager:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def staged(url: str, format: str, staging):
-    """The staging directory and the :class:`~dp_ckpt_plugin.remote.replica.RemoteStore` of ``url``."""
-    from .remote.factory import open_remote
-
-    base = Path(os.path.abspath(staging)) if staging is not None else None
-    return open_remote(url, format=format, staging_root=base)

@@ -309,10 +309,8 @@ class KeepBest(RetentionPolicy):
     def rank(self, candidates: Iterable[Sequence]) -> list:
         """The candidates that carry the metric, best first (ties: newer first)."""
         sign = 1.0 if self.mode == "min" else -1.0
-        scored = [(self.value(c), c) for c in candidates]
-        scored = [(v, c) for v, c in scored if v is not None]
-        scored.sort(key=lambda vc: (sign * vc[0], -vc[1][1]))
-        return [c for _, c in scored]
+        carrying = [c for c in candidates if self.value(c) is not None]
+        return sorted(carrying, key=lambda c: (sign * self.value(c), -c[1]))
 
     def keeps(self, candidates, protected):
         """The best ``count`` candidates carrying the metric."""
@@ -325,8 +323,7 @@ class KeepBest(RetentionPolicy):
         the best one, not the newest. ``None`` when none carries the metric
         (the newest is published then).
         """
-        ranked = self.rank(candidates)
-        return ranked[0] if ranked else None
+        return next(iter(self.rank(candidates)), None)
 
     def to_dict(self) -> dict[str, Any]:
         """The keys of :func:`policy_from_dict` that build this policy."""
@@ -359,14 +356,11 @@ class AnyOf(RetentionPolicy):
 
     def settles(self, step: int) -> bool:
         """Whether one of the policies keeps ``step`` for good."""
-        return any(getattr(p, "settles", lambda s: False)(step) for p in self.policies)
+        return any(p.settles(step) for p in self.policies)
 
     def keeps(self, candidates, protected):
         """The union of what each policy keeps."""
-        kept: set[str] = set()
-        for policy in self.policies:
-            kept |= policy.keeps(candidates, protected)
-        return kept
+        return set().union(*(p.keeps(candidates, protected) for p in self.policies))
 
     def explain(self, candidates, protected) -> dict[str, list[tuple[str, str]]]:
         """For each kept name, the ``(name, reason)`` of every part keeping it."""
@@ -378,20 +372,17 @@ class AnyOf(RetentionPolicy):
 
     def to_dict(self) -> dict[str, Any] | None:
         """The merged keys of the parts, or ``None`` when two parts set one key."""
-        merged: dict[str, Any] = {"keep_last": None}
+        merged: dict[str, Any] = {}
         for policy in self.policies:
             part = policy_to_dict(policy)
             if part is None:
                 return None
-            window = part.pop("keep_last")
-            if window is not None:
-                if merged["keep_last"] is not None:
-                    return None
-                merged["keep_last"] = window
+            if part["keep_last"] is None:  # no window: says nothing of one
+                del part["keep_last"]
             if set(part) & set(merged):
                 return None
             merged.update(part)
-        return merged
+        return {"keep_last": None, **merged}
 
 
 # -- explaining -------------------------------------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
+from itertools import accumulate
 
 #: Most characters :func:`shown` keeps of one value.
 MAX_SHOWN = 300
@@ -38,7 +39,10 @@ def scrub_url(text: str) -> str:
     return _HTTP_USER.sub(r"\1***@", _USERINFO.sub(r"\1***@", text))
 
 
-def _escaped(char: str) -> str:
+def _piece(char: str) -> str:
+    """``char`` itself if printable (or the space), else its Python escape."""
+    if char == " " or char.isprintable():
+        return char
     if char in _NAMED:
         return _NAMED[char]
     code = ord(char)
@@ -57,26 +61,14 @@ def shown(value: object, limit: int = MAX_SHOWN) -> str:
     longer than ``limit``.
     """
     text = scrub_url(value if isinstance(value, str) else str(value))
-    out: list[str] = []
-    size = 0
+    # a piece is one character or more: past limit + 1 characters, too long
+    pieces = list(map(_piece, text[: limit + 1]))
+    if len(text) <= limit and sum(map(len, pieces)) <= limit:
+        return "".join(pieces)
     room = limit - len(f"...({len(text)} more characters)")
-    for index, char in enumerate(text):
-        piece = char if char == " " or char.isprintable() else _escaped(char)
-        if size + len(piece) > room and _longer(text, index, limit - size):
-            return "".join(out) + f"...({len(text) - index} more characters)"
-        out.append(piece)
-        size += len(piece)
-    return "".join(out)
-
-
-def _longer(text: str, start: int, room: int) -> bool:
-    """Whether ``text[start:]``, escaped, takes more than ``room`` characters."""
-    size = 0
-    for char in text[start:]:
-        size += 1 if char == " " or char.isprintable() else len(_escaped(char))
-        if size > room:
-            return True
-    return False
+    ends = accumulate(map(len, pieces))
+    cut = next(index for index, end in enumerate(ends) if end > room)
+    return "".join(pieces[:cut]) + f"...({len(text) - cut} more characters)"
 
 
 class _OneLine(logging.Filter):

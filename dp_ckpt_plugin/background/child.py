@@ -24,6 +24,7 @@ import pickle
 import signal
 import socket
 import sys
+from functools import partial
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recvfds
 from pathlib import Path
@@ -81,12 +82,8 @@ def serve(conn: Connection, fds: socket.socket, root: Path) -> None:
         state = None
         try:
             state = _Unpickler(message["payload"], buffers).load()
-
-            def write(
-                handle, state=state, step=message["step"], name=message["format"]
-            ):
-                formats[name].on_save_step(name, step, state, handle)
-
+            name = message["format"]
+            write = partial(formats[name].on_save_step, name, message["step"], state)
             tmp, digest = storage.write_payload(
                 Path(message["path"]),
                 write,
@@ -95,12 +92,8 @@ def serve(conn: Connection, fds: socket.socket, root: Path) -> None:
             )
             answer = ("ok", str(tmp), digest)
         except BaseException as exc:  # every error goes back to the store
-            answer = (
-                "error",
-                type(exc).__name__,
-                str(exc),
-                getattr(exc, "errno", None),
-            )
+            code = getattr(exc, "errno", None)
+            answer = ("error", type(exc).__name__, str(exc), code)
         del state
         conn.send_bytes(pickle.dumps(answer))
 

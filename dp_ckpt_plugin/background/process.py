@@ -35,8 +35,9 @@ from multiprocessing.reduction import sendfds
 from pathlib import Path
 
 from ..errors import CheckpointWriteError, ConfigError
+from ..storage import Storage
 from ..storage.forks import in_child
-from ..storage.temp import temp_pid, temp_target
+from ..storage.temp import remove_leftover, temp_pid, temp_target
 
 #: Seconds :meth:`WriterProcess.close` waits for the process before killing it.
 CLOSE_TIMEOUT = 30.0
@@ -61,13 +62,13 @@ class WriterProcess:
     ----------
     root : Path
         The store directory; the process writes nowhere else.
-    storage : Storage, optional
+    storage : Storage
         The store's storage, to remove what a process that died left.
-    format : str, optional
+    format : str
         The store's format, one of :data:`FORMATS`.
     """
 
-    def __init__(self, root: Path, storage=None, format: str = "torch") -> None:
+    def __init__(self, root: Path, storage: Storage, format: str) -> None:
         self.root = root
         self.storage = storage
         self.format = format
@@ -107,24 +108,16 @@ class WriterProcess:
                 "from dp_ckpt_plugin.background.child import main; "
                 "sys.exit(main(sys.argv[1:]))"
             )
+            passed = (theirs.fileno(), their_fds.fileno())
+            argv = [sys.executable, "-c", code, *map(str, passed), str(self.root)]
             try:
                 self._proc = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-c",
-                        code,
-                        str(theirs.fileno()),
-                        str(their_fds.fileno()),
-                        str(self.root),
-                        self.format,
-                    ],
-                    pass_fds=(theirs.fileno(), their_fds.fileno()),
-                    stdin=subprocess.DEVNULL,
+                    [*argv, self.format], pass_fds=passed, stdin=subprocess.DEVNULL
                 )
             finally:
                 theirs.close()
                 their_fds.close()
-            self._sent: set[int] = set()
+            self._sent = set()
             self._conn = Connection(messages.detach())
             self._fds = fds
 
@@ -190,10 +183,8 @@ class WriterProcess:
 
     def _remove_leftovers(self, path: Path, pid: int | None) -> None:
         """Remove the temporary file (and linking directory) a dead process left."""
-        if self.storage is None or pid is None:
+        if pid is None:
             return
-        from ..storage.temp import remove_leftover
-
         for name, kind in self.storage.names(path.parent):
             if temp_pid(name) == pid and temp_target(name) == path.name:
                 remove_leftover(path.parent / name, kind, [], self.storage)

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..storage.forks import OwnedLock
 from .snapshot import Snapshotter
+
+if TYPE_CHECKING:
+    from .process import WriterProcess
 
 
 class BackgroundWriter:
@@ -35,25 +37,20 @@ class BackgroundWriter:
 
     Parameters
     ----------
-    process_root : Path, optional
-        With a store directory, payloads are snapshotted into shared memory
-        and written by a writer process confined to it
-        (:mod:`~dp_ckpt_plugin.background.process`); the worker thread then
-        only waits for it, and commits.
+    process : WriterProcess, optional
+        With a writer process, payloads are snapshotted into shared memory
+        and written by it (:mod:`~dp_ckpt_plugin.background.process`); the
+        worker thread then only waits for it, and commits.
     """
 
-    def __init__(
-        self, process_root: Path | None = None, storage=None, format: str = "torch"
-    ) -> None:
-        self.process = None
-        if not process_root:
+    def __init__(self, process: WriterProcess | None = None) -> None:
+        self.process = process
+        if process is None:
             self.snapshots = Snapshotter()
         else:
-            from .process import WriterProcess
             from .shm import SharedSnapshotter
 
             self.snapshots = SharedSnapshotter()
-            self.process = WriterProcess(process_root, storage, format)
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future | None = None
         self._lock = OwnedLock("a store's background writer", reentrant=False)
@@ -61,12 +58,11 @@ class BackgroundWriter:
     @classmethod
     def for_store(cls, store, writer: str) -> BackgroundWriter:
         """The background writer of ``store``, a process or a thread as ``writer`` asks."""
-        from .process import uses_process
+        from .process import WriterProcess, uses_process
 
-        in_process = uses_process(writer, store.format.name, store.storage, store.hooks)
-        return cls(
-            store.directory if in_process else None, store.storage, store.format.name
-        )
+        if not uses_process(writer, store.format.name, store.storage, store.hooks):
+            return cls()
+        return cls(WriterProcess(store.directory, store.storage, store.format.name))
 
     def take(self, step: int, state: Any) -> Any:
         """A consistent copy of ``state``, or what the writer process writes."""

@@ -30,7 +30,7 @@ import os
 import pickle
 from typing import Any
 
-from .snapshot import Snapshotter
+from .snapshot import Snapshotter, _as_given, _is_ndarray, _nbytes
 
 
 class _Buffer:
@@ -93,24 +93,13 @@ class SharedSnapshotter(Snapshotter):
             or source.is_quantized
         ):
             return super()._tensor(value, path)
-        shared = self._shared.get(path)
-        nbytes = source.numel() * source.element_size()
-        if (
-            shared is None
-            or type(shared.tensor).__name__ == "ndarray"
-            or shared.tensor.shape != source.shape
-            or shared.tensor.dtype != source.dtype
-        ):
-            shared = self._fresh(path, nbytes, source.dtype, source.shape)
-        self._buffers[path] = shared.tensor
+        shared = self._share(path, source, _nbytes(source))
         if self.copies.handles(source):
             self._from_device(shared, source)
-            self._pinned_bytes += nbytes
+            self._pinned_bytes += _nbytes(source)
         else:
             shared.tensor.copy_(source)
-        out = shared.tensor
-        if type(value) is not type(source):  # a Parameter stays a Parameter
-            out = type(value)(out, requires_grad=value.requires_grad)
+        out = _as_given(value, source, shared.tensor)
         self._taken[id(out)] = shared
         return out
 
@@ -118,29 +107,30 @@ class SharedSnapshotter(Snapshotter):
         dtype = value.dtype
         if value.size == 0 or dtype.hasobject or dtype.itemsize == 0:
             return super()._array(value, path)
-        shared = self._shared.get(path)
-        if (
-            shared is None
-            or type(shared.tensor) is not type(value)
-            or shared.tensor.dtype != dtype
-            or shared.tensor.shape != value.shape
-        ):
-            shared = self._fresh(path, value.nbytes, dtype, value.shape)
-        self._buffers[path] = shared.tensor
+        shared = self._share(path, value, value.nbytes)
         import numpy as np
 
         np.copyto(shared.tensor, value)
         self._taken[id(shared.tensor)] = shared
         return shared.tensor
 
-    def _fresh(self, path: str, nbytes: int, dtype, shape) -> _Buffer:
-        """A new shared buffer for ``path``, in place of the one it had."""
-        old = self._shared.get(path)
-        if old is not None:
-            old.close()
-        self._next += 1
-        self._shared[path] = _Buffer(self._next, nbytes, dtype, shape)
-        return self._shared[path]
+    def _share(self, path: str, like: Any, nbytes: int) -> _Buffer:
+        """The shared buffer of ``path``: the one it had if that holds a
+        tensor (or array) of ``like``'s dtype and shape, else a new one."""
+        shared = self._shared.get(path)
+        if (
+            shared is None
+            or _is_ndarray(shared.tensor) != _is_ndarray(like)
+            or shared.tensor.dtype != like.dtype
+            or shared.tensor.shape != like.shape
+        ):
+            if shared is not None:
+                shared.close()
+            self._next += 1
+            shared = _Buffer(self._next, nbytes, like.dtype, like.shape)
+            self._shared[path] = shared
+        self._buffers[path] = shared.tensor
+        return shared
 
     def _from_device(self, shared: _Buffer, source: Any) -> None:
         """Queue the copy of a CUDA tensor into its host buffer on the side stream."""
@@ -168,7 +158,7 @@ class SharedSnapshotter(Snapshotter):
                 return None
             used[shared.ident] = shared.fd
             shape = tuple(shared.tensor.shape)
-            if type(shared.tensor).__name__ == "ndarray":
+            if _is_ndarray(shared.tensor):
                 dtype, kind, grad = shared.tensor.dtype.str, "ndarray", False
             else:
                 kind = "parameter" if type(obj) is not type(shared.tensor) else "tensor"

@@ -46,6 +46,15 @@ log = logging.getLogger("dp_ckpt_plugin")
 _IMMUTABLE = (type(None), bool, int, float, complex, str, bytes)
 #: The ways a background save copies a CUDA tensor (see the module).
 CUDA_COPIES = ("device", "pinned")
+#: What the first snapshot holding a CUDA tensor logs, by way (the MiB it costs).
+_SAID = {
+    "device": "background saves copy CUDA tensors on the device: %.1f MiB of GPU "
+    "memory while a save is in flight (DP_CKPT_CUDA_COPY=pinned copies "
+    "into pinned host memory instead)",
+    "pinned": "background saves copy CUDA tensors into %.1f MiB of pinned host "
+    "memory on a side stream: no GPU memory "
+    "(DP_CKPT_CUDA_COPY=device copies on the device instead)",
+}
 
 
 def cuda_copy_way(asked: str | None = None) -> str:
@@ -163,34 +172,20 @@ class Snapshotter:
         self.copies.wait()
 
     def _say(self) -> None:
-        mib = 1 << 20
-        if self.cuda_copy == "pinned":
-            log.info(
-                "background saves copy CUDA tensors into %.1f MiB of pinned host "
-                "memory on a side stream: no GPU memory "
-                "(DP_CKPT_CUDA_COPY=device copies on the device instead)",
-                self._pinned_bytes / mib,
-            )
-        else:
-            log.info(
-                "background saves copy CUDA tensors on the device: %.1f MiB of GPU "
-                "memory while a save is in flight (DP_CKPT_CUDA_COPY=pinned copies "
-                "into pinned host memory instead)",
-                self._device_bytes / mib,
-            )
+        pinned = self.cuda_copy == "pinned"
+        mib = (self._pinned_bytes if pinned else self._device_bytes) / (1 << 20)
+        log.info(_SAID[self.cuda_copy], mib)
 
     def _copy(self, value: Any, path: str, seen: set[str]) -> Any:
         kind = type(value)
         if kind in _IMMUTABLE:
             return value
         if kind in (dict, collections.OrderedDict):
-            out = kind()
-            for key, item in value.items():
-                out[key] = self._copy(item, f"{path}/{key!r}", seen)
-            return out
+            items = value.items()
+            return kind((k, self._copy(v, f"{path}/{k!r}", seen)) for k, v in items)
         if kind in (list, tuple):
             return kind(self._copy(v, f"{path}/{i}", seen) for i, v in enumerate(value))
-        if _is_tensor(value):
+        if hasattr(value, "detach") and hasattr(value, "copy_"):  # a tensor
             seen.add(path)
             return self._tensor(value, path)
         if _is_ndarray(value):
@@ -205,32 +200,25 @@ class Snapshotter:
 
     def _tensor(self, value: Any, path: str) -> Any:
         source = value.detach()
-        if self.cuda_copy == "pinned" and self._pinnable(source):
+        if (
+            self.cuda_copy == "pinned"
+            and self.copies.handles(source)
+            and str(source.layout) == "torch.strided"
+            and not source.is_quantized
+        ):
             buffer = self._pinned(source, path)
         else:
             buffer = self._same_device(source, path)
             if self.copies.handles(source):
                 self._device_bytes += _nbytes(source)
-        if type(value) is not type(source):  # a Parameter stays a Parameter
-            return type(value)(buffer, requires_grad=value.requires_grad)
-        return buffer
-
-    def _pinnable(self, source: Any) -> bool:
-        return (
-            self.copies.handles(source)
-            and str(source.layout) == "torch.strided"
-            and not source.is_quantized
-        )
+        return _as_given(value, source, buffer)
 
     def _same_device(self, source: Any, path: str) -> Any:
         buffer = self._buffers.get(path)
         if (
             buffer is None
             or path in self._layouts
-            or buffer.shape != source.shape
-            or buffer.dtype != source.dtype
-            or buffer.device != source.device
-            or buffer.layout != source.layout
+            or _layout(buffer) != _layout(source)
             or not source.is_contiguous()
         ):
             buffer = source.clone()
@@ -267,12 +255,19 @@ class Snapshotter:
         return buffer
 
 
+def _as_given(value: Any, source: Any, buffer: Any) -> Any:
+    """``buffer`` as what ``value`` was: a Parameter stays a Parameter."""
+    if type(value) is not type(source):
+        return type(value)(buffer, requires_grad=value.requires_grad)
+    return buffer
+
+
+def _layout(tensor: Any) -> tuple:
+    return (tensor.shape, tensor.dtype, tensor.device, tensor.layout)
+
+
 def _nbytes(tensor: Any) -> int:
     return tensor.numel() * tensor.element_size()
-
-
-def _is_tensor(value: Any) -> bool:
-    return hasattr(value, "detach") and hasattr(value, "copy_")
 
 
 def _is_ndarray(value: Any) -> bool:

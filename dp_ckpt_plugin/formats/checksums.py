@@ -67,19 +67,18 @@ class Carried:
 
     def describe(self) -> str:
         """What was checked, in words (said after "no commit record;")."""
-        if self.kind == "zip":
-            return f"the CRC32 of all {self.parts} members of its zip archive match"
-        if self.kind == "hdf5":
-            return (
-                f"HDF5 read all {self.parts} datasets back, {self.checksummed} "
-                "with a fletcher32 checksum, which matches"
-            )
-        if self.kind == "pickle":
-            return "a legacy torch pickle carries no checksum, so it is not verified"
-        return (
-            "not a zip archive, an HDF5 file nor a torch pickle: it carries no "
-            "checksum known here, so it is not verified"
-        )
+        return _SAID.get(self.kind, _SAID["unknown"]).format(self)
+
+
+#: What :meth:`Carried.describe` says, by kind.
+_SAID = {
+    "zip": "the CRC32 of all {0.parts} members of its zip archive match",
+    "hdf5": "HDF5 read all {0.parts} datasets back, {0.checksummed} "
+    "with a fletcher32 checksum, which matches",
+    "pickle": "a legacy torch pickle carries no checksum, so it is not verified",
+    "unknown": "not a zip archive, an HDF5 file nor a torch pickle: it carries no "
+    "checksum known here, so it is not verified",
+}
 
 
 def check_carried(payload: PayloadBytes) -> Carried:

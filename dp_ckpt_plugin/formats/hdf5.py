@@ -187,32 +187,35 @@ def _member(key: str) -> str:
 
 
 def _read_group(group, v1: bool = False) -> Any:
-    """A group of either layout (``v1``: the first one)."""
-    read = _read_node_v1 if v1 else _read_node
+    """A group of either layout (``v1``: the first one, of dp-ckpt-plugin 0.1)."""
     kind = group.attrs.get(_KIND, "dict")
     if kind == "none":
         return None
     if kind in ("list", "tuple"):
-        items = [read(group[str(i)]) for i in range(int(group.attrs["length"]))]
+        length = int(group.attrs["length"])
+        items = [_read_node(group[str(i)], v1) for i in range(length)]
         return items if kind == "list" else tuple(items)
     if v1:
         keys = [k.decode("utf-8") for k in group[_ORDER][()]]
-        return {key: read(group[_safe_v1(key)]) for key in keys}
+        return {key: _read_node(group[_safe_v1(key)], v1) for key in keys}
     keys = json.loads(group[_ORDER][...].tobytes().decode("ascii"))
-    return {key: read(group[_member(key)]) for key in keys}
+    return {key: _read_node(group[_member(key)]) for key in keys}
 
 
-def _read_node(node) -> Any:
+def _read_node(node, v1: bool = False) -> Any:
     import h5py
     import numpy as np
 
     if isinstance(node, h5py.Group):
-        return _read_group(node)
+        return _read_group(node, v1)
     kind = node.attrs.get(_KIND, "ndarray")
     if kind == "ndarray":
         return node[...]
     if kind == "npscalar":
         return node[()]
+    if v1 and kind in ("str", "bytes"):  # the first layout: a scalar each
+        value = node[()]
+        return value.decode("utf-8") if kind == "str" else value.tobytes()
     if kind in ("rawarray", "rawscalar"):
         dtype = np.dtype(node.attrs[_DTYPE])
         shape = tuple(int(n) for n in node.attrs["shape"])
@@ -233,24 +236,6 @@ def _read_node(node) -> Any:
 
 
 # -- the first layout (dp-ckpt-plugin 0.1) ------------------------------------------
-
-
-def _read_node_v1(node) -> Any:
-    import h5py
-
-    if isinstance(node, h5py.Group):
-        return _read_group(node, v1=True)
-    kind = node.attrs.get(_KIND, "ndarray")
-    if kind == "ndarray":
-        return node[...]
-    value = node[()]
-    if kind == "npscalar":
-        return value
-    if kind == "str":
-        return value.decode("utf-8")
-    if kind == "bytes":
-        return value.tobytes()
-    return _PY_TYPES[kind](value)
 
 
 def _safe_v1(key: str) -> str:

@@ -206,17 +206,15 @@ def _allowing(torch, source: BinaryIO):
             add_safe_globals(missing)
             _ALLOWED["added"] += missing
             _ALLOWED["loads"] += 1
-    if not extra:
-        yield
-        return
     try:
         yield
     finally:
-        with _ALLOWED_LOCK:
-            _ALLOWED["loads"] -= 1
-            if _ALLOWED["loads"] == 0:
-                _remove(_ALLOWED["added"])
-                _ALLOWED["added"] = []
+        if extra:
+            with _ALLOWED_LOCK:
+                _ALLOWED["loads"] -= 1
+                if _ALLOWED["loads"] == 0:
+                    _remove(_ALLOWED["added"])
+                    _ALLOWED["added"] = []
 
 
 def _remove(added: list) -> None:

@@ -53,6 +53,8 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+#: A new file: never an existing one, never through a link.
+_NEW = os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
 #: Times a lock whose file vanished under it is tried again before giving up.
 _LOCK_ATTEMPTS = 5
 _KINDS = (
@@ -74,16 +76,9 @@ _A_KIND = {
 }
 
 
-def kind_of(mode: int) -> str:
-    """The kind of a file from its ``st_mode``."""
-    for test, kind in _KINDS:
-        if test(mode):
-            return kind
-    return "other"
-
-
 def _entry(st: os.stat_result) -> Entry:
-    return Entry(kind_of(st.st_mode), st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino)
+    kind = next((kind for test, kind in _KINDS if test(st.st_mode)), "other")
+    return Entry(kind, st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino)
 
 
 def _unreadable(path: object, what: str, exc: OSError) -> UnreadableFileError:
@@ -251,28 +246,10 @@ class LocalStorage:
             When it is not a regular file, is larger than ``limit``, or
             cannot be read.
         """
-        found = self.entry(path)
-        if found is None:
+        fd = self._open_file(path, _NOFOLLOW, follow=False, limit=limit)
+        if fd is None:
             return None
-        if not found.is_file:
-            raise UnreadableFileError(path, f"is {_A_KIND[found.kind]}, not a file")
-        if found.size > limit:
-            raise UnreadableFileError(
-                path, f"holds {found.size} bytes, more than the {limit} it may"
-            )
         try:
-            fd = self._sys_open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise _unreadable(path, "read", exc) from None
-        try:
-            now = os.fstat(fd)
-            if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (
-                found.dev,
-                found.ino,
-            ):
-                raise UnreadableFileError(path, "changed while it was opened")
             chunks, size = [], 0
             while size <= limit:
                 chunk = os.read(fd, limit + 1 - size)
@@ -289,6 +266,38 @@ class LocalStorage:
         self.count("small_read")
         self.count("small_bytes", size)
         return b"".join(chunks)
+
+    def _open_file(
+        self, path: Path, flags: int, *, follow: bool, limit: int | None = None
+    ) -> int | None:
+        """Open the regular file at ``path`` to read; ``None`` when it is absent.
+
+        Raises :class:`UnreadableFileError` when it is no regular file (or
+        holds more than ``limit`` bytes), cannot be opened, or is another
+        file once opened (``follow``: no longer a regular file).
+        """
+        found = self.entry(path, follow=follow)
+        if found is None:
+            return None
+        if not found.is_file:
+            raise UnreadableFileError(path, f"is {_A_KIND[found.kind]}, not a file")
+        if limit is not None and found.size > limit:
+            raise UnreadableFileError(
+                path, f"holds {found.size} bytes, more than the {limit} it may"
+            )
+        try:
+            fd = self._sys_open(path, os.O_RDONLY | flags | _NONBLOCK | _CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise _unreadable(path, "read", exc) from None
+        now = os.fstat(fd)
+        if not stat.S_ISREG(now.st_mode) or (
+            not follow and (now.st_dev, now.st_ino) != (found.dev, found.ino)
+        ):
+            os.close(fd)
+            raise UnreadableFileError(path, "changed while it was opened")
+        return fd
 
     def link_target(self, path: Path) -> str | None:
         """A symbolic link's target as written, or ``None`` if it is no link."""
@@ -311,23 +320,11 @@ class LocalStorage:
         UnreadableFileError
             When it is not a regular file or cannot be opened.
         """
-        found = self.entry(path, follow=True)
-        if found is None:
+        fd = self._open_file(path, 0, follow=True)
+        if fd is None:
             raise FileNotFoundError(
                 errno.ENOENT, "No such file or directory", str(path)
             )
-        if not found.is_file:
-            raise UnreadableFileError(path, f"is {_A_KIND[found.kind]}, not a file")
-        try:
-            fd = self._sys_open(path, os.O_RDONLY | _NONBLOCK | _CLOEXEC)
-        except FileNotFoundError:
-            raise
-        except OSError as exc:
-            raise _unreadable(path, "read", exc) from None
-        now = os.fstat(fd)
-        if not stat.S_ISREG(now.st_mode):
-            os.close(fd)
-            raise UnreadableFileError(path, "changed while it was opened")
         os.set_blocking(fd, True)
         self.count("payload_open")
         return os.fdopen(fd, "rb")
@@ -395,12 +392,6 @@ class LocalStorage:
         return os.access(directory, os.W_OK | os.X_OK)
 
     # -- writing -----------------------------------------------------------------
-    def _create(self, path: Path) -> int:
-        """Create ``path`` new (never an existing file, never through a link)."""
-        return self._sys_open(
-            path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o644
-        )
-
     def write_temp(
         self, path: Path, writer: Callable[[BinaryIO], object], *, durable: bool
     ) -> Path:
@@ -477,7 +468,7 @@ class LocalStorage:
         found = None
         named = None
         try:
-            fd = self._create(tmp)
+            fd = self._sys_open(tmp, _NEW)
             with os.fdopen(fd, "w+b") as handle:
                 step = "write"
                 wrapped = self._wrap_handle(handle, tmp)
@@ -680,22 +671,20 @@ class LocalStorage:
                 new == self.root or new in self.root.parents
             ):
                 self._check(new, "create the directory")
-            try:
-                self._sys_mkdir(new)
-            except FileExistsError:
-                if not (self.entry(new, follow=True) or Entry("", 0, 0, 0, 0)).is_dir:
-                    raise CheckpointWriteError(
-                        f"could not create directory {new}: it exists and is not one"
-                    ) from None
-                continue
-            except OSError as exc:
-                raise _fail("create the directory", new, exc) from exc
-            if durable:
-                self.sync_dir(new.parent, holding=[new])
+            if (
+                not self._mkdir(new, durable=durable)
+                and not (self.entry(new, follow=True) or Entry("", 0, 0, 0, 0)).is_dir
+            ):
+                raise CheckpointWriteError(
+                    f"could not create directory {new}: it exists and is not one"
+                )
 
     def make_dir(self, path: Path, *, durable: bool) -> bool:
         """Create one new directory; ``False`` if the name is taken."""
         self._check(path, "create the directory")
+        return self._mkdir(path, durable=durable)
+
+    def _mkdir(self, path: Path, *, durable: bool) -> bool:
         try:
             self._sys_mkdir(path)
         except FileExistsError:

@@ -16,6 +16,7 @@ import mmap
 import os
 import threading
 import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
@@ -37,11 +38,41 @@ def release_frames(exc: BaseException | None) -> None:
     A serializer that failed while writing by path keeps its own descriptor
     of the file open as long as its frames live; a disk it filled stays full.
     """
+    for link in _chain(exc):
+        traceback.clear_frames(link.__traceback__)
+
+
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc`` and the errors behind it (cause, else context), each once."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        traceback.clear_frames(exc.__traceback__)
+        yield exc
         exc = exc.__cause__ or exc.__context__
+
+
+class _Beside(threading.Thread):
+    """``call`` on a thread of its own, started; :meth:`result` joins it and
+    raises its error in the caller's thread, or returns its value."""
+
+    def __init__(self, call: Callable[[], object], name: str) -> None:
+        super().__init__(name=name)
+        self.call = call
+        self.value: object = None
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.value = self.call()
+        except BaseException as exc:  # raised in the caller's thread
+            self.error = exc
+
+    def result(self) -> object:
+        self.join()
+        if self.error is not None:
+            raise self.error
+        return self.value
 
 
 def digest_while(fd: int, digest, fsync) -> str:
@@ -64,23 +95,12 @@ def digest_while(fd: int, digest, fsync) -> str:
                 if fsync is not None:
                     fsync()
                 return digest(view)
-            found: dict = {}
-
-            def run() -> None:
-                try:
-                    found["digest"] = digest(view)
-                except BaseException as exc:  # raised in the caller's thread
-                    found["error"] = exc
-
-            thread = threading.Thread(target=run, name="dp_ckpt-digest")
-            thread.start()
+            hashing = _Beside(lambda: digest(view), "dp_ckpt-digest")
             try:
                 fsync()
             finally:
-                thread.join()
-            if "error" in found:
-                raise found["error"]
-            return found["digest"]
+                hashing.join()
+            return hashing.result()
         finally:
             view.release()
     finally:
@@ -103,34 +123,17 @@ def digest_beside(fd: int, digest, fsync, tmp: Path, meanwhile) -> str:
     both sides are done; the fsync's error first, then ``meanwhile``'s
     (wrapped in ``MeanwhileError``).
     """
-    found: dict = {}
-
-    def run() -> None:
-        try:
-            fsync()
-        except BaseException as exc:  # raised in the caller's thread
-            found["error"] = exc
-
-    name = f"{threading.current_thread().name}/dp_ckpt-fsync"
-    thread = threading.Thread(target=run, name=name)
-    thread.start()
+    syncing = _Beside(fsync, f"{threading.current_thread().name}/dp_ckpt-fsync")
     try:
-        try:
-            value = digest_while(fd, digest, None)
-        except BaseException:
-            thread.join()
-            raise
+        value = digest_while(fd, digest, None)
         try:
             meanwhile(tmp, value)
         except BaseException as exc:
-            thread.join()
-            if "error" in found:
-                raise found["error"] from None
+            syncing.result()
             raise MeanwhileError(exc) from None
     finally:
-        thread.join()
-    if "error" in found:
-        raise found["error"]
+        syncing.join()
+    syncing.result()
     return value
 
 
@@ -286,14 +289,11 @@ def os_cause(exc: BaseException) -> OSError | None:
     ``RuntimeError``; the ``ENOSPC`` or ``EIO`` may be further down the chain.
     """
     first = None
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, CheckpointWriteError):
+    for link in _chain(exc):
+        if isinstance(link, CheckpointWriteError):
             return None
-        if isinstance(exc, OSError):
-            if exc.errno is not None:
-                return exc
-            first = first or exc
-        exc = exc.__cause__ or exc.__context__
+        if isinstance(link, OSError):
+            if link.errno is not None:
+                return link
+            first = first or link
     return first
