@@ -131,24 +131,18 @@ def at_least(kind: type, low: float, expected: str) -> Callable[[str], Any]:
     return parse
 
 
-class Renamed(argparse.Action):
-    """A flag 0.3 renamed: refused in one line naming its replacement."""
-
-    def __init__(self, option_strings, dest, replacement: str, **kwargs) -> None:
-        super().__init__(option_strings, dest, nargs=0, help=argparse.SUPPRESS)
-        self.replacement = replacement
+class _Sha256(argparse.Action):
+    """``--sha256``, 0.2's spelling of ``--digest``: refused in one line."""
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
-        parser.error(f"{option_string} is {self.replacement} since 0.3")
+        parser.error(
+            f"{option_string} is --digest (records name their algorithm) since 0.3"
+        )
 
 
 def refuse_sha256(parser: argparse.ArgumentParser) -> None:
-    """``--sha256``, 0.2's spelling of ``--digest``: refused in one line."""
-    parser.add_argument(
-        "--sha256",
-        action=Renamed,
-        replacement="--digest (records name their algorithm)",
-    )
+    """``--sha256``: refused in one line naming ``--digest``."""
+    parser.add_argument("--sha256", nargs=0, action=_Sha256, help=argparse.SUPPRESS)
 
 
 def flag(parser, name: str, help: str, dest: str | None = None) -> None:
