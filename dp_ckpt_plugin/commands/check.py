@@ -107,18 +107,16 @@ def check(input_file: Path, handle: str, spec: str, *, digest: bool) -> dict[str
     except CheckpointError as exc:
         result["error"] = str(exc)
         return result
-    record = found.record
     result["checkpoint"] = {
         "path": found.item.where,
         "step": found.item.step,
         "family": found.item.family,
         "how": found.how,
         "checked": found.checked,
-        "committed": record is not None,
+        "committed": found.record is not None,
         "warnings": list(found.warnings),
     }
-    kept = found.input
-    if kept is None:
+    if found.input is None:
         return result | {
             "will_load": None,
             "basis": "the checkpoint keeps no training input (its record predates "
@@ -126,7 +124,7 @@ def check(input_file: Path, handle: str, spec: str, *, digest: bool) -> dict[str
             "without building it",
         }
     given = {k: v for k, v in flatten(config).items() if not private(k)}
-    theirs = flatten(kept)
+    theirs = flatten(found.input)
     changes = [
         {"key": k, "checkpoint": _json(theirs.get(k, ABSENT)), "input": v}
         for k, v in sorted(given.items())

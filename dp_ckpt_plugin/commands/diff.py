@@ -207,9 +207,7 @@ def _array(value: Any):
         if value.is_floating_point() or value.is_complex():
             value = value.double()
         value = value.numpy()
-    if not isinstance(value, np.ndarray):
-        return None
-    if value.dtype.kind not in "biuf":
+    if not isinstance(value, np.ndarray) or value.dtype.kind not in "biuf":
         return None
     return value.astype(np.float64)
 

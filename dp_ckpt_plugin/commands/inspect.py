@@ -243,7 +243,6 @@ def _entry(where: str, kind: str, **found: Any) -> dict[str, Any]:
 
 def show(found: dict[str, Any]) -> None:
     """Print for people."""
-    out = output.console()
     record = {
         "ok": "ok (size" + (", digest" if found["digest_checked"] else "") + ")",
         "none": "none (not committed)",
@@ -268,9 +267,8 @@ def show(found: dict[str, Any]) -> None:
                 "not listed (--depth N to see them)",
             )
         )
-    width = max(len(k) for k, _ in rows)
-    for key, value in rows:
-        out.print(f"{key:<{width}}  {value}")
+    output.fields(rows)
+    out = output.console()
     if not found["loaded"]:
         out.print(f"does not load: {found['load_error']}")
         return

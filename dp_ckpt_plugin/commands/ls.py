@@ -108,30 +108,21 @@ def show(listing: Listing, *, everything: bool) -> None:
             ["step", "file", "size", "saved (UTC)", "metrics", "kept by"],
             right=("step", "size"),
         )
-        found = verdicts(shelf)
         ranking = ranking_of(shelf.policy) if shelf.policy is not None else None
-        for c in shelf.items:
-            metrics = c.metrics or {}
+        for c in family_json(shelf)["checkpoints"]:  # drawn from the --json form
+            metrics = c["metrics"] or {}
             if ranking is not None:  # the one that ranks (--json has them all)
                 metrics = {k: v for k, v in metrics.items() if k == ranking.metric}
-            verdict = found.get(c.name)
-            if verdict is not None and verdict.kept:
-                kept = "; ".join(reason for _, reason in verdict.kept_by)
-            else:
+            kept = "; ".join(k["reason"] for k in c["kept_by"])
+            if not c["kept_by"]:
                 kept = GOES if shelf.policy is not None else "? (policy unknown)"
-            size = output.size(c.size)
-            if c.torn:
-                size = f"{output.size(c.on_disk)} of {size}"
-                kept = f"CUT SHORT (its record says {c.size} bytes); {kept}"
-            name = f"{c.name}  <- latest" if c.name == shelf.latest else c.name
-            rows.add_row(
-                str(c.step),
-                name,
-                size,
-                output.utc(c.created),
-                output.metrics(dict(metrics)),
-                kept,
-            )
+            size = output.size(c["size"])
+            if c["torn"]:
+                size = f"{output.size(c['size_on_disk'])} of {size}"
+                kept = f"CUT SHORT (its record says {c['size']} bytes); {kept}"
+            name = f"{c['name']}  <- latest" if c["published"] else c["name"]
+            cells = (str(c["step"]), name, size, output.utc(c["created"]))
+            rows.add_row(*cells, output.metrics(metrics), kept)
         out.print(rows)
     prefixes = {f.prefix for f in listing.families}
     strays = [s for s in listing.strays if s.family in prefixes]

@@ -55,13 +55,10 @@ def provenance_rows(provenance: Provenance | None) -> list[tuple[str, str]]:
     data = provenance.data
     if data is not None:
         rows.append(("data", f"{data.count} system(s), {data.digest}"))
-        for system in data.systems:
-            rows.append(
-                (
-                    f"  {system.role}",
-                    f"{shown(system.path)} ({system.fingerprint[:19]}…)",
-                )
-            )
+        rows += [
+            (f"  {s.role}", f"{shown(s.path)} ({s.fingerprint[:19]}…)")
+            for s in data.systems
+        ]
     return rows
 
 

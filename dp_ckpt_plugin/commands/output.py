@@ -90,6 +90,14 @@ def table(title: str | None, columns: list[str], *, right: tuple[str, ...] = ())
     return out
 
 
+def fields(rows: list[tuple[str, str]]) -> None:
+    """Print ``(name, value)`` rows, the values aligned."""
+    out = console()
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        out.print(f"{key:<{width}}  {value}")
+
+
 def size(n: int | None) -> str:
     """A size for people: ``812 B``, ``1.2 MB``."""
     if n is None:
