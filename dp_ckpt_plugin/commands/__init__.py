@@ -30,10 +30,11 @@ commands that print tables.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,16 @@ USAGE = 2
 class UsageError(Exception):
     """A mistake in the command line; exit status 2."""
 
+    @classmethod
+    @contextlib.contextmanager
+    def on(cls, *kinds: type[Exception], prefix: str = "") -> Iterator[None]:
+        """An exception of ``kinds`` raised inside as a usage error, its message
+        after ``prefix``."""
+        try:
+            yield
+        except kinds as exc:
+            raise cls(f"{prefix}{exc}") from None
+
 
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line, exit status 2."""
@@ -81,11 +92,9 @@ def is_remote(value: object) -> bool:
     """
     from ..objectstore.registry import check_not_mistyped, local_path
 
-    try:
+    with UsageError.on(CheckpointError):
         check_not_mistyped(value)
         return isinstance(value, str) and local_path(value) is None
-    except CheckpointError as exc:
-        raise UsageError(str(exc)) from None
 
 
 def store_directory(value: str) -> Path | str:

@@ -87,10 +87,8 @@ def side_of(value: str) -> Side:
         raise UsageError(f"{value}: diff compares local files and stores")
     storage = default_storage()
     path = Path(value)
-    try:
+    with UsageError.on(UnreadableFileError):
         entry = storage.entry(path, follow=True)
-    except UnreadableFileError as exc:
-        raise UsageError(str(exc)) from None
     if entry is None:
         raise UsageError(f"{value}: no such file or directory")
     if entry.is_dir:
@@ -100,11 +98,11 @@ def side_of(value: str) -> Side:
     elif path.suffix == ".json":
         return Side("input", path.absolute(), config=read_input_file(path, storage))
     path = storage.real(path.absolute())
-    try:
+    with UsageError.on(
+        InvalidRecordError, UnreadableFileError, OSError, prefix=f"{value}: "
+    ):
         record = read_record(path, storage=storage)
         payload = storage.read_payload(path)
-    except (InvalidRecordError, UnreadableFileError, OSError) as exc:
-        raise UsageError(f"{value}: {exc}") from None
     hooks = Hooks(get_plugin_manager())
     if record is not None:
         check_payload(payload, record, digest=False)

@@ -93,18 +93,14 @@ def inspect_file(
     """The ``--json`` form (documented in docs/command.md)."""
     storage = storage or default_storage()
     path = storage.real(Path(path).absolute())
-    try:
+    with UsageError.on(UnreadableFileError):
         found = storage.entry(path)
-    except UnreadableFileError as exc:
-        raise UsageError(str(exc)) from None
     if found is None:
         raise UsageError(f"{path}: no such file")
     if not found.is_file:
         raise UsageError(f"{path} is not a file (inspect takes one checkpoint)")
-    try:
+    with UsageError.on(OSError, UnreadableFileError, prefix=f"{path}: "):
         payload = storage.read_payload(path)  # the one reading of its bytes
-    except (OSError, UnreadableFileError) as exc:
-        raise UsageError(f"{path}: {exc}") from None
     record: CommitRecord | None = None
     state, problem = "none", None
     try:

@@ -118,10 +118,8 @@ def policy_for(shelf: Shelf, args: argparse.Namespace) -> RetentionPolicy:
             "or a store on object storage, whose HEAD records none); "
             "give one, such as --keep-last 5"
         )
-    try:
+    with UsageError.on(ValueError):
         return policy_from_dict({**(recorded or {}), **given})
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:
