@@ -304,11 +304,7 @@ def show(found: dict[str, Any]) -> None:
         shape = "-" if e["shape_a"] is None else str(tuple(e["shape_a"]))
         if e["status"] == "shape":
             shape = f"{tuple(e['shape_a'])} -> {tuple(e['shape_b'])}"
-        table.add_row(
-            shown(e["key"]),
-            e["status"],
-            shape,
-            "-" if e["max_abs_diff"] is None else f"{e['max_abs_diff']:.3g}",
-            "-" if e["rel_norm"] is None else f"{e['rel_norm']:.3g}",
-        )
+        measured = (e[k] for k in ("max_abs_diff", "rel_norm"))
+        numbers = ("-" if n is None else f"{n:.3g}" for n in measured)
+        table.add_row(shown(e["key"]), e["status"], shape, *numbers)
     out.print(table)

@@ -18,7 +18,7 @@ import argparse
 from dataclasses import asdict
 from typing import Any
 
-from ..retention import Verdict, policy_to_dict, ranking_of
+from ..retention import policy_to_dict, ranking_of
 from ..store.archive import ArchiveFolder
 from . import flag, output, store_directory
 from .open_store import open_view
@@ -59,21 +59,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def verdicts(shelf: Shelf) -> dict[str, Verdict]:
-    """What keeps each checkpoint of ``shelf``, by name (protections alone when
-    the policy is unknown)."""
+def keepers(shelf: Shelf) -> dict[str, tuple[tuple[str, str], ...]]:
+    """What keeps each checkpoint of ``shelf`` (policy, reason), by name: its
+    protections alone when the policy is unknown."""
     if shelf.policy is not None:
-        found = shelf.explain(shelf.policy)
-        return {v.name: v for v in found}
-    protected = shelf.protections()
-    return {
-        c.name: Verdict(
-            c.name,
-            c.step,
-            (("protected", protected[c.name]),) if c.name in protected else (),
-        )
-        for c in shelf.items
-    }
+        return {v.name: v.kept_by for v in shelf.explain(shelf.policy)}
+    return {name: (("protected", why),) for name, why in shelf.protections().items()}
 
 
 def show(listing: Listing, *, everything: bool) -> None:
@@ -222,12 +213,11 @@ def as_json(listing: Listing) -> dict[str, Any]:
 
 def family_json(shelf: Shelf) -> dict[str, Any]:
     """One family of the ``--json`` form."""
-    found = verdicts(shelf)
+    found = keepers(shelf)
     known = shelf.policy is not None
     checkpoints = []
     for c in shelf.items:
-        verdict = found.get(c.name)
-        kept_by = verdict.kept_by if verdict else ()
+        kept_by = found.get(c.name, ())
         checkpoints.append(
             {
                 "name": c.name,
