@@ -97,16 +97,14 @@ def check(input_file: Path, handle: str, spec: str, *, digest: bool) -> dict[str
     }
     where = store if store is not None else _directory_of(spec)
     if where is None:
-        result["error"] = (
-            f"no store to resolve {spec!r} in: the input names no existing "
+        return result | {
+            "error": f"no store to resolve {spec!r} in: the input names no existing "
             "training.save_dir and the handle is no file or directory"
-        )
-        return result
+        }
     try:
         found = DirectoryView(where).resolve(spec, digest=digest)
     except CheckpointError as exc:
-        result["error"] = str(exc)
-        return result
+        return result | {"error": str(exc)}
     result["checkpoint"] = {
         "path": found.item.where,
         "step": found.item.step,

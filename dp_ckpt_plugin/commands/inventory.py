@@ -173,12 +173,9 @@ def _find_families(
             record = read_record(path, storage=storage)
         except InvalidRecordError as exc:
             if listing.get(target) == "file":
-                strays[path] = _stray(
-                    path,
-                    match.prefix if match else None,
-                    match.step if match else None,
-                    f"malformed commit record: {exc}",
-                )
+                prefix, step = (match.prefix, match.step) if match else (None, None)
+                why = f"malformed commit record: {exc}"
+                strays[path] = _stray(path, prefix, step, why)
             continue
         if record is None or not target.startswith(f"{record.family}-"):
             continue
