@@ -48,6 +48,8 @@ DESCRIPTION = (
 #: Exit status when whether it loads cannot be told.
 UNKNOWN = 3
 HANDLES = ("restart", "init_model", "finetune")
+#: What ``will_load`` says, for people.
+VERDICTS = {True: "will load", False: "will not load", None: "cannot tell"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -189,10 +191,7 @@ def show(found: dict[str, Any]) -> None:
     )
     for warning in checkpoint["warnings"]:
         out.print(f"warning: {shown(warning)}")
-    verdict = {True: "will load", False: "will not load", None: "cannot tell"}[
-        found["will_load"]
-    ]
-    out.print(f"{verdict}: {found['basis']}")
+    out.print(f"{VERDICTS[found['will_load']]}: {found['basis']}")
     for title, key in (("model", "model_changes"), ("input", "input_changes")):
         for c in found[key]:
             old = value_text(ABSENT if c["checkpoint"] is None else c["checkpoint"])

@@ -121,8 +121,7 @@ def utc(seconds: float | None) -> str:
 
 def metrics(values: dict[str, float | None] | None) -> str:
     """Metrics for people: ``rmse_val=0.0123 lr=0.001``."""
-    if not values:
-        return ""
     return " ".join(
-        f"{k}={'-' if v is None else format(v, '.4g')}" for k, v in values.items()
+        f"{k}={'-' if v is None else format(v, '.4g')}"
+        for k, v in (values or {}).items()
     )
