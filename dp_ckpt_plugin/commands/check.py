@@ -57,12 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", type=Path, help="the training input (JSON)")
     handle = parser.add_mutually_exclusive_group(required=True)
     for name in HANDLES:
-        handle.add_argument(
-            f"--{name.replace('_', '-')}",
-            dest=name,
-            metavar="SPEC",
-            help=f"what dp train --{name.replace('_', '-')} would take",
-        )
+        option = f"--{name.replace('_', '-')}"
+        doc = f"what dp train {option} would take"
+        handle.add_argument(option, dest=name, metavar="SPEC", help=doc)
     add_digest_flag(parser)
 
 

@@ -256,13 +256,10 @@ def show(found: dict[str, Any]) -> None:
         rows.append(("metrics", output.metrics(found["metrics"])))
     rows.append(("payload", output.size(found["payload_bytes"]) + " in arrays/values"))
     if found["levels_cut"]:
-        rows.append(
-            (
-                "listed",
-                f"{found['depth']} level(s); {found['levels_cut']} deeper level(s) "
-                "not listed (--depth N to see them)",
-            )
+        cut = (
+            f"{found['levels_cut']} deeper level(s) not listed (--depth N to see them)"
         )
+        rows.append(("listed", f"{found['depth']} level(s); {cut}"))
     output.fields(rows)
     out = output.console()
     if not found["loaded"]:
