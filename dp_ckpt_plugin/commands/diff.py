@@ -144,12 +144,8 @@ def compare(a: Side, b: Side) -> dict[str, Any]:
 
 def _inputs(a: Side, b: Side) -> dict[str, Any]:
     if a.config is None or b.config is None:
-        missing = a if a.config is None else b
-        return {
-            "compared": None,
-            "note": f"{missing.path} keeps no training input",
-            "changes": [],
-        }
+        note = f"{(a if a.config is None else b).path} keeps no training input"
+        return {"compared": None, "note": note, "changes": []}
     left, right = a.config, b.config
     compared = "all keys"
     given = [s for s in (a, b) if s.kind == "input"]

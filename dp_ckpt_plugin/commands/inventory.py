@@ -133,13 +133,10 @@ def _listdir(directory: Path, storage: Storage) -> dict[str, str]:
 
     A ``quarantine`` or ``archive`` that is a link to elsewhere lists nothing.
     """
-    found = (
-        storage.entry(directory)
-        if directory.name in (ARCHIVE_DIR, QUARANTINE_DIR)
-        else None
-    )
-    if found is not None and not found.is_dir:
-        return {}
+    if directory.name in (ARCHIVE_DIR, QUARANTINE_DIR):
+        found = storage.entry(directory)
+        if found is not None and not found.is_dir:
+            return {}
     with contextlib.suppress(UnreadableFileError):
         return dict(sorted(storage.names(directory)))
     return {}
@@ -247,14 +244,11 @@ class _Reader:
         with contextlib.suppress(UnsafePointerError):
             found = read_pointer(self.directory / POINTER_NAME, storage=self.storage)
             named = found.name if found is not None else None
-        primary = next(
-            (
-                p
-                for p, f in self.shelves.items()
-                if named and f.family().step_of(named) is not None
-            ),
-            None,
-        )
+        primary = None
+        for prefix, shelf in self.shelves.items():
+            if named and shelf.family().step_of(named) is not None:
+                primary = prefix
+                break
         shelves = self.shelves.values()
         return sorted(shelves, key=lambda f: (f.prefix != primary, f.prefix))
 

@@ -73,12 +73,9 @@ def show(listing: Listing, *, everything: bool) -> None:
     fmt = listing.format or "unknown format"
     out.print(f"{listing.where}  ({fmt})")
     if listing.head is not None:
-        lease = listing.lease
-        holder = (
-            f"held by {lease.holder.describe()} (epoch {lease.epoch})"
-            if lease and not lease.released
-            else "not held"
-        )
+        lease, holder = listing.lease, "not held"
+        if lease and not lease.released:
+            holder = f"held by {lease.holder.describe()} (epoch {lease.epoch})"
         out.print(
             f"HEAD seq {listing.head.seq}, epoch {listing.head.epoch}; lease {holder}"
         )
