@@ -11,7 +11,6 @@ name or a field read from a store cannot colour the terminal or split a line.
 
 from __future__ import annotations
 
-import io
 import json
 import sys
 import time
@@ -41,7 +40,7 @@ class Printer:
         self.stream = sys.stderr if stderr else sys.stdout
         self.tty = self.stream.isatty()
         self.console = Console(
-            file=self.stream if self.tty else io.StringIO(),
+            file=self.stream,
             highlight=False,
             width=None if self.tty else 200,
             no_color=not self.tty,
@@ -49,15 +48,14 @@ class Printer:
 
     def print(self, *renderables: Any) -> None:
         """Print, as ``rich.console.Console.print`` does (strings as plain text)."""
-        self.console.print(*(_plain(r) for r in renderables))
-        if not self.tty:
-            buffer = self.console.file
-            text = buffer.getvalue()
-            buffer.seek(0)
-            buffer.truncate()
-            self.stream.write(
-                "".join(line.rstrip() + "\n" for line in text.splitlines())
-            )
+        plain = [_plain(r) for r in renderables]
+        if self.tty:
+            self.console.print(*plain)
+            return
+        with self.console.capture() as captured:  # to strip trailing spaces
+            self.console.print(*plain)
+        text = captured.get()
+        self.stream.write("".join(line.rstrip() + "\n" for line in text.splitlines()))
 
 
 def _plain(value: Any) -> Any:
