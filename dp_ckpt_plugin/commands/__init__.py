@@ -30,10 +30,11 @@ commands that print tables.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,16 @@ USAGE = 2
 class UsageError(Exception):
     """A mistake in the command line; exit status 2."""
 
+    @classmethod
+    @contextlib.contextmanager
+    def on(cls, *kinds: type[Exception], prefix: str = "") -> Iterator[None]:
+        """An exception of ``kinds`` raised inside as a usage error, its message
+        after ``prefix``."""
+        try:
+            yield
+        except kinds as exc:
+            raise cls(f"{prefix}{exc}") from None
+
 
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line, exit status 2."""
@@ -81,11 +92,9 @@ def is_remote(value: object) -> bool:
     """
     from ..objectstore.registry import check_not_mistyped, local_path
 
-    try:
+    with UsageError.on(CheckpointError):
         check_not_mistyped(value)
         return isinstance(value, str) and local_path(value) is None
-    except CheckpointError as exc:
-        raise UsageError(str(exc)) from None
 
 
 def store_directory(value: str) -> Path | str:
@@ -131,24 +140,18 @@ def at_least(kind: type, low: float, expected: str) -> Callable[[str], Any]:
     return parse
 
 
-class Renamed(argparse.Action):
-    """A flag 0.3 renamed: refused in one line naming its replacement."""
-
-    def __init__(self, option_strings, dest, replacement: str, **kwargs) -> None:
-        super().__init__(option_strings, dest, nargs=0, help=argparse.SUPPRESS)
-        self.replacement = replacement
+class _Sha256(argparse.Action):
+    """``--sha256``, 0.2's spelling of ``--digest``: refused in one line."""
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
-        parser.error(f"{option_string} is {self.replacement} since 0.3")
+        parser.error(
+            f"{option_string} is --digest (records name their algorithm) since 0.3"
+        )
 
 
 def refuse_sha256(parser: argparse.ArgumentParser) -> None:
-    """``--sha256``, 0.2's spelling of ``--digest``: refused in one line."""
-    parser.add_argument(
-        "--sha256",
-        action=Renamed,
-        replacement="--digest (records name their algorithm)",
-    )
+    """``--sha256``: refused in one line naming ``--digest``."""
+    parser.add_argument("--sha256", nargs=0, action=_Sha256, help=argparse.SUPPRESS)
 
 
 def flag(parser, name: str, help: str, dest: str | None = None) -> None:

@@ -71,9 +71,8 @@ def families_of(listing: Listing, formats) -> list[tuple[Family, str]]:
         match = parse_numbered(name) if kind == "file" else None
         if match is None or match.suffix not in by_suffix:
             continue
-        key = match.prefix + match.suffix
-        if key not in found:
-            found[key] = (Family(match.prefix, match.suffix), by_suffix[match.suffix])
+        family = Family(match.prefix, match.suffix)
+        found.setdefault(match.prefix + match.suffix, (family, by_suffix[match.suffix]))
     return list(found.values())
 
 

@@ -48,6 +48,8 @@ DESCRIPTION = (
 #: Exit status when whether it loads cannot be told.
 UNKNOWN = 3
 HANDLES = ("restart", "init_model", "finetune")
+#: What ``will_load`` says, for people.
+VERDICTS = {True: "will load", False: "will not load", None: "cannot tell"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,12 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", type=Path, help="the training input (JSON)")
     handle = parser.add_mutually_exclusive_group(required=True)
     for name in HANDLES:
-        handle.add_argument(
-            f"--{name.replace('_', '-')}",
-            dest=name,
-            metavar="SPEC",
-            help=f"what dp train --{name.replace('_', '-')} would take",
-        )
+        option = f"--{name.replace('_', '-')}"
+        doc = f"what dp train {option} would take"
+        handle.add_argument(option, dest=name, metavar="SPEC", help=doc)
     add_digest_flag(parser)
 
 
@@ -97,28 +96,24 @@ def check(input_file: Path, handle: str, spec: str, *, digest: bool) -> dict[str
     }
     where = store if store is not None else _directory_of(spec)
     if where is None:
-        result["error"] = (
-            f"no store to resolve {spec!r} in: the input names no existing "
+        return result | {
+            "error": f"no store to resolve {spec!r} in: the input names no existing "
             "training.save_dir and the handle is no file or directory"
-        )
-        return result
+        }
     try:
         found = DirectoryView(where).resolve(spec, digest=digest)
     except CheckpointError as exc:
-        result["error"] = str(exc)
-        return result
-    record = found.record
+        return result | {"error": str(exc)}
     result["checkpoint"] = {
         "path": found.item.where,
         "step": found.item.step,
         "family": found.item.family,
         "how": found.how,
         "checked": found.checked,
-        "committed": record is not None,
+        "committed": found.record is not None,
         "warnings": list(found.warnings),
     }
-    kept = found.input
-    if kept is None:
+    if found.input is None:
         return result | {
             "will_load": None,
             "basis": "the checkpoint keeps no training input (its record predates "
@@ -126,7 +121,7 @@ def check(input_file: Path, handle: str, spec: str, *, digest: bool) -> dict[str
             "without building it",
         }
     given = {k: v for k, v in flatten(config).items() if not private(k)}
-    theirs = flatten(kept)
+    theirs = flatten(found.input)
     changes = [
         {"key": k, "checkpoint": _json(theirs.get(k, ABSENT)), "input": v}
         for k, v in sorted(given.items())
@@ -193,10 +188,7 @@ def show(found: dict[str, Any]) -> None:
     )
     for warning in checkpoint["warnings"]:
         out.print(f"warning: {shown(warning)}")
-    verdict = {True: "will load", False: "will not load", None: "cannot tell"}[
-        found["will_load"]
-    ]
-    out.print(f"{verdict}: {found['basis']}")
+    out.print(f"{VERDICTS[found['will_load']]}: {found['basis']}")
     for title, key in (("model", "model_changes"), ("input", "input_changes")):
         for c in found[key]:
             old = value_text(ABSENT if c["checkpoint"] is None else c["checkpoint"])

@@ -87,10 +87,8 @@ def side_of(value: str) -> Side:
         raise UsageError(f"{value}: diff compares local files and stores")
     storage = default_storage()
     path = Path(value)
-    try:
+    with UsageError.on(UnreadableFileError):
         entry = storage.entry(path, follow=True)
-    except UnreadableFileError as exc:
-        raise UsageError(str(exc)) from None
     if entry is None:
         raise UsageError(f"{value}: no such file or directory")
     if entry.is_dir:
@@ -100,11 +98,11 @@ def side_of(value: str) -> Side:
     elif path.suffix == ".json":
         return Side("input", path.absolute(), config=read_input_file(path, storage))
     path = storage.real(path.absolute())
-    try:
+    with UsageError.on(
+        InvalidRecordError, UnreadableFileError, OSError, prefix=f"{value}: "
+    ):
         record = read_record(path, storage=storage)
         payload = storage.read_payload(path)
-    except (InvalidRecordError, UnreadableFileError, OSError) as exc:
-        raise UsageError(f"{value}: {exc}") from None
     hooks = Hooks(get_plugin_manager())
     if record is not None:
         check_payload(payload, record, digest=False)
@@ -146,12 +144,8 @@ def compare(a: Side, b: Side) -> dict[str, Any]:
 
 def _inputs(a: Side, b: Side) -> dict[str, Any]:
     if a.config is None or b.config is None:
-        missing = a if a.config is None else b
-        return {
-            "compared": None,
-            "note": f"{missing.path} keeps no training input",
-            "changes": [],
-        }
+        note = f"{(a if a.config is None else b).path} keeps no training input"
+        return {"compared": None, "note": note, "changes": []}
     left, right = a.config, b.config
     compared = "all keys"
     given = [s for s in (a, b) if s.kind == "input"]
@@ -207,9 +201,7 @@ def _array(value: Any):
         if value.is_floating_point() or value.is_complex():
             value = value.double()
         value = value.numpy()
-    if not isinstance(value, np.ndarray):
-        return None
-    if value.dtype.kind not in "biuf":
+    if not isinstance(value, np.ndarray) or value.dtype.kind not in "biuf":
         return None
     return value.astype(np.float64)
 
@@ -308,11 +300,7 @@ def show(found: dict[str, Any]) -> None:
         shape = "-" if e["shape_a"] is None else str(tuple(e["shape_a"]))
         if e["status"] == "shape":
             shape = f"{tuple(e['shape_a'])} -> {tuple(e['shape_b'])}"
-        table.add_row(
-            shown(e["key"]),
-            e["status"],
-            shape,
-            "-" if e["max_abs_diff"] is None else f"{e['max_abs_diff']:.3g}",
-            "-" if e["rel_norm"] is None else f"{e['rel_norm']:.3g}",
-        )
+        measured = (e[k] for k in ("max_abs_diff", "rel_norm"))
+        numbers = ("-" if n is None else f"{n:.3g}" for n in measured)
+        table.add_row(shown(e["key"]), e["status"], shape, *numbers)
     out.print(table)

@@ -14,6 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..checkpoint.digests import hasher
+from ..checkpoint.limits import MAX_INPUT_BYTES
+from ..checkpoint.provenance import input_path, parse_input
 from ..checkpoint.records import CommitRecord
 from ..errors import CheckpointError, RestartNotFoundError
 from ..remote import head as heads
@@ -23,16 +25,7 @@ from ..remote.head import Entry, Head
 from ..remote.keys import owned, parse_key
 from ..remote.lease import Lease, LeaseState
 from ..storage.objects import ObjectStorage
-from .views import (
-    Aside,
-    Check,
-    Decide,
-    Listed,
-    Listing,
-    Resolution,
-    Shelf,
-    select,
-)
+from .views import Aside, Check, Decide, Listed, Listing, Resolution, Shelf, select
 
 #: What a remote store says of its retention policy (HEAD records none).
 NO_POLICY = "unknown (HEAD records no policy; prune takes one)"
@@ -163,15 +156,11 @@ class HeadView:
 
     def _input(self, record: CommitRecord) -> dict | None:
         """The training input a record names, from ``inputs/`` of the store."""
-        from ..checkpoint.limits import MAX_INPUT_BYTES
-        from ..checkpoint.provenance import INPUTS_DIR, input_path, parse_input
-
         origin = record.provenance
         if origin is None or origin.input is None:
             return None
-        key = f"{INPUTS_DIR}/{input_path(Path('.'), origin.input).name}"
-        found = self.storage.get(key, MAX_INPUT_BYTES)
-        return None if found is None else parse_input(found[0], origin.input)
+        found = kept_input(self.storage, origin.input)
+        return found and found[1]
 
     def fetch(self, spec: str) -> tuple[Path, str | None, list[str]]:
         from ..resolution.sources import RemoteSource
@@ -226,11 +215,8 @@ class HeadView:
                 rest = [e for e in entries if e.key not in doomed]
                 new = []
                 for at in range(0, len(rest), SPILL):
-                    new.append(
-                        write_segment(
-                            self.storage, epoch, n, prefix, rest[at : at + SPILL]
-                        )
-                    )
+                    chunk = rest[at : at + SPILL]
+                    new.append(write_segment(self.storage, epoch, n, prefix, chunk))
                     n = parse_key(new[-1].key).upload + 1
                 swaps.append((prefix, top.key, new))
 
@@ -246,6 +232,14 @@ class HeadView:
     def release_lease(self) -> str | None:
         """Release a lease whose holder is gone (watched up to its time to live)."""
         return Lease(self.storage).clear()
+
+
+def kept_input(storage: ObjectStorage, digest: str) -> tuple[bytes, dict] | None:
+    """The training input of ``digest`` in ``inputs/`` of a remote store: its
+    bytes and its value (``None``: not kept there, or other bytes)."""
+    found = storage.get(input_path(Path(), digest).as_posix(), MAX_INPUT_BYTES)
+    value = None if found is None else parse_input(found[0], digest)
+    return None if value is None else (found[0], value)
 
 
 def _primary(head: Head) -> str:

@@ -93,18 +93,14 @@ def inspect_file(
     """The ``--json`` form (documented in docs/command.md)."""
     storage = storage or default_storage()
     path = storage.real(Path(path).absolute())
-    try:
+    with UsageError.on(UnreadableFileError):
         found = storage.entry(path)
-    except UnreadableFileError as exc:
-        raise UsageError(str(exc)) from None
     if found is None:
         raise UsageError(f"{path}: no such file")
     if not found.is_file:
         raise UsageError(f"{path} is not a file (inspect takes one checkpoint)")
-    try:
+    with UsageError.on(OSError, UnreadableFileError, prefix=f"{path}: "):
         payload = storage.read_payload(path)  # the one reading of its bytes
-    except (OSError, UnreadableFileError) as exc:
-        raise UsageError(f"{path}: {exc}") from None
     record: CommitRecord | None = None
     state, problem = "none", None
     try:
@@ -243,7 +239,6 @@ def _entry(where: str, kind: str, **found: Any) -> dict[str, Any]:
 
 def show(found: dict[str, Any]) -> None:
     """Print for people."""
-    out = output.console()
     record = {
         "ok": "ok (size" + (", digest" if found["digest_checked"] else "") + ")",
         "none": "none (not committed)",
@@ -261,16 +256,12 @@ def show(found: dict[str, Any]) -> None:
         rows.append(("metrics", output.metrics(found["metrics"])))
     rows.append(("payload", output.size(found["payload_bytes"]) + " in arrays/values"))
     if found["levels_cut"]:
-        rows.append(
-            (
-                "listed",
-                f"{found['depth']} level(s); {found['levels_cut']} deeper level(s) "
-                "not listed (--depth N to see them)",
-            )
+        cut = (
+            f"{found['levels_cut']} deeper level(s) not listed (--depth N to see them)"
         )
-    width = max(len(k) for k, _ in rows)
-    for key, value in rows:
-        out.print(f"{key:<{width}}  {value}")
+        rows.append(("listed", f"{found['depth']} level(s); {cut}"))
+    output.fields(rows)
+    out = output.console()
     if not found["loaded"]:
         out.print(f"does not load: {found['load_error']}")
         return

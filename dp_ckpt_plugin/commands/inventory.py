@@ -48,22 +48,20 @@ def read_inventory(directory: Path, *, storage: Storage | None = None) -> Listin
     except InvalidRecordError as exc:
         manifest = None
         warnings.append(f"{exc}; families are read from the commit records")
-    shelves: dict[str, Shelf] = {}
+    found = _Reader(directory, storage)
     if manifest is not None:
         for info in manifest.families:
             family = info.family
-            shelves[family.prefix] = _shelf(family, info.retention(), info.reason)
-    listing = _listdir(directory, storage)
-    strays = _find_families(directory, listing, shelves, storage)
-    vanished: list[Path] = []
-    for shelf in shelves.values():
-        _fill(directory, shelf, strays, listing, storage, vanished)
+            found.shelve(family, info.retention(), info.reason)
+    found.find_families()
+    for shelf in found.shelves.values():
+        found.fill(shelf)
     try:
         archives = archive_folders(directory, storage=storage)
     except UnreadableFileError as exc:
         archives = []
         warnings.append(f"{directory / ARCHIVE_DIR}: {exc}")
-    families = _ordered(directory, shelves, manifest, storage)
+    families = found.ordered(manifest)
     formats = {c.format for f in families for c in f.items}
     if manifest is not None:
         formats = {manifest.format}
@@ -72,7 +70,9 @@ def read_inventory(directory: Path, *, storage: Storage | None = None) -> Listin
         families=families,
         format=formats.pop() if len(formats) == 1 else None,
         manifest=manifest is not None,
-        strays=sorted(strays.values(), key=lambda s: (s.family or "", s.step or 0)),
+        strays=sorted(
+            found.strays.values(), key=lambda s: (s.family or "", s.step or 0)
+        ),
         quarantined=[
             Aside(p.name, str(p), size=_size(p, storage))
             for p in _payloads(directory / QUARANTINE_DIR, storage)
@@ -88,7 +88,7 @@ def read_inventory(directory: Path, *, storage: Storage | None = None) -> Listin
             for a in archives
         ],
         warnings=warnings,
-        vanished=vanished,
+        vanished=found.vanished,
     )
 
 
@@ -108,16 +108,6 @@ def listed(c: Checkpoint, on_disk: int | None = None) -> Listed:
         record=record,
         on_disk=on_disk,
         torn=bool(record and on_disk is not None and not record.accepts(on_disk)),
-    )
-
-
-def _shelf(family: Family, policy=None, reason: str | None = None) -> Shelf:
-    return Shelf(
-        family.prefix,
-        suffix=family.suffix,
-        pointer=family.pointer,
-        policy=policy,
-        reason=reason,
     )
 
 
@@ -143,131 +133,124 @@ def _listdir(directory: Path, storage: Storage) -> dict[str, str]:
 
     A ``quarantine`` or ``archive`` that is a link to elsewhere lists nothing.
     """
-    found = (
-        storage.entry(directory)
-        if directory.name in (ARCHIVE_DIR, QUARANTINE_DIR)
-        else None
-    )
-    if found is not None and not found.is_dir:
-        return {}
+    if directory.name in (ARCHIVE_DIR, QUARANTINE_DIR):
+        found = storage.entry(directory)
+        if found is not None and not found.is_dir:
+            return {}
     with contextlib.suppress(UnreadableFileError):
         return dict(sorted(storage.names(directory)))
     return {}
 
 
-def _find_families(
-    directory: Path,
-    listing: dict[str, str],
-    shelves: dict[str, Shelf],
-    storage: Storage,
-) -> dict[Path, Aside]:
-    """Add the families the records and pointers name; return bad records."""
-    strays: dict[Path, Aside] = {}
-    for name in listing:
-        target = record_target(name)
-        if target is None:
-            continue
-        path = directory / target
-        match = parse_numbered(target)
-        try:
-            record = read_record(path, storage=storage)
-        except InvalidRecordError as exc:
-            if listing.get(target) == "file":
-                strays[path] = _stray(
-                    path,
-                    match.prefix if match else None,
-                    match.step if match else None,
-                    f"malformed commit record: {exc}",
-                )
-            continue
-        if record is None or not target.startswith(f"{record.family}-"):
-            continue
-        suffix = target[len(f"{record.family}-{record.step}") :]
-        if record.family not in shelves and suffix.startswith("."):
-            with contextlib.suppress(ValueError):
-                shelves[record.family] = _shelf(Family(record.family, suffix))
-    for name in listing:  # pointers: a store plain deepmd-kit wrote has no records
-        if name != POINTER_NAME and not name.startswith(f"{POINTER_NAME}."):
-            continue
-        with contextlib.suppress(UnsafePointerError, ValueError):
-            named = read_pointer(directory / name, storage=storage)
-            match = parse_numbered(named.name) if named else None
-            if match and match.prefix not in shelves:
-                shelves[match.prefix] = _shelf(Family(match.prefix, match.suffix, name))
-    return strays
+class _Reader:
+    """What :func:`read_inventory` gathers of one directory as it reads: its
+    entries (name to kind), its families, its strays and the files gone."""
 
+    def __init__(self, directory: Path, storage: Storage) -> None:
+        self.directory = directory
+        self.storage = storage
+        self.names = _listdir(directory, storage)
+        self.shelves: dict[str, Shelf] = {}
+        self.strays: dict[Path, Aside] = {}
+        self.vanished: list[Path] = []
 
-def _fill(
-    directory: Path,
-    shelf: Shelf,
-    strays: dict[Path, Aside],
-    listing: dict[str, str],
-    storage: Storage,
-    vanished: list[Path],
-) -> None:
-    """Read a family's committed checkpoints, pointer, alias and strays."""
-    fam = shelf.family()
-    numbered = [
-        directory / n
-        for n, kind in listing.items()
-        if kind == "file" and fam.step_of(n) is not None
-    ]
-    for path in numbered:
-        try:
-            record = read_record(path, storage=storage)
-        except InvalidRecordError:
-            continue  # reported among the strays already
-        step = fam.step_of(path.name)
-        if record is None and _gone(path, storage):
-            vanished.append(path)
-        elif record is None:
-            strays[path] = _stray(path, fam.prefix, step, "no commit record")
-        elif record.step != step or record.family != fam.prefix:
-            why = "its commit record describes another file"
-            strays[path] = _stray(path, fam.prefix, step, why)
-        else:
-            on_disk = _size(path, storage, follow=False)
-            shelf.items.append(
-                listed(Checkpoint(path, step, fam.prefix, record), on_disk)
-            )
-    shelf.items.sort(key=lambda c: c.step)
-    pointers = [fam.pointer]
-    if fam.pointer == POINTER_NAME:  # found without a manifest: any pointer naming it
-        pointers += [n for n in listing if n.startswith(f"{POINTER_NAME}.")]
-    for name in pointers:
-        named = named_by(
-            directory, Family(fam.prefix, fam.suffix, name), storage=storage
+    def shelve(self, family: Family, policy=None, reason: str | None = None) -> None:
+        """Add ``family`` (with the policy its manifest records, if any)."""
+        self.shelves[family.prefix] = Shelf(
+            family.prefix,
+            suffix=family.suffix,
+            pointer=family.pointer,
+            policy=policy,
+            reason=reason,
         )
-        if named["pointer"] is not None and fam.step_of(named["pointer"]) is not None:
-            shelf.latest = named["pointer"]
-            break
-    linked = named_by(directory, fam, storage=storage)["alias"]
-    if linked and fam.step_of(linked) is not None:
-        shelf.alias = linked
 
+    def find_families(self) -> None:
+        """Add the families the records and pointers name; note bad records."""
+        directory, storage = self.directory, self.storage
+        for name in self.names:
+            target = record_target(name)
+            if target is None:
+                continue
+            path = directory / target
+            match = parse_numbered(target)
+            try:
+                record = read_record(path, storage=storage)
+            except InvalidRecordError as exc:
+                if self.names.get(target) == "file":
+                    prefix, step = (match.prefix, match.step) if match else (None, None)
+                    why = f"malformed commit record: {exc}"
+                    self.strays[path] = _stray(path, prefix, step, why)
+                continue
+            if record is None or not target.startswith(f"{record.family}-"):
+                continue
+            suffix = target[len(f"{record.family}-{record.step}") :]
+            if record.family not in self.shelves and suffix.startswith("."):
+                with contextlib.suppress(ValueError):
+                    self.shelve(Family(record.family, suffix))
+        for name in self.names:  # pointers: plain deepmd-kit writes no records
+            if name != POINTER_NAME and not name.startswith(f"{POINTER_NAME}."):
+                continue
+            with contextlib.suppress(UnsafePointerError, ValueError):
+                named = read_pointer(directory / name, storage=storage)
+                match = parse_numbered(named.name) if named else None
+                if match and match.prefix not in self.shelves:
+                    self.shelve(Family(match.prefix, match.suffix, name))
 
-def _ordered(
-    directory: Path,
-    shelves: dict[str, Shelf],
-    manifest: Manifest | None,
-    storage: Storage,
-) -> list[Shelf]:
-    """The manifest's order; without one, the family ``D/checkpoint`` names first."""
-    if manifest is not None:
-        return list(shelves.values())
-    named = None
-    with contextlib.suppress(UnsafePointerError):
-        found = read_pointer(directory / POINTER_NAME, storage=storage)
-        named = found.name if found is not None else None
-    primary = next(
-        (
-            p
-            for p, f in shelves.items()
-            if named and f.family().step_of(named) is not None
-        ),
-        None,
-    )
-    return sorted(shelves.values(), key=lambda f: (f.prefix != primary, f.prefix))
+    def fill(self, shelf: Shelf) -> None:
+        """Read a family's committed checkpoints, pointer, alias and strays."""
+        directory, storage, fam = self.directory, self.storage, shelf.family()
+        numbered = [
+            directory / n
+            for n, kind in self.names.items()
+            if kind == "file" and fam.step_of(n) is not None
+        ]
+        for path in numbered:
+            try:
+                record = read_record(path, storage=storage)
+            except InvalidRecordError:
+                continue  # reported among the strays already
+            step = fam.step_of(path.name)
+            if record is None and _gone(path, storage):
+                self.vanished.append(path)
+            elif record is None:
+                self.strays[path] = _stray(path, fam.prefix, step, "no commit record")
+            elif record.step != step or record.family != fam.prefix:
+                why = "its commit record describes another file"
+                self.strays[path] = _stray(path, fam.prefix, step, why)
+            else:
+                on_disk = _size(path, storage, follow=False)
+                checkpoint = Checkpoint(path, step, fam.prefix, record)
+                shelf.items.append(listed(checkpoint, on_disk))
+        shelf.items.sort(key=lambda c: c.step)
+        pointers = [fam.pointer]
+        if fam.pointer == POINTER_NAME:  # found without a manifest: any pointer
+            pointers += [n for n in self.names if n.startswith(f"{POINTER_NAME}.")]
+        for name in pointers:
+            family = Family(fam.prefix, fam.suffix, name)
+            named = named_by(directory, family, storage=storage)["pointer"]
+            if named is not None and fam.step_of(named) is not None:
+                shelf.latest = named
+                break
+        linked = named_by(directory, fam, storage=storage)["alias"]
+        if linked and fam.step_of(linked) is not None:
+            shelf.alias = linked
+
+    def ordered(self, manifest: Manifest | None) -> list[Shelf]:
+        """The manifest's order; without one, the family ``D/checkpoint`` names
+        first."""
+        if manifest is not None:
+            return list(self.shelves.values())
+        named = None
+        with contextlib.suppress(UnsafePointerError):
+            found = read_pointer(self.directory / POINTER_NAME, storage=self.storage)
+            named = found.name if found is not None else None
+        primary = None
+        for prefix, shelf in self.shelves.items():
+            if named and shelf.family().step_of(named) is not None:
+                primary = prefix
+                break
+        shelves = self.shelves.values()
+        return sorted(shelves, key=lambda f: (f.prefix != primary, f.prefix))
 
 
 def _payloads(folder: Path, storage: Storage) -> list[Path]:

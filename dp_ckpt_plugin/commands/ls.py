@@ -18,7 +18,7 @@ import argparse
 from dataclasses import asdict
 from typing import Any
 
-from ..retention import Verdict, policy_to_dict, ranking_of
+from ..retention import policy_to_dict, ranking_of
 from ..store.archive import ArchiveFolder
 from . import flag, output, store_directory
 from .open_store import open_view
@@ -59,21 +59,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def verdicts(shelf: Shelf) -> dict[str, Verdict]:
-    """What keeps each checkpoint of ``shelf``, by name (protections alone when
-    the policy is unknown)."""
+def keepers(shelf: Shelf) -> dict[str, tuple[tuple[str, str], ...]]:
+    """What keeps each checkpoint of ``shelf`` (policy, reason), by name: its
+    protections alone when the policy is unknown."""
     if shelf.policy is not None:
-        found = shelf.explain(shelf.policy)
-        return {v.name: v for v in found}
-    protected = shelf.protections()
-    return {
-        c.name: Verdict(
-            c.name,
-            c.step,
-            (("protected", protected[c.name]),) if c.name in protected else (),
-        )
-        for c in shelf.items
-    }
+        return {v.name: v.kept_by for v in shelf.explain(shelf.policy)}
+    return {name: (("protected", why),) for name, why in shelf.protections().items()}
 
 
 def show(listing: Listing, *, everything: bool) -> None:
@@ -82,12 +73,9 @@ def show(listing: Listing, *, everything: bool) -> None:
     fmt = listing.format or "unknown format"
     out.print(f"{listing.where}  ({fmt})")
     if listing.head is not None:
-        lease = listing.lease
-        holder = (
-            f"held by {lease.holder.describe()} (epoch {lease.epoch})"
-            if lease and not lease.released
-            else "not held"
-        )
+        lease, holder = listing.lease, "not held"
+        if lease and not lease.released:
+            holder = f"held by {lease.holder.describe()} (epoch {lease.epoch})"
         out.print(
             f"HEAD seq {listing.head.seq}, epoch {listing.head.epoch}; lease {holder}"
         )
@@ -108,30 +96,21 @@ def show(listing: Listing, *, everything: bool) -> None:
             ["step", "file", "size", "saved (UTC)", "metrics", "kept by"],
             right=("step", "size"),
         )
-        found = verdicts(shelf)
         ranking = ranking_of(shelf.policy) if shelf.policy is not None else None
-        for c in shelf.items:
-            metrics = c.metrics or {}
+        for c in family_json(shelf)["checkpoints"]:  # drawn from the --json form
+            metrics = c["metrics"] or {}
             if ranking is not None:  # the one that ranks (--json has them all)
                 metrics = {k: v for k, v in metrics.items() if k == ranking.metric}
-            verdict = found.get(c.name)
-            if verdict is not None and verdict.kept:
-                kept = "; ".join(reason for _, reason in verdict.kept_by)
-            else:
+            kept = "; ".join(k["reason"] for k in c["kept_by"])
+            if not c["kept_by"]:
                 kept = GOES if shelf.policy is not None else "? (policy unknown)"
-            size = output.size(c.size)
-            if c.torn:
-                size = f"{output.size(c.on_disk)} of {size}"
-                kept = f"CUT SHORT (its record says {c.size} bytes); {kept}"
-            name = f"{c.name}  <- latest" if c.name == shelf.latest else c.name
-            rows.add_row(
-                str(c.step),
-                name,
-                size,
-                output.utc(c.created),
-                output.metrics(dict(metrics)),
-                kept,
-            )
+            size = output.size(c["size"])
+            if c["torn"]:
+                size = f"{output.size(c['size_on_disk'])} of {size}"
+                kept = f"CUT SHORT (its record says {c['size']} bytes); {kept}"
+            name = f"{c['name']}  <- latest" if c["published"] else c["name"]
+            cells = (str(c["step"]), name, size, output.utc(c["created"]))
+            rows.add_row(*cells, output.metrics(metrics), kept)
         out.print(rows)
     prefixes = {f.prefix for f in listing.families}
     strays = [s for s in listing.strays if s.family in prefixes]
@@ -231,12 +210,11 @@ def as_json(listing: Listing) -> dict[str, Any]:
 
 def family_json(shelf: Shelf) -> dict[str, Any]:
     """One family of the ``--json`` form."""
-    found = verdicts(shelf)
+    found = keepers(shelf)
     known = shelf.policy is not None
     checkpoints = []
     for c in shelf.items:
-        verdict = found.get(c.name)
-        kept_by = verdict.kept_by if verdict else ()
+        kept_by = found.get(c.name, ())
         checkpoints.append(
             {
                 "name": c.name,

@@ -55,31 +55,25 @@ def provenance_rows(provenance: Provenance | None) -> list[tuple[str, str]]:
     data = provenance.data
     if data is not None:
         rows.append(("data", f"{data.count} system(s), {data.digest}"))
-        for system in data.systems:
-            rows.append(
-                (
-                    f"  {system.role}",
-                    f"{shown(system.path)} ({system.fingerprint[:19]}…)",
-                )
-            )
+        rows += [
+            (f"  {s.role}", f"{shown(s.path)} ({s.fingerprint[:19]}…)")
+            for s in data.systems
+        ]
     return rows
 
 
 def read_input_file(path: Path, storage: Storage | None = None) -> dict[str, Any]:
     """A training input file (JSON) read strictly; one line of error otherwise."""
     storage = storage or default_storage()
-    try:
+    with UsageError.on(UnreadableFileError):
         data = storage.read_small(path, MAX_INPUT_BYTES)
-    except UnreadableFileError as exc:
-        raise UsageError(str(exc)) from None
     if data is None:
         raise UsageError(f"{path}: no such file")
-    try:
+    not_input = f"{path} is not a JSON training input"
+    with UsageError.on(UnicodeDecodeError, InvalidRecordError, prefix=f"{not_input}: "):
         value = load_json(data.decode("utf-8"), path, "training input")
-    except (UnicodeDecodeError, InvalidRecordError) as exc:
-        raise UsageError(f"{path} is not a JSON training input: {exc}") from None
     if not isinstance(value, dict):
-        raise UsageError(f"{path} is not a JSON training input (not an object)")
+        raise UsageError(f"{not_input} (not an object)")
     return value
 
 

@@ -11,7 +11,6 @@ name or a field read from a store cannot colour the terminal or split a line.
 
 from __future__ import annotations
 
-import io
 import json
 import sys
 import time
@@ -41,7 +40,7 @@ class Printer:
         self.stream = sys.stderr if stderr else sys.stdout
         self.tty = self.stream.isatty()
         self.console = Console(
-            file=self.stream if self.tty else io.StringIO(),
+            file=self.stream,
             highlight=False,
             width=None if self.tty else 200,
             no_color=not self.tty,
@@ -49,15 +48,14 @@ class Printer:
 
     def print(self, *renderables: Any) -> None:
         """Print, as ``rich.console.Console.print`` does (strings as plain text)."""
-        self.console.print(*(_plain(r) for r in renderables))
-        if not self.tty:
-            buffer = self.console.file
-            text = buffer.getvalue()
-            buffer.seek(0)
-            buffer.truncate()
-            self.stream.write(
-                "".join(line.rstrip() + "\n" for line in text.splitlines())
-            )
+        plain = [_plain(r) for r in renderables]
+        if self.tty:
+            self.console.print(*plain)
+            return
+        with self.console.capture() as captured:  # to strip trailing spaces
+            self.console.print(*plain)
+        text = captured.get()
+        self.stream.write("".join(line.rstrip() + "\n" for line in text.splitlines()))
 
 
 def _plain(value: Any) -> Any:
@@ -90,6 +88,14 @@ def table(title: str | None, columns: list[str], *, right: tuple[str, ...] = ())
     return out
 
 
+def fields(rows: list[tuple[str, str]]) -> None:
+    """Print ``(name, value)`` rows, the values aligned."""
+    out = console()
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        out.print(f"{key:<{width}}  {value}")
+
+
 def size(n: int | None) -> str:
     """A size for people: ``812 B``, ``1.2 MB``."""
     if n is None:
@@ -113,8 +119,7 @@ def utc(seconds: float | None) -> str:
 
 def metrics(values: dict[str, float | None] | None) -> str:
     """Metrics for people: ``rmse_val=0.0123 lr=0.001``."""
-    if not values:
-        return ""
     return " ".join(
-        f"{k}={'-' if v is None else format(v, '.4g')}" for k, v in values.items()
+        f"{k}={'-' if v is None else format(v, '.4g')}"
+        for k, v in (values or {}).items()
     )

@@ -118,10 +118,8 @@ def policy_for(shelf: Shelf, args: argparse.Namespace) -> RetentionPolicy:
             "or a store on object storage, whose HEAD records none); "
             "give one, such as --keep-last 5"
         )
-    try:
+    with UsageError.on(ValueError):
         return policy_from_dict({**(recorded or {}), **given})
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -137,14 +135,14 @@ def run(args: argparse.Namespace) -> int:
                 f"{view.where}: --archives prunes a store directory's archive/"
             )
         return run_archives(args)
-    policies: dict[str, RetentionPolicy] = {}
-    plans: dict[str, list[Verdict]] = {}
+    plans: list[Plan] = []
 
     def decide(listing: Listing) -> list[Listed]:
         doomed = []
         for shelf in listing.families:
-            policies[shelf.prefix] = policy = policy_for(shelf, args)
-            plans[shelf.prefix] = plan = shelf.explain(policy)
+            policy = policy_for(shelf, args)
+            plan = shelf.explain(policy)
+            plans.append((shelf, policy, plan))
             gone = {v.name for v in plan if not v.kept}
             doomed += [c for c in shelf.items if c.name in gone]
         return doomed
@@ -152,9 +150,9 @@ def run(args: argparse.Namespace) -> int:
     listing, doomed = view.prune(args.family, decide, dry_run=args.dry_run)
     freed = sum(c.size for c in doomed)
     if args.json:
-        output.print_json(as_json(listing, policies, plans, freed, args.dry_run))
+        output.print_json(as_json(listing.where, plans, freed, args.dry_run))
     else:
-        show(listing, policies, plans, freed, dry_run=args.dry_run)
+        show(plans, freed, dry_run=args.dry_run)
     return 0
 
 
@@ -175,20 +173,22 @@ def release(view: StoreView) -> int:
 MAX_ROWS = 1000
 
 
-def show(listing: Listing, policies, plans, freed: int, *, dry_run: bool) -> None:
+#: A family, the policy applied to it and its verdicts.
+Plan = tuple[Shelf, RetentionPolicy, list[Verdict]]
+
+
+def show(plans: list[Plan], freed: int, *, dry_run: bool) -> None:
     """Print one table per family and a summary."""
     out = output.console()
     gone = 0
     verb = "would be removed" if dry_run else "removed"
-    for shelf in listing.families:
-        policy = policies[shelf.prefix]
+    for shelf, policy, verdicts in plans:
         rows = output.table(
             f"{shelf.prefix}  policy: {reason_of(policy)}",
             ["step", "file", "size", "outcome"],
             right=("step", "size"),
         )
         sizes = {c.name: c.size for c in shelf.items}
-        verdicts = plans[shelf.prefix]
         removed = sum(not v.kept for v in verdicts)
         listed = len(verdicts) <= MAX_ROWS
         for v in verdicts:
@@ -207,22 +207,20 @@ def show(listing: Listing, policies, plans, freed: int, *, dry_run: bool) -> Non
     out.print(f"{verb} {gone} checkpoint(s), {output.size(freed)}")
 
 
-def as_json(
-    listing: Listing, policies, plans, freed: int, dry_run: bool
-) -> dict[str, Any]:
+def as_json(where: str, plans: list[Plan], freed: int, dry_run: bool) -> dict[str, Any]:
     """The ``--json`` form (documented in docs/command.md)."""
     return {
-        "directory": listing.where,
+        "directory": where,
         "dry_run": dry_run,
         "families": [
             {
                 "prefix": shelf.prefix,
-                "policy": policy_to_dict(policies[shelf.prefix]),
-                "reason": reason_of(policies[shelf.prefix]),
-                "removed": [v.name for v in plans[shelf.prefix] if not v.kept],
-                "kept": [_kept(v) for v in plans[shelf.prefix] if v.kept],
+                "policy": policy_to_dict(policy),
+                "reason": reason_of(policy),
+                "removed": [v.name for v in plan if not v.kept],
+                "kept": [_kept(v) for v in plan if v.kept],
             }
-            for shelf in listing.families
+            for shelf, policy, plan in plans
         ],
         "freed": freed,
     }

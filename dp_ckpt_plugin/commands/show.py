@@ -92,7 +92,6 @@ def store_of(directory: Path | str, spec: str) -> tuple[StoreView, str]:
 
 def show_found(found: Resolution, *, with_input: bool) -> int:
     """Print a resolved checkpoint for people: record, provenance, input."""
-    out = output.console()
     c = found.item
     record = found.record
     rows = [
@@ -111,9 +110,8 @@ def show_found(found: Resolution, *, with_input: bool) -> int:
         if record.metrics:
             rows.append(("metrics", output.metrics(record.metrics)))
         rows += provenance_rows(record.provenance)
-    width = max(len(k) for k, _ in rows)
-    for key, value in rows:
-        out.print(f"{key:<{width}}  {value}")
+    output.fields(rows)
+    out = output.console()
     for warning in found.warnings:
         out.print(f"warning: {warning}")
     if with_input:

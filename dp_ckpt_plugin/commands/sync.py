@@ -31,8 +31,7 @@ import time
 from pathlib import Path
 
 from ..checkpoint.layout import POINTER_NAME, Family
-from ..checkpoint.limits import MAX_INPUT_BYTES
-from ..checkpoint.provenance import INPUTS_DIR, input_path, parse_input
+from ..checkpoint.provenance import input_path
 from ..errors import CheckpointError, CheckpointWriteError
 from ..objectstore.registry import storage_for
 from ..remote.catalogue import expand
@@ -41,7 +40,7 @@ from ..storage.local import LocalStorage
 from ..store.family import FamilyConfig
 from ..store.publish import publish, targets
 from . import FAILURE, UsageError, is_remote, output
-from .head_view import HeadView
+from .head_view import HeadView, kept_input
 from .views import Listing
 
 HELP = "copy a store between a directory and object storage, verified"
@@ -229,18 +228,15 @@ def _another_run(remote, listing: Listing, directory: Path, dead=frozenset()) ->
 
 
 def _fetch_input(storage, record, directory: Path, local: LocalStorage) -> None:
-    """The training input ``record`` names, from ``inputs/`` of the remote store."""
-    origin = record.provenance if record is not None else None
+    """The training input ``record`` names, from ``inputs/`` of the remote store
+    (left out when it is not kept there, a run before provenance: show says so)."""
+    origin = record.provenance
     if origin is None or origin.input is None:
         return
     path = input_path(directory, origin.input)
-    if local.entry(path) is not None:
-        return
-    found = storage.get(f"{INPUTS_DIR}/{path.name}", MAX_INPUT_BYTES)
-    if found is None or parse_input(found[0], origin.input) is None:
-        return  # not kept there (a run before provenance): show says so
-    local.make_dirs(path.parent, durable=True)
-    local.write_atomic(path, found[0], durable=True)
+    if local.entry(path) is None and (found := kept_input(storage, origin.input)):
+        local.make_dirs(path.parent, durable=True)
+        local.write_atomic(path, found[0], durable=True)
 
 
 def download(url: str, directory: Path) -> tuple[list[dict], list[str]]:

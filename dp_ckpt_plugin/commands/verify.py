@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         where = str(Path(args.path).absolute())
     start = time.perf_counter()
     results = _check_all(view, items, digest=args.digest, quiet=args.json)
-    rate = Rate(sum(r.hashed for r in results), time.perf_counter() - start)
+    seconds = time.perf_counter() - start
     problems += [r.problem for r in results if not r.ok]
     gone = [r for r in results if r.gone]
     results = [r for r in results if not r.gone]
@@ -107,11 +106,33 @@ def run(args: argparse.Namespace) -> int:
             f"nothing to verify: {args.path} holds no committed checkpoint"
             + (without if unverified else "")
         )
-    found = Verified(where, results, problems, unverified, gone, rate, args.digest)
+    found = {
+        "path": where,
+        "checked": "digest" if args.digest else "size",
+        "ok": not problems,
+        "sound": sum(r.ok for r in results),
+        "hashed_bytes": sum(r.hashed for r in results),
+        "seconds": round(seconds, 3),
+        "checkpoints": [
+            {
+                "name": r.item.name,
+                "path": r.item.where,
+                "family": r.item.family,
+                "step": r.item.step,
+                "size": r.item.size,
+                "ok": r.ok,
+                "problem": r.problem,
+            }
+            for r in results
+        ],
+        "unverified": [s.where for s in unverified],
+        "gone": [r.item.where for r in gone],
+        "problems": problems,
+    }
     if args.json:
-        output.print_json(found.as_json())
+        output.print_json(found)
     else:
-        found.show()
+        show(found, seconds)
     return 1 if problems else 0
 
 
@@ -151,85 +172,37 @@ def _check_all(
     return results
 
 
-@dataclass(frozen=True)
-class Rate:
-    """How many bytes were hashed, in how many seconds."""
+def show(found: dict[str, Any], seconds: float) -> None:
+    """Print the ``--json`` form for people: the table, then the problems.
 
-    hashed: int
-    seconds: float
-
-    def __str__(self) -> str:
-        per_second = self.hashed / self.seconds if self.seconds > 0 else 0
-        return (
-            f"hashed {output.size(self.hashed)} in {self.seconds:.2f} s "
-            f"({output.size(int(per_second))}/s)"
-        )
-
-
-@dataclass(frozen=True)
-class Verified:
-    """What ``verify`` found: the checkpoints checked (and those gone
-    meanwhile), the problems and the files without a record."""
-
-    where: str
-    results: list[Check]
-    problems: list[str]
-    unverified: list[Aside]
-    gone: list[Check]
-    rate: Rate
-    digest: bool
-
-    def show(self) -> None:
-        """Print the table and the problems."""
-        out = output.console()
-        checked = "size, digest" if self.digest else "size"
-        rows = output.table(
-            None, ["file", "step", "size", "checked", "result"], right=("step", "size")
-        )
-        for r in self.results:
-            result = "ok" if r.ok else "CORRUPT"
-            rows.add_row(
-                r.item.name, str(r.item.step), output.size(r.item.size), checked, result
-            )
-        if self.results:
-            out.print(rows)
-        for stray in self.unverified:
-            out.print(f"not verified: {stray.name} has no commit record")
-        for r in self.gone:
-            out.print(f"gone: {r.item.name} was removed meanwhile (retention)")
-        for problem in self.problems:
-            out.print(f"problem: {problem}")
-        good = sum(r.ok for r in self.results)
-        done = (
-            f"{good} of {len(self.results)} checkpoint(s) sound ({checked}); "
-            f"{len(self.problems)} problem(s)"
-        )
-        out.print(
-            f"{done}; {self.rate if self.digest else 'content not read (--size-only)'}"
-        )
-
-    def as_json(self) -> dict[str, Any]:
-        """The ``--json`` form (documented in docs/command.md)."""
-        return {
-            "path": self.where,
-            "checked": "digest" if self.digest else "size",
-            "ok": not self.problems,
-            "sound": sum(r.ok for r in self.results),
-            "hashed_bytes": self.rate.hashed,
-            "seconds": round(self.rate.seconds, 3),
-            "checkpoints": [
-                {
-                    "name": r.item.name,
-                    "path": r.item.where,
-                    "family": r.item.family,
-                    "step": r.item.step,
-                    "size": r.item.size,
-                    "ok": r.ok,
-                    "problem": r.problem,
-                }
-                for r in self.results
-            ],
-            "unverified": [s.where for s in self.unverified],
-            "gone": [r.item.where for r in self.gone],
-            "problems": self.problems,
-        }
+    A file without a record, or gone, is named by its file name; the rate
+    is of the ``seconds`` measured, not of their rounded value.
+    """
+    out = output.console()
+    digest = found["checked"] == "digest"
+    checked = "size, digest" if digest else "size"
+    rows = output.table(
+        None, ["file", "step", "size", "checked", "result"], right=("step", "size")
+    )
+    for c in found["checkpoints"]:
+        result = "ok" if c["ok"] else "CORRUPT"
+        rows.add_row(c["name"], str(c["step"]), output.size(c["size"]), checked, result)
+    if found["checkpoints"]:
+        out.print(rows)
+    for where in found["unverified"]:
+        out.print(f"not verified: {Path(where).name} has no commit record")
+    for where in found["gone"]:
+        out.print(f"gone: {Path(where).name} was removed meanwhile (retention)")
+    for problem in found["problems"]:
+        out.print(f"problem: {problem}")
+    done = (
+        f"{found['sound']} of {len(found['checkpoints'])} checkpoint(s) sound "
+        f"({checked}); {len(found['problems'])} problem(s)"
+    )
+    hashed = found["hashed_bytes"]
+    per_second = hashed / seconds if seconds > 0 else 0
+    rate = (
+        f"hashed {output.size(hashed)} in {seconds:.2f} s "
+        f"({output.size(int(per_second))}/s)"
+    )
+    out.print(f"{done}; {rate if digest else 'content not read (--size-only)'}")
