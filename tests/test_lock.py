@@ -28,8 +28,8 @@ from dp_ckpt_plugin.storage.temp import temp_name
 
 
 def this_command():
-    """Return the command line the lock's holder note records for this process."""
-    return " ".join(sys.argv)
+    """Return this process's command line as a refusal names it (its first 200 characters)."""
+    return " ".join(sys.argv)[:200]
 
 
 def start_child(mode, directory):
