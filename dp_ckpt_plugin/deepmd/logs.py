@@ -328,9 +328,7 @@ class ShortPaths(logging.Filter):
     """Show the paths a record carries as :func:`shown` does (the store's lines)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple) and any(
-            isinstance(a, Path) for a in record.args
-        ):
+        if isinstance(record.args, tuple):
             record.args = tuple(
                 shown(a) if isinstance(a, Path) else a for a in record.args
             )

@@ -292,16 +292,14 @@ def changes_since(
             f"world size {old.world_size} -> {new.world_size}: each rank draws "
             "other batches"
         )
-    for name, key in (("backend", "backend"), ("deepmd-kit", "deepmd_kit")):
+    for name, key, why in (
+        ("backend", "backend", "another trainer continues the run"),
+        ("deepmd-kit", "deepmd_kit", "another trainer continues the run"),
+        ("torch", "torch", "its kernels may round otherwise"),
+    ):
         before, after = getattr(old, key), getattr(new, key)
         if before is not None and after is not None and before != after:
-            found.lines.append(
-                f"{name} {before} -> {after}: another trainer continues the run"
-            )
-    if old.torch is not None and new.torch is not None and old.torch != new.torch:
-        found.lines.append(
-            f"torch {old.torch} -> {new.torch}: its kernels may round otherwise"
-        )
+            found.lines.append(f"{name} {before} -> {after}: {why}")
     if old_input is None and old.seed != new.seed:
         found.lines.append(
             f"training.seed {old.seed} -> {new.seed}, a run of this input draws "

@@ -230,8 +230,8 @@ def make_trainer_class(host_run: HostRun) -> type:
                 self._stage(step, store.prefix, checkpoint_data)
             elif self.rank == 0:  # a file outside the store, made atomic
                 host_run.write_atomic(save_path, checkpoint_data)
-                if store is not None and not isinstance(store, StoreFamily):
-                    store.prune(Path(save_path))  # deepmd-kit's own, no save_dir
+                if not isinstance(store, StoreFamily):  # deepmd-kit's, no save_dir
+                    store.prune(Path(save_path))
 
         def _stage(self, step: int, prefix: str, data: dict[str, Any]) -> None:
             """Save the payloads of a step once every family's is there."""
