@@ -78,7 +78,6 @@ def make_trainer_class(host_run: HostRun) -> type:
                     self._dp_exact,
                     self._dp_restore_data,
                     step=self.start_step,
-                    chief=self.rank == 0,
                 )
             config = args[0] if args else kwargs["config"]  # as deepmd-kit read it
             self.dp_setup_best(
@@ -223,12 +222,7 @@ def make_trainer_class(host_run: HostRun) -> type:
             if ema is not None:
                 states[ema] = self._dp_payload(step, ema=True)
             # the periodic and EMA payloads go together: one save in flight
-            host_run.save(
-                step,
-                states,
-                chief=self.rank == 0,
-                metrics={primary: self.dp_metrics(step)},
-            )
+            host_run.save(step, states, metrics={primary: self.dp_metrics(step)})
             if self.rank == 0:  # its path as deepmd-kit's unused store spells it
                 say_saved(host_run.host, self.ckpt_store.path_for(step))
 
@@ -263,12 +257,7 @@ def make_trainer_class(host_run: HostRun) -> type:
 
         # -- the loop ---------------------------------------------------------
         def train_step(self, task, step: int):
-            host_run.check_stop(
-                step,
-                start_step=self.start_step,
-                save=self._stop_save,
-                chief=self.rank == 0,
-            )
+            host_run.check_stop(step, start_step=self.start_step, save=self._stop_save)
             return super().train_step(task, step)
 
         def _stop_save(self, step: int) -> None:
@@ -278,7 +267,7 @@ def make_trainer_class(host_run: HostRun) -> type:
         def run(self) -> None:
             host_run.loop_started()
             super().run()
-            host_run.finish(chief=self.rank == 0)
+            host_run.finish()
 
     return CheckpointingTrainer
 
