@@ -146,6 +146,7 @@ def prepare_run(
                 adopted = [c.path for c in adopt(store, cwd=settings.cwd)]
         ctx = settings.resolve_context(chief=chief) if chief else None
         specs = {"init_model": init_model, "restart": restart, "finetune": finetune}
+        resolved: dict[str, str] = {}
         for key in HANDLES:
             spec = specs[key]
             if spec is None:
@@ -160,7 +161,7 @@ def prepare_run(
             else:
                 found = store.resolve(spec_path, context=context, continues=continues)
             run.payloads.add(payload_of(found, store.storage if store else None))
-            setattr(run, key, str(found.path))  # the handle deepmd-kit is given
+            resolved[key] = str(found.path)
             run.resumed_from = found.path
             # a restart continues the run's step count; an initialization or
             # a fine-tuning starts its own, so the checkpoints in save_dir are
@@ -191,6 +192,7 @@ def prepare_run(
                         log.info("changed since step %s: %s", found.step, line)
                     if run.changes.unknown:
                         log.info("%s", run.changes.unknown)
+        run.init_model, run.restart, run.finetune = map(resolved.get, HANDLES)
         if store is not None:
             run.report = SaveReport(settings.cwd)
             if pm.get_plugin(REPORT_PLUGIN) is not None:  # a second run, same manager
