@@ -72,6 +72,8 @@ class HostRun:
         deepmd-kit's loaders until the loop starts (:mod:`.loading`).
     changes : Changes or None
         With ``--restart``: what changed since its checkpoint (:mod:`.origin`).
+    chief : bool
+        Whether this process is rank 0, the one that says what happened.
     """
 
     store: CheckpointStore | None
@@ -86,6 +88,7 @@ class HostRun:
     exact_resume: bool = True
     payloads: ServedPayloads = field(default_factory=ServedPayloads)
     changes: Changes | None = None
+    chief: bool = True
     #: The step of the last checkpoint this run saved.
     last_saved: int | None = None
 
@@ -146,7 +149,6 @@ class HostRun:
         restore_data: Callable[[Any], str | None],
         *,
         step: int | None,
-        chief: bool,
     ) -> Any:
         """Put the random generators and the data where the checkpoint left them.
 
@@ -164,7 +166,7 @@ class HostRun:
             found.state, found.reason = None, why
         if found.exact:
             restore_rngs(found.state["rng"])
-        if chief:
+        if self.chief:
             log.info("%s", restart_line(step, found, self.changes))
         return entry
 
@@ -203,7 +205,6 @@ class HostRun:
         step: int,
         states: dict[str, Any],
         *,
-        chief: bool,
         metrics: Mapping[str, Mapping[str, float] | None] | None = None,
     ) -> dict[str, Path]:
         """Hand the payloads of ``step`` (one per family) to the store.
@@ -212,12 +213,12 @@ class HostRun:
         step (the displayed learning curve), recorded for best-K retention.
         """
         self.last_saved = step
-        if chief and self.report is not None:
+        if self.chief and self.report is not None:
             self.report.begin(step, states, background=self.background)
         paths = self.store.save_all(
             step, states, background=self.background, metrics=metrics
         )
-        if chief and self.report is not None:
+        if self.chief and self.report is not None:
             self.report.handed_over(step)
         return paths
 
@@ -235,7 +236,8 @@ class HostRun:
         ranks agree on a signal, ``save(step)`` commits the checkpoint of the
         steps done (unless it was just saved, or none was trained since the
         start), the last background save is waited for, and
-        :class:`~.preempt.Stopped` is raised.
+        :class:`~.preempt.Stopped` is raised. Only the chief (this ``chief``
+        and the run's) names the committed checkpoint.
         """
         if self.stop is None:
             return
@@ -249,13 +251,13 @@ class HostRun:
             self.stop.announce(signum, step)
             save(step)
         path = None
-        if self.store is not None and chief:
+        if self.store is not None and chief and self.chief:
             self.store.wait()
             path = self.store.path_for(step)
         self.stop.settle()
         raise Stopped(signum, step, path)
 
-    def finish(self, *, chief: bool) -> None:
+    def finish(self) -> None:
         """After training: the last background save is done; say where it is."""
         if self.stop is not None:
             self.stop.finish()
@@ -263,9 +265,9 @@ class HostRun:
             return
         self.store.wait()
         remote = self.store.remote
-        if chief and remote is not None:  # the end waits for the uploads
+        if self.chief and remote is not None:  # the end waits for the uploads
             remote.flush(remote.upload_wait)
-        if chief:
+        if self.chief:
             log.info("%s", finished_line(self.report, self.store, self.cwd))
 
 

@@ -70,12 +70,8 @@ def main(args: list[str] | argparse.Namespace | None = None, *, host: str) -> No
 def run_command(flags: argparse.Namespace, host: str) -> None:
     """Run the command; a user's mistake or a stop ends it with one line."""
     try:
-        if flags.command == "train":
-            run_train(flags, host)
-        elif flags.command == "freeze":
-            run_freeze(flags, host)
-        else:
-            run_change_bias(flags, host)
+        run = {"train": run_train, "freeze": run_freeze, "change-bias": run_change_bias}
+        run[flags.command](flags, host)
     except CheckpointError as exc:
         if not exc.said:  # a line found in the background was said there
             log.error("%s", exc)
@@ -240,7 +236,8 @@ def refuse_fallback(command: str, spec: str, found) -> None:
     if not found.fell_back:
         return
     step = f" (step {found.step})" if found.step is not None else ""
-    if _truthy(os.environ.get(ALLOW_FALLBACK_ENV)):
+    allowed = os.environ.get(ALLOW_FALLBACK_ENV, "").strip().lower()
+    if allowed in {"1", "true", "yes", "on"}:
         log.warning(
             "%s %s: using the older %s%s in place of the newest, as %s is set",
             command,
@@ -256,10 +253,6 @@ def refuse_fallback(command: str, spec: str, found) -> None:
         f"{shown(found.path)}{step} in its place without being asked: name that "
         f"file instead of {spec} to use it, or set {ALLOW_FALLBACK_ENV}=1"
     )
-
-
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 def stopped_line(stop: Stopped) -> str:

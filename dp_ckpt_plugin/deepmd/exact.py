@@ -217,12 +217,9 @@ class ExactResume:
 
     def continuation(self, entry: Any) -> Continuation:
         """This rank's state from a checkpoint's :data:`KEY` value, or why not."""
-        if not self.enabled:
-            return Continuation(None, "training._dp_ckpt.exact_resume is off")
-        if self.unsupported is not None:
-            return Continuation(None, self.unsupported)
-        if self.changed is not None:
-            return Continuation(None, self.changed)
+        off = None if self.enabled else "training._dp_ckpt.exact_resume is off"
+        if (why := off or self.unsupported or self.changed) is not None:
+            return Continuation(None, why)
         if not isinstance(entry, dict):
             return Continuation(
                 None,

@@ -40,8 +40,6 @@ class HostDescriptor:
         The store's format for this backend's checkpoints.
     suffix : str
         The file suffix of its checkpoints.
-    frozen_suffix : str
-        The suffix of what ``dp freeze`` writes.
     reports_metrics : bool
         Whether the trainer hands the displayed learning-curve values to
         each periodic save (what ``keep_best`` ranks by).
@@ -61,7 +59,6 @@ class HostDescriptor:
     trainer: str
     format: str = "torch"
     suffix: str = ".pt"
-    frozen_suffix: str = ".pth"
     reports_metrics: bool = True
     main_lines: tuple[tuple[str, str], ...] = ()
 

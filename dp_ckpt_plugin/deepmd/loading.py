@@ -50,10 +50,7 @@ class ServedPayloads:
     """
 
     def __init__(
-        self,
-        payloads: Iterable[PayloadBytes | None] = (),
-        *,
-        keep: Iterable[str] = (),
+        self, payloads: Iterable[PayloadBytes | None] = (), *, keep: Iterable[str] = ()
     ) -> None:
         self.keep = tuple(keep)
         self._held: dict[str, PayloadBytes] = {}

@@ -272,21 +272,16 @@ def finished_line(report: SaveReport | None, store, cwd: Path | None = None) -> 
     if report is None or report.last is None:
         return f"training ended without a new checkpoint; {pointer} is unchanged"
     step, path = report.last
+    where, freeze = shown(path, cwd), shown(store.directory, cwd)
     remote = store.remote
     if remote is not None:
-        where = (
-            remote.sent_url(Path(path).name)
-            or f"{shown(path, cwd)} (its upload to {remote.url} is not done)"
-        )
-        return (
-            f"training ended; the latest checkpoint is {where} (step {step}), named "
-            f"by {remote.url}/HEAD: continue with --restart latest or freeze with "
-            f"freeze -c {remote.url}"
-        )
+        sent = remote.sent_url(Path(path).name)
+        where = sent or f"{where} (its upload to {remote.url} is not done)"
+        pointer, freeze = f"{remote.url}/HEAD", remote.url
     return (
-        f"training ended; the latest checkpoint is {shown(path, cwd)} (step {step}), "
-        f"named by {pointer}: continue with --restart latest or freeze with "
-        f"freeze -c {shown(store.directory, cwd)}"
+        f"training ended; the latest checkpoint is {where} (step {step}), named "
+        f"by {pointer}: continue with --restart latest or freeze with "
+        f"freeze -c {freeze}"
     )
 
 
@@ -328,9 +323,7 @@ class ShortPaths(logging.Filter):
     """Show the paths a record carries as :func:`shown` does (the store's lines)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple) and any(
-            isinstance(a, Path) for a in record.args
-        ):
+        if isinstance(record.args, tuple):
             record.args = tuple(
                 shown(a) if isinstance(a, Path) else a for a in record.args
             )

@@ -150,18 +150,17 @@ def fingerprint(path: Path, storage: Storage | None = None) -> str:
     lines: list[str] = []
     names = _names(path, storage)
     if names is None:
-        entry = _entry(path, storage)
-        lines.append("missing" if entry is None else f"file {entry.size}")
+        size = _size(path, storage)
+        lines.append("missing" if size < 0 else f"file {size}")
     else:
         for name, kind in sorted(names):
             if kind == "dir":
                 for inner, _ in sorted(_names(path / name, storage) or []):
-                    entry = _entry(path / name / inner, storage)
-                    size = entry.size if entry is not None else -1
-                    lines.append(f"{name}/{inner} {size}")
+                    lines.append(
+                        f"{name}/{inner} {_size(path / name / inner, storage)}"
+                    )
                 continue
-            entry = _entry(path / name, storage)
-            line = f"{name} {entry.size if entry is not None else -1}"
+            line = f"{name} {_size(path / name, storage)}"
             if name in SMALL_FILES:
                 try:
                     data = storage.read_small(path / name)
@@ -172,11 +171,13 @@ def fingerprint(path: Path, storage: Storage | None = None) -> str:
     return digest_bytes("\n".join(lines).encode("utf-8"))
 
 
-def _entry(path: Path, storage: Storage):
+def _size(path: Path, storage: Storage) -> int:
+    """The size of ``path`` (links followed); -1 where nothing can be read."""
     try:
-        return storage.entry(path, follow=True)
+        entry = storage.entry(path, follow=True)
     except (OSError, UnreadableFileError):
-        return None
+        return -1
+    return entry.size if entry is not None else -1
 
 
 def data_identity(config: Mapping[str, Any], cwd: Path) -> DataIdentity:
@@ -292,16 +293,14 @@ def changes_since(
             f"world size {old.world_size} -> {new.world_size}: each rank draws "
             "other batches"
         )
-    for name, key in (("backend", "backend"), ("deepmd-kit", "deepmd_kit")):
+    for name, key, why in (
+        ("backend", "backend", "another trainer continues the run"),
+        ("deepmd-kit", "deepmd_kit", "another trainer continues the run"),
+        ("torch", "torch", "its kernels may round otherwise"),
+    ):
         before, after = getattr(old, key), getattr(new, key)
         if before is not None and after is not None and before != after:
-            found.lines.append(
-                f"{name} {before} -> {after}: another trainer continues the run"
-            )
-    if old.torch is not None and new.torch is not None and old.torch != new.torch:
-        found.lines.append(
-            f"torch {old.torch} -> {new.torch}: its kernels may round otherwise"
-        )
+            found.lines.append(f"{name} {before} -> {after}: {why}")
     if old_input is None and old.seed != new.seed:
         found.lines.append(
             f"training.seed {old.seed} -> {new.seed}, a run of this input draws "

@@ -41,14 +41,10 @@ def policy_from_training(
     """
     ratio = training.get("ckpt_keep_ratio")
     if ratio is not None:
-        steps = int(
-            num_steps if num_steps is not None else training.get("numb_steps", 0) or 0
-        )
-        return KeepLast(
-            keep_count_from_ratio(
-                float(ratio), steps, int(training.get("save_freq", 1000))
-            )
-        )
+        if num_steps is None:
+            num_steps = training.get("numb_steps", 0) or 0
+        save_freq = int(training.get("save_freq", 1000))
+        return KeepLast(keep_count_from_ratio(float(ratio), int(num_steps), save_freq))
     count = int(training.get("max_ckpt_keep", 5))
     if ema and training.get("ema_ckpt_keep") is not None:
         count = int(training["ema_ckpt_keep"])

@@ -128,6 +128,7 @@ def prepare_run(
         exact_resume=options.exact_resume,
         payloads=ServedPayloads(keep=(EXACT_KEY,)),  # read from deepmd-kit's load
         settings=settings,
+        chief=chief,
     )
     store = None
     created = False

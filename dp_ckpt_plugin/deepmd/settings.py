@@ -96,45 +96,21 @@ class RunSettings:
         """Where ``--restart``/``--init-model`` look, and how strictly.
 
         The checkpoint is loaded (by deepmd-kit's trainer): its bytes are
-        kept from the one reading that verifies them.
+        kept from the one reading that verifies them. With a store,
+        deepmd-kit's working-directory pointer is where ``latest`` looks last
+        (a ``save_dir`` plain deepmd-kit wrote has its pointer there).
         """
-        return restart_context(
-            self.family,
+        pointers = (self.cwd / WORKDIR_POINTER,) if self.save_dir is not None else ()
+        return ResolveContext(
+            family=self.family,
             store_dir=self.save_dir,
             cwd=self.cwd,
             prefix_path=self.save_ckpt,
+            fallback_pointers=pointers,
             digest=self.options.verify != "size",
             quarantine=self.options.quarantine and chief,
             load=True,
         )
-
-
-def restart_context(
-    family: Family,
-    *,
-    cwd: Path,
-    store_dir: Path | None = None,
-    prefix_path: Path | None = None,
-    digest: bool = True,
-    quarantine: bool = True,
-    load: bool = False,
-) -> ResolveContext:
-    """The resolution context of a deepmd-kit command (train or freeze).
-
-    With a store, deepmd-kit's working-directory pointer is where ``latest``
-    looks last (a ``save_dir`` plain deepmd-kit wrote has its pointer there).
-    ``load``: the command loads the checkpoint, from the bytes verified.
-    """
-    return ResolveContext(
-        family=family,
-        store_dir=store_dir,
-        cwd=cwd,
-        prefix_path=prefix_path,
-        fallback_pointers=(cwd / WORKDIR_POINTER,) if store_dir is not None else (),
-        digest=digest,
-        quarantine=quarantine,
-        load=load,
-    )
 
 
 def read_settings(
@@ -230,7 +206,7 @@ def resolve_for_reading(pm, spec: str, *, suffix: str, cwd: Path | None = None):
     directory = Path(spec)
     if spec != "latest" and is_directory(directory):
         family = primary_family_in(directory, suffix, family)
-    context = restart_context(family, cwd=cwd, digest=True, quarantine=False, load=True)
+    context = ResolveContext(family, cwd=cwd, digest=True, quarantine=False, load=True)
     found = resolve_restart(Hooks.of(pm), spec, context)
     for warning in found.warnings:
         log.warning("%s", warning)

@@ -15,8 +15,6 @@ DESCRIPTOR = HostDescriptor(
     keys=("pt", "pytorch"),
     deepmd_main="deepmd.pt.entrypoints.main",
     trainer="deepmd.pt.train.training",
-    frozen_suffix=".pth",
-    reports_metrics=True,
     main_lines=(
         ("DEBUG", "Log handles were successfully set"),
         ("INFO", "DeePMD version: {version}"),

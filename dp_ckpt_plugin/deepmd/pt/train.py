@@ -89,33 +89,25 @@ def train(flags, run: HostRun | None) -> None:
 def data_loader(loader: type, options) -> type:
     """The class deepmd-kit's trainer builds its data loaders with.
 
-    With ``exact_resume``, a loader over deepmd-kit's ``DpLoaderSet`` is a
-    :class:`~.batches.ResumableLoader` (its position is saved with each
-    checkpoint); any other (LMDB data) is deepmd-kit's, its workers ignoring
-    the stop signals.
+    Its workers ignore the stop signals. With ``exact_resume``, a loader over
+    deepmd-kit's ``DpLoaderSet`` is a :class:`~.batches.ResumableLoader` (its
+    position is saved with each checkpoint); any other (LMDB data) is
+    deepmd-kit's.
     """
-    quiet = quiet_workers(loader, options)
-    if not options.exact_resume:
-        return quiet
+    signums = tuple(signal.Signals[name] for name in options.stop_signals)
 
-    class ResumableDataLoader(quiet):
+    class CheckpointingDataLoader(loader):
         def __new__(cls, dataset=None, *args, sampler=None, **kwargs):
-            if not args and resumable(dataset, sampler, kwargs):
+            exact = options.exact_resume and not args
+            if exact and resumable(dataset, sampler, kwargs):
                 return ResumableLoader(dataset, sampler, **kwargs)
             return super().__new__(cls)
 
-    return ResumableDataLoader
-
-
-def quiet_workers(loader: type, options) -> type:
-    """deepmd-kit's ``DataLoader`` class, its workers ignoring the stop signals."""
-    signums = tuple(signal.Signals[name] for name in options.stop_signals)
-    if not signums:
-        return loader
-
-    class QuietWorkersDataLoader(loader):
         def __init__(self, *args, worker_init_fn=None, **kwargs) -> None:
-            init = functools.partial(ignore_in_worker, signums, then=worker_init_fn)
-            super().__init__(*args, worker_init_fn=init, **kwargs)
+            if signums:
+                worker_init_fn = functools.partial(
+                    ignore_in_worker, signums, then=worker_init_fn
+                )
+            super().__init__(*args, worker_init_fn=worker_init_fn, **kwargs)
 
-    return QuietWorkersDataLoader
+    return CheckpointingDataLoader

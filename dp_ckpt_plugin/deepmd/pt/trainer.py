@@ -150,7 +150,6 @@ def make_trainer_class(host_run: HostRun) -> type:
                     self._dp_exact,
                     lambda saved: batches.restore(self._dp_loaders, saved),
                     step=self.start_step,
-                    chief=self.rank == 0,
                 )
                 self._dp_redoes_step = not isinstance(entry, dict)
             self._dp_pending: tuple[int, dict[str, Any]] | None = None
@@ -230,8 +229,8 @@ def make_trainer_class(host_run: HostRun) -> type:
                 self._stage(step, store.prefix, checkpoint_data)
             elif self.rank == 0:  # a file outside the store, made atomic
                 host_run.write_atomic(save_path, checkpoint_data)
-                if store is not None and not isinstance(store, StoreFamily):
-                    store.prune(Path(save_path))  # deepmd-kit's own, no save_dir
+                if not isinstance(store, StoreFamily):  # deepmd-kit's, no save_dir
+                    store.prune(Path(save_path))
 
         def _stage(self, step: int, prefix: str, data: dict[str, Any]) -> None:
             """Save the payloads of a step once every family's is there."""
@@ -254,7 +253,7 @@ def make_trainer_class(host_run: HostRun) -> type:
 
         def _dp_commit(self, step: int, states: dict[str, Any]) -> None:
             metrics = {self._dp_primary: self.dp_metrics(step)}
-            host_run.save(step, states, chief=self.rank == 0, metrics=metrics)
+            host_run.save(step, states, metrics=metrics)
 
         def print_on_training(
             self, fout, step_id, cur_lr, train_results, valid_results
@@ -275,15 +274,13 @@ def make_trainer_class(host_run: HostRun) -> type:
                     self._dp_flush()
             finally:
                 self.lr_schedule = self.lr_schedule.schedule
-            host_run.finish(chief=self.rank == 0)
+            host_run.finish()
 
         def _dp_check_stop(self, step_id: int) -> None:
             # a restart from plain deepmd-kit's checkpoint re-trains the step it
             # resumed from: that one is done
             start = self.start_step + 1 if self._dp_redoes_step else self.start_step
-            host_run.check_stop(
-                step_id, start_step=start, save=self._dp_save, chief=self.rank == 0
-            )
+            host_run.check_stop(step_id, start_step=start, save=self._dp_save)
 
         def _dp_save(self, display_step: int) -> None:
             """Save the steps done as deepmd-kit's loop saves them (every rank calls it)."""

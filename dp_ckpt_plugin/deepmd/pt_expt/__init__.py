@@ -15,7 +15,5 @@ DESCRIPTOR = HostDescriptor(
     keys=("pt-expt", "pytorch-exportable"),
     deepmd_main="deepmd.pt_expt.entrypoints.main",
     trainer="deepmd.pt_expt.train.training",
-    frozen_suffix=".pte",
-    reports_metrics=True,
     main_lines=(("INFO", "DeePMD-kit backend: pt_expt (PyTorch Exportable)"),),
 )

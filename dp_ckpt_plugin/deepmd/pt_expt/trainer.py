@@ -78,7 +78,6 @@ def make_trainer_class(host_run: HostRun) -> type:
                     self._dp_exact,
                     self._dp_restore_data,
                     step=self.start_step,
-                    chief=self.rank == 0,
                 )
             config = args[0] if args else kwargs["config"]  # as deepmd-kit read it
             self.dp_setup_best(
@@ -173,6 +172,17 @@ def make_trainer_class(host_run: HostRun) -> type:
                 state[KEY] = self._dp_entry
             return state
 
+        def _dp_payload(self, step: int, *, ema: bool = False) -> dict[str, Any] | None:
+            """The periodic payload of ``step``, or with ``ema`` the EMA weights' one."""
+            if not ema:
+                return self._checkpoint_payload(
+                    step, include_optimizer=True, include_ema_state=True
+                )
+            with self.model_ema.apply_shadow(self.model):
+                return self._checkpoint_payload(
+                    step, include_optimizer=False, include_ema_state=False
+                )
+
         def _write_checkpoint(
             self,
             ckpt_path: Path,
@@ -208,23 +218,11 @@ def make_trainer_class(host_run: HostRun) -> type:
                 return
             self.nonfinite_grad_guard.raise_if_nonfinite(self.wrapper.named_parameters)
             primary, ema = host_run.family_names(self.model_ema is not None)
-            states = {
-                primary: self._checkpoint_payload(
-                    step, include_optimizer=True, include_ema_state=True
-                )
-            }
+            states = {primary: self._dp_payload(step)}
             if ema is not None:
-                with self.model_ema.apply_shadow(self.model):
-                    states[ema] = self._checkpoint_payload(
-                        step, include_optimizer=False, include_ema_state=False
-                    )
+                states[ema] = self._dp_payload(step, ema=True)
             # the periodic and EMA payloads go together: one save in flight
-            host_run.save(
-                step,
-                states,
-                chief=self.rank == 0,
-                metrics={primary: self.dp_metrics(step)},
-            )
+            host_run.save(step, states, metrics={primary: self.dp_metrics(step)})
             if self.rank == 0:  # its path as deepmd-kit's unused store spells it
                 say_saved(host_run.host, self.ckpt_store.path_for(step))
 
@@ -239,39 +237,27 @@ def make_trainer_class(host_run: HostRun) -> type:
             self.dp_note_shown(step + 1, train, valid)
             return train, valid
 
-        def _save_full_validation_checkpoint(
-            self, save_path: Path, lr: float = 0.0, step: int = 0
-        ) -> None:
-            if "full_validator" not in (self._dp_best_families or {}):
+        def _save_full_validation_checkpoint(self, save_path, lr=0.0, step=0) -> None:
+            if not self._dp_save_best("full_validator", step):
                 super()._save_full_validation_checkpoint(save_path, lr=lr, step=step)
-                return
-            state = self._checkpoint_payload(
-                step, include_optimizer=True, include_ema_state=True
-            )
-            self.dp_save_best("full_validator", step, state)
 
-        def _save_full_validation_ema_checkpoint(
-            self, save_path: Path, lr: float = 0.0, step: int = 0
-        ) -> None:
-            if "ema_full_validator" not in (self._dp_best_families or {}):
+        def _save_full_validation_ema_checkpoint(self, save_path, lr=0.0, step=0):
+            if not self._dp_save_best("ema_full_validator", step):
                 super()._save_full_validation_ema_checkpoint(
                     save_path, lr=lr, step=step
                 )
-                return
-            with self.model_ema.apply_shadow(self.model):
-                state = self._checkpoint_payload(
-                    step, include_optimizer=False, include_ema_state=False
-                )
-            self.dp_save_best("ema_full_validator", step, state)
+
+        def _dp_save_best(self, attribute: str, step: int) -> bool:
+            """Commit a best-validation payload; ``False`` for a file not in the store."""
+            if attribute not in (self._dp_best_families or {}):
+                return False
+            ema = attribute.startswith("ema_")
+            self.dp_save_best(attribute, step, self._dp_payload(step, ema=ema))
+            return True
 
         # -- the loop ---------------------------------------------------------
         def train_step(self, task, step: int):
-            host_run.check_stop(
-                step,
-                start_step=self.start_step,
-                save=self._stop_save,
-                chief=self.rank == 0,
-            )
+            host_run.check_stop(step, start_step=self.start_step, save=self._stop_save)
             return super().train_step(task, step)
 
         def _stop_save(self, step: int) -> None:
@@ -281,7 +267,7 @@ def make_trainer_class(host_run: HostRun) -> type:
         def run(self) -> None:
             host_run.loop_started()
             super().run()
-            host_run.finish(chief=self.rank == 0)
+            host_run.finish()
 
     return CheckpointingTrainer
 
@@ -292,8 +278,5 @@ def _arg(args: tuple, kwargs: dict, index: int, name: str) -> Any:
 
 def _systems_of(data: Any) -> list[Any]:
     """The data systems of a trainer argument (one, or one per task)."""
-    if data is None:
-        return []
-    if isinstance(data, dict):
-        return [d for d in data.values() if d is not None]
-    return [data]
+    found = data.values() if isinstance(data, dict) else [data]
+    return [d for d in found if d is not None]
