@@ -129,8 +129,8 @@ def test_check_stop_goes_on_without_a_signal():
 
 def test_non_chief_ranks_do_not_claim_the_commit():
     with pytest.raises(Stopped) as info:
-        HostRun(FakeStore(), stop=stopping()).check_stop(
-            4, start_step=0, save=lambda step: None, chief=False
+        HostRun(FakeStore(), stop=stopping(), chief=False).check_stop(
+            4, start_step=0, save=lambda step: None
         )
     assert info.value.path is None
 

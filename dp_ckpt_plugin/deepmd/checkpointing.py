@@ -228,7 +228,6 @@ class HostRun:
         *,
         start_step: int,
         save: Callable[[int], None],
-        chief: bool = True,
     ) -> None:
         """At the start of training step ``step``: stop here if a signal came.
 
@@ -236,8 +235,8 @@ class HostRun:
         ranks agree on a signal, ``save(step)`` commits the checkpoint of the
         steps done (unless it was just saved, or none was trained since the
         start), the last background save is waited for, and
-        :class:`~.preempt.Stopped` is raised. Only the chief (this ``chief``
-        and the run's) names the committed checkpoint.
+        :class:`~.preempt.Stopped` is raised. Only the chief names the
+        committed checkpoint.
         """
         if self.stop is None:
             return
@@ -251,7 +250,7 @@ class HostRun:
             self.stop.announce(signum, step)
             save(step)
         path = None
-        if self.store is not None and chief and self.chief:
+        if self.store is not None and self.chief:
             self.store.wait()
             path = self.store.path_for(step)
         self.stop.settle()
