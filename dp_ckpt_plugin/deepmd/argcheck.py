@@ -266,9 +266,13 @@ def plugin_args() -> Argument:
         str,
         optional=True,
         default="digest",
-        doc=f"{DOC_VERIFY} Possible values: ``size``, ``digest``.",
+        doc=f"{DOC_VERIFY} Possible values: "
+        + ", ".join(f"``{c}``" for c in VERIFY_CHOICES)
+        + ".",
         extra_check=lambda value: value in VERIFY_CHOICES,
-        extra_check_errmsg="It must be one of 'size', 'digest'.",
+        extra_check_errmsg="It must be one of "
+        + ", ".join(f"'{c}'" for c in VERIFY_CHOICES)
+        + ".",
     )
     stop_signals = Argument(
         "stop_signals",
