@@ -21,7 +21,7 @@ from dp_ckpt_plugin.storage import default_storage
 pytest.importorskip("deepmd")
 
 from dp_ckpt_plugin.deepmd.cli import ALLOW_FALLBACK_ENV, refuse_fallback
-from dp_ckpt_plugin.deepmd.prepare import plugin_manager
+from dp_ckpt_plugin.deepmd.host import plugin_manager
 from dp_ckpt_plugin.deepmd.settings import resolve_for_reading
 
 pytestmark = needs_torch

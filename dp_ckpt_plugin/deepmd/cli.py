@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from ..errors import CheckpointError
-from .host import descriptor
+from .host import descriptor, plugin_manager
 from .logs import (
     command_loggers,
     describe_checked,
@@ -159,7 +159,6 @@ def run_freeze(flags: argparse.Namespace, host: str):
     from ..resolution import payload_of
     from .heads import check_head
     from .loading import ServedPayloads
-    from .prepare import plugin_manager
 
     pm = plugin_manager(host)
     spec = flags.checkpoint_folder
@@ -183,7 +182,6 @@ def run_change_bias(flags: argparse.Namespace, host: str) -> None:
     """
     from ..resolution import payload_of
     from .loading import ServedPayloads
-    from .prepare import plugin_manager
 
     spec = flags.INPUT
     served = ServedPayloads()

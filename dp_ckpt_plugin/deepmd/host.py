@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pluggy
 
 #: The backend folders of this package, in the order they are registered.
 NAMES = ("pt_expt", "pt")
@@ -77,6 +81,13 @@ def descriptor(name: str) -> HostDescriptor:
     if name not in NAMES:
         raise KeyError(f"no deepmd-kit host {name!r}; hosts: {', '.join(NAMES)}")
     return importlib.import_module(f"dp_ckpt_plugin.deepmd.{name}").DESCRIPTOR
+
+
+def plugin_manager(name: str) -> pluggy.PluginManager:
+    """The plugin manager of a ``dp`` command: the core's plugins and host ``name``'s."""
+    from ..plugin import get_plugin_manager
+
+    return get_plugin_manager(host_plugins={"freeze": descriptor(name).freezer})
 
 
 def descriptors() -> list[HostDescriptor]:

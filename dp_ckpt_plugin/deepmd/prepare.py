@@ -41,7 +41,7 @@ from ..store.core import CheckpointStore
 from .adopt import adopt
 from .checkpointing import HostRun
 from .exact import KEY as EXACT_KEY
-from .host import descriptor
+from .host import descriptor, plugin_manager
 from .loading import ServedPayloads
 from .logs import SaveReport, restart_line, startup_line
 from .metrics import check_host_support
@@ -57,13 +57,6 @@ log = logging.getLogger("dp_ckpt_plugin")
 REPORT_PLUGIN = "dp_ckpt.deepmd.save_report"
 #: The command-line options that name a checkpoint, in the order resolved.
 HANDLES = ("init_model", "restart", "finetune")
-
-
-def plugin_manager(host: str) -> pluggy.PluginManager:
-    """The plugin manager of a ``dp`` command: the core's plugins and the host's."""
-    from ..plugin import get_plugin_manager
-
-    return get_plugin_manager(host_plugins={"freeze": descriptor(host).freezer})
 
 
 def prepare_training(host: str, input_file: str, handles, ranks: Ranks) -> HostRun:
