@@ -158,9 +158,11 @@ class HostRun:
         it from the verified bytes (read from those bytes if it did not).
         """
         entry = self.payloads.kept(restart, KEY, MISSING)
-        if entry is MISSING:
+        if entry is MISSING:  # read onto the CPU already
             entry = read_entry(self.payloads.file(restart))
-        found = exact.continuation(on_cpu(entry))
+        else:
+            entry = on_cpu(entry)
+        found = exact.continuation(entry)
         why = restore_data(found.state["data"]) if found.exact else None
         if why is not None:
             found.state, found.reason = None, why
