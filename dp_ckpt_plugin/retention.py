@@ -309,8 +309,9 @@ class KeepBest(RetentionPolicy):
     def rank(self, candidates: Iterable[Sequence]) -> list:
         """The candidates that carry the metric, best first (ties: newer first)."""
         sign = 1.0 if self.mode == "min" else -1.0
-        carrying = [c for c in candidates if self.value(c) is not None]
-        return sorted(carrying, key=lambda c: (sign * self.value(c), -c[1]))
+        scored = [(v, c) for c in candidates if (v := self.value(c)) is not None]
+        scored.sort(key=lambda vc: (sign * vc[0], -vc[1][1]))
+        return [c for _, c in scored]
 
     def keeps(self, candidates, protected):
         """The best ``count`` candidates carrying the metric."""

@@ -42,7 +42,7 @@ from helpers import (
     temporaries,
 )
 
-from dp_ckpt_plugin import CheckpointWriteError
+from dp_ckpt_plugin import CheckpointWriteError, UnreadableFileError
 from dp_ckpt_plugin.checkpoint.layout import record_name
 from dp_ckpt_plugin.checkpoint.records import read_record, verify
 from dp_ckpt_plugin.storage.local import LocalStorage
@@ -516,6 +516,39 @@ def test_alias_without_symlinks(tmp_path, monkeypatch, how):
         (directory / "checkpoint").unlink()
         restored = manager.restore(str(directory))
         assert payload_mismatches(restored.state, 3) == []
+
+
+@pytest.mark.parametrize("reader", ["read_small", "open_payload"])
+def test_a_failing_fstat_closes_the_file_and_is_unreadable(
+    tmp_path, monkeypatch, reader
+):
+    """The check of the file just opened fails: the descriptor is closed and the
+    failure is an :class:`UnreadableFileError` naming the path and the cause."""
+    path = tmp_path / "model.ckpt-1.pt"
+    path.write_bytes(b"payload")
+    opened = []
+    real_open, real_fstat = LocalStorage._sys_open, os.fstat
+
+    def spy_open(storage, where, flags, mode=0o644):
+        opened.append(real_open(storage, where, flags, mode))
+        return opened[-1]
+
+    def fstat(fd):
+        if fd in opened:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real_fstat(fd)
+
+    monkeypatch.setattr(LocalStorage, "_sys_open", spy_open)
+    monkeypatch.setattr(os, "fstat", fstat)
+    with pytest.raises(UnreadableFileError) as info:
+        getattr(LocalStorage(), reader)(path)
+    monkeypatch.undo()
+    assert str(path) in str(info.value)
+    assert os.strerror(errno.EIO) in str(info.value)
+    assert len(opened) == 1
+    with pytest.raises(OSError) as closed:
+        os.fstat(opened[0])
+    assert closed.value.errno == errno.EBADF
 
 
 # -- a real full filesystem ---------------------------------------------------

@@ -392,13 +392,16 @@ def admit(found: Resolved, ctx: ResolveContext) -> Resolved:
             note = unrecorded_note(path)
             if note not in warnings:
                 warnings.append(note)
-    return dataclasses.replace(
-        found,
+    return Resolved(
         checkpoint=checkpoint,
         checked=checked,
+        how=found.how,
         warnings=warnings,
         moved_aside=list(found.moved_aside),
+        rule=found.rule,
         via=found.via or via,
+        fell_back=found.fell_back,
+        source=found.source,
         payload=payload,
         carried=carried,
     )

@@ -48,11 +48,17 @@ class RemoteSource:
 class Origin(Protocol):
     """Where a resolved checkpoint was fetched from: a store's URL and family."""
 
-    #: The URL of the store it came from.
-    url: str
+    @property
+    def url(self) -> str:
+        """The URL of the store it came from."""
+        ...
 
-    #: The family it belongs to there.
-    family: str
+    @property
+    def family(self) -> str:
+        """The family it belongs to there."""
+        ...
 
-    #: The URL of its payload.
-    key_url: str
+    @property
+    def key_url(self) -> str:
+        """The URL of its payload."""
+        ...

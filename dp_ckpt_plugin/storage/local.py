@@ -291,7 +291,11 @@ class LocalStorage:
             return None
         except OSError as exc:
             raise _unreadable(path, "read", exc) from None
-        now = os.fstat(fd)
+        try:
+            now = os.fstat(fd)
+        except OSError as exc:
+            os.close(fd)
+            raise _unreadable(path, "read", exc) from None
         if not stat.S_ISREG(now.st_mode) or (
             not follow and (now.st_dev, now.st_ino) != (found.dev, found.ino)
         ):

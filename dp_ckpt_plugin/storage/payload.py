@@ -6,7 +6,8 @@ serializer a path naming the open temporary file by the payload's final name
 a serializer's own words (:class:`ErrorRecorder`, :func:`os_cause`), and
 hashes the written bytes from a map of the file while the fsync runs
 (:func:`digest_while`), or beside it with the commit's record
-(:func:`digest_beside`).
+(:func:`digest_beside`); :func:`at_once` runs calls (fsyncs that need no
+order between them) on threads of their own together.
 """
 
 from __future__ import annotations
@@ -73,6 +74,31 @@ class _Beside(threading.Thread):
         if self.error is not None:
             raise self.error
         return self.value
+
+
+def at_once(*calls: Callable[[], object]) -> None:
+    """Run ``calls`` at once, each but the last on a thread of its own.
+
+    Returns once every call returned; raises the first error (in the order
+    given). For fsyncs that no order is needed between.
+    """
+    base = threading.current_thread().name
+    beside = [
+        _Beside(call, f"{base}/dp_ckpt-fsync-{i}") for i, call in enumerate(calls[:-1])
+    ]
+    last: BaseException | None = None
+    try:
+        try:
+            calls[-1]()
+        except BaseException as exc:  # raised after the others' errors
+            last = exc
+    finally:
+        for thread in beside:
+            thread.join()
+    for thread in beside:
+        thread.result()
+    if last is not None:
+        raise last
 
 
 def digest_while(fd: int, digest, fsync) -> str:

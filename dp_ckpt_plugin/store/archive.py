@@ -195,7 +195,7 @@ def archive_folders(directory: Path, *, storage: Storage) -> list[ArchiveFolder]
     found = storage.entry(root)
     if found is None or not found.is_dir:
         return []
-    folders = []
+    folders = []  # ((created, the number after the stamp), folder)
     for name, kind in storage.names(root):
         if kind != "dir":
             continue
@@ -211,8 +211,11 @@ def archive_folders(directory: Path, *, storage: Storage) -> list[ArchiveFolder]
         files = [n for n, (kind, _) in listed.items() if kind == "file"]
         size = sum(size for _, size in listed.values())
         payloads = sorted(n for n in files if record_name(n) in listed)
-        folders.append(ArchiveFolder(name, path, float(created), size, payloads))
-    return sorted(folders, key=lambda f: (f.created, _order(f.name)))
+        order = int(stamp[2] or 0) if stamp else 0
+        folder = ArchiveFolder(name, path, float(created), size, payloads)
+        folders.append(((folder.created, order), folder))
+    folders.sort(key=lambda keyed: keyed[0])
+    return [folder for _, folder in folders]
 
 
 def archives_beyond(
@@ -301,8 +304,3 @@ def _listed(folder: Path, storage: Storage) -> dict[str, tuple[str, int]]:
         entry = storage.entry(folder / name)
         found[name] = (kind, entry.size if entry is not None and kind == "file" else 0)
     return found
-
-
-def _order(name: str) -> int:
-    found = _FOLDER_NAME.fullmatch(name)
-    return int(found[2] or 0) if found else 0

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
@@ -46,6 +45,7 @@ from ..checkpoint.records import (
 )
 from ..errors import CheckpointWriteError
 from ..storage import Storage
+from ..storage.payload import at_once
 from .archive import archive
 from .catalogue import Catalogue
 
@@ -281,37 +281,6 @@ def _record_beside(
         lambda: storage.sync_file(target),
         lambda: storage.sync_dir(path.parent, holding=[target]),
     )
-
-
-def at_once(*calls: Callable[[], object]) -> None:
-    """Run ``calls`` at once, each but the last on a thread of its own.
-
-    Returns once every call returned; raises the first error (in the order
-    given). For fsyncs that no order is needed between.
-    """
-    errors: list[BaseException | None] = [None] * len(calls)
-
-    def run(index: int) -> None:
-        try:
-            calls[index]()
-        except BaseException as exc:  # raised in the caller's thread
-            errors[index] = exc
-
-    base = threading.current_thread().name
-    threads = [
-        threading.Thread(target=run, args=(i,), name=f"{base}/dp_ckpt-fsync-{i}")
-        for i in range(len(calls) - 1)
-    ]
-    for thread in threads:
-        thread.start()
-    try:
-        run(len(calls) - 1)
-    finally:
-        for thread in threads:
-            thread.join()
-    for error in errors:
-        if error is not None:
-            raise error
 
 
 def rewrite(

@@ -25,8 +25,8 @@ from typing import Literal
 from ..checkpoint.pointers import MAX_POINTER_BYTES, pointer_text
 from ..errors import CheckpointWriteError, UnreadableFileError
 from ..storage import Storage
+from ..storage.payload import at_once
 from .catalogue import Catalogue
-from .commit import at_once
 
 
 @dataclass(frozen=True)

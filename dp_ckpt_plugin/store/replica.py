@@ -23,17 +23,25 @@ from .place import StorePlace
 class Staging(Protocol):
     """What a remote store reads of the local store that stages for it."""
 
-    #: The staging directory, its storage and durability.
-    place: StorePlace
+    @property
+    def place(self) -> StorePlace:
+        """The staging directory, its storage and durability."""
+        ...
 
-    #: Its committed checkpoints.
-    catalogue: Catalogue
+    @property
+    def catalogue(self) -> Catalogue:
+        """Its committed checkpoints."""
+        ...
 
-    #: Its families by prefix.
-    families: dict[str, FamilyConfig]
+    @property
+    def families(self) -> dict[str, FamilyConfig]:
+        """Its families by prefix."""
+        ...
 
-    #: Whether this process writes.
-    is_chief: bool
+    @property
+    def is_chief(self) -> bool:
+        """Whether this process writes."""
+        ...
 
 
 @runtime_checkable
