@@ -88,13 +88,11 @@ def at_once(*calls: Callable[[], object]) -> None:
     ]
     last: BaseException | None = None
     try:
-        try:
-            calls[-1]()
-        except BaseException as exc:  # raised after the others' errors
-            last = exc
-    finally:
-        for thread in beside:
-            thread.join()
+        calls[-1]()
+    except BaseException as exc:  # raised after the others' errors
+        last = exc
+    for thread in beside:
+        thread.join()
     for thread in beside:
         thread.result()
     if last is not None:
