@@ -221,8 +221,8 @@ class RemoteStore:
         try:
             self._swap(lambda h: h)  # no writer of an older epoch moves HEAD now
         except BaseException:
+            self.epoch = None  # not started, even if release raises
             self.lease.release()
-            self.epoch = None
             raise
         self.notes.extend(self.lease.notes)
         self.lease.start_heartbeat()
