@@ -66,6 +66,7 @@ from ..storage.objects import (
 )
 from ..text import scrub_url, shown
 from . import aws
+from .registry import control_refusal
 
 #: Size of one part of a multipart upload (and the largest single-request put).
 PART_SIZE = 16 << 20
@@ -143,11 +144,9 @@ def parse_url(url: str) -> tuple[str, str, str, str]:
         no bucket, a bucket name the store refuses, credentials in the URL, a
         query, or a prefix with empty, ``.`` or ``..`` parts.
     """
-    if any(not c.isprintable() for c in url):
-        raise ConfigError(
-            f"{shown(url)}: an object-store URL holds no control character "
-            "(a newline, a tab, an escape)"
-        )
+    said = control_refusal(url, "an object-store URL")
+    if said is not None:
+        raise ConfigError(f"{shown(url)}: {said}")
     scheme, _, rest = url.partition("://")
     scheme = scheme.lower()
     if scheme not in SCHEMES:
@@ -383,9 +382,12 @@ class CloudStorage:
         """What went wrong, in one line, with no secret in it."""
         return describe(exc, self._scrub, self.bucket)
 
+    def _named(self, key: str | None) -> str:
+        """The URL an error names: of ``key`` (unchecked), else the storage's."""
+        return self.url if key is None else f"{self.url}/{key}"
+
     def _fail(self, what: str, key: str | None, exc: BaseException) -> Exception:
-        url = f"{self.url}/{key}" if key else self.url
-        return StorageUnavailableError(url, what, self._cause(exc))
+        return StorageUnavailableError(self._named(key), what, self._cause(exc))
 
     def _run(self, what: str, key: str | None, call: Callable[[], T]) -> T:
         """``call()``, any error of obstore's turned into one clear error."""
@@ -591,7 +593,7 @@ class CloudStorage:
         """A listing through botocore: keys relative to the root (see :mod:`.aws`)."""
         base = self._base
         self._count("list")
-        with self._botocore(f"{self.url}/{prefix}*" if prefix else self.url, "list"):
+        with self._botocore(f"{prefix}*" if prefix else None, "list"):
             found, folders = self._multipart().objects(base + prefix, delimiter)
         return (
             [replace(info, key=info.key[len(base) :]) for info in found],
@@ -604,13 +606,13 @@ class CloudStorage:
         return f"{self.prefix}/" if self.prefix else ""
 
     @contextlib.contextmanager
-    def _botocore(self, url: str, what: str) -> Iterator[None]:
+    def _botocore(self, key: str | None, what: str) -> Iterator[None]:
         """A call of :mod:`.aws`, its error turned into one clear error."""
         try:
             yield
         except (aws.S3RequestError, OSError, ValueError) as exc:
             cause = self._scrub(str(exc).splitlines()[0])
-            raise StorageUnavailableError(url, what, cause) from None
+            raise StorageUnavailableError(self._named(key), what, cause) from None
 
     def delete(self, key: str) -> bool:
         """Remove an object; ``False`` if it was not there."""
@@ -688,7 +690,7 @@ class CloudStorage:
             raise StorageUnavailableError(self.url, what, _NO_UPLOADS)
         self._count("list_uploads")
         base = self._base
-        with self._botocore(self.url, what):
+        with self._botocore(None, what):
             found, now = self._multipart().list(base + prefix, page)
         ours = [u for u in found if u.key.startswith(base + prefix)]
         return [replace(u, key=u.key[len(base) :]) for u in ours], now
@@ -696,7 +698,7 @@ class CloudStorage:
     def abort_upload(self, upload: PendingUpload) -> bool:
         """Abort one incomplete upload; ``False`` if it was gone already."""
         self._count("abort_upload")
-        with self._botocore(f"{self.url}/{upload.key}", "abort the upload"):
+        with self._botocore(upload.key, "abort the upload"):
             return self._multipart().abort(replace(upload, key=self._base + upload.key))
 
     def abort_incomplete_uploads(

@@ -221,8 +221,8 @@ class RemoteStore:
         try:
             self._swap(lambda h: h)  # no writer of an older epoch moves HEAD now
         except BaseException:
+            self.epoch = None  # not started, even if release raises
             self.lease.release()
-            self.epoch = None
             raise
         self.notes.extend(self.lease.notes)
         self.lease.start_heartbeat()
@@ -400,10 +400,11 @@ class RemoteStore:
         }
         archived = replace(head, families=families, archives=())
         now = time.time()
+        data = archived.to_bytes()  # the same bytes under every name tried
         for again in range(ARCHIVE_ATTEMPTS):
             key = archive_key(now, again)
             try:
-                self.storage.put_if_absent(key, archived.to_bytes())
+                self.storage.put_if_absent(key, data)
                 break
             except KeyExistsError:
                 continue
