@@ -35,12 +35,13 @@ from ..checkpoint.provenance import input_path
 from ..errors import CheckpointError, CheckpointWriteError
 from ..objectstore.registry import storage_for
 from ..remote.catalogue import expand
+from ..remote.fetch import kept_input
 from ..retention import KeepAll
 from ..storage.local import LocalStorage
 from ..store.family import FamilyConfig
 from ..store.publish import publish, targets
 from . import FAILURE, UsageError, is_remote, output
-from .head_view import HeadView, kept_input
+from .head_view import HeadView
 from .views import Listing
 
 HELP = "copy a store between a directory and object storage, verified"
