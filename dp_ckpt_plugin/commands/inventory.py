@@ -62,9 +62,10 @@ def read_inventory(directory: Path, *, storage: Storage | None = None) -> Listin
         archives = []
         warnings.append(f"{directory / ARCHIVE_DIR}: {exc}")
     families = found.ordered(manifest)
-    formats = {c.format for f in families for c in f.items}
     if manifest is not None:
         formats = {manifest.format}
+    else:
+        formats = {c.format for f in families for c in f.items}
     return Listing(
         where=str(directory),
         families=families,
