@@ -132,11 +132,11 @@ def upload(directory: Path, url: str) -> tuple[list[dict], list[str]]:
                 except NotSent as exc:  # a corrupt or changed source checkpoint
                     problems.append(str(exc))
                     continue
-                url = storage.url_of(entry.key)
-                copied.append(_copied(shelf.prefix, entry, url=url))
+                sent = storage.url_of(entry.key)
+                copied.append(_copied(shelf.prefix, entry, url=sent))
                 problem, _ = HeadView(storage).problem(entry, digest=True)
                 if problem is not None:
-                    problems.append(f"{url}: {problem}")
+                    problems.append(f"{sent}: {problem}")
             pointed = shelf.latest
             if pointed is not None and directory / pointed not in dead:
                 state = remote.head.family(shelf.prefix)
