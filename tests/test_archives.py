@@ -213,6 +213,23 @@ def test_prune_archives_is_refused_while_a_run_holds_the_store(tmp_path, capsys)
 
 
 @pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("abc", "argument --keep-archives: expected an integer, got 'abc'"),
+        ("1.5", "argument --keep-archives: expected an integer, got '1.5'"),
+        ("none", "argument --keep-archives: expected a count (0 or more), got 'none'"),
+        ("-1", "argument --keep-archives: expected a count (0 or more), got '-1'"),
+    ],
+)
+def test_keep_archives_refusals_say_what_they_said(tmp_path, capsys, value, message):
+    d = tmp_path / "models"
+    named(d)
+    status, _, err = dp_ckpt(capsys, "prune", d, "--archives", "--keep-archives", value)
+    assert status == 2 and message in err and len(err.splitlines()) == 1
+    assert sorted(os.listdir(d / "archive")) == STAMPS
+
+
+@pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--archives"], "needs --keep-archives N or --older-than DAYS"),

@@ -125,8 +125,14 @@ def existing(value: str, path: Path, *, files: bool) -> Path:
     return path
 
 
-def at_least(kind: type, low: float, expected: str) -> Callable[[str], Any]:
-    """An argument type: a number of ``kind``, ``low`` or more (NaN is not)."""
+def at_least(
+    kind: Callable[[str], Any], low: float, expected: str
+) -> Callable[[str], Any]:
+    """An argument type: a number read by ``kind``, ``low`` or more (NaN is not).
+
+    ``kind`` is ``int``, ``float`` or a parser that refuses a value in its own
+    words (``argparse.ArgumentTypeError``); ``None`` from it is refused here.
+    """
 
     def parse(value: str):
         try:

@@ -19,7 +19,7 @@ from ..errors import CorruptCheckpointError, RestartNotFoundError
 from ..plugin import get_plugin_manager
 from ..plugin.hooks import Hooks
 from ..resolution import ResolveContext, resolve_restart
-from ..storage import default_storage, entry_or_none, local_storage
+from ..storage import default_storage, is_file, local_storage
 from ..store.lock import StoreLock
 from ..store.pruning import remove
 from .inventory import listed, read_inventory
@@ -50,10 +50,10 @@ class DirectoryView:
                 ("pointer", shelf.latest, family.pointer),
                 ("alias", shelf.alias, family.alias),
             ):
-                if named is None or _is_file(self.directory / named):
+                if named is None or is_file(self.directory / named):
                     continue
                 now = named_by(self.directory, family, storage=storage)[kind]
-                if now not in (None, named) and _is_file(self.directory / now):
+                if now not in (None, named) and is_file(self.directory / now):
                     continue
                 problems.append(
                     f"{kind} {self.directory / where} names {named}, "
@@ -118,8 +118,3 @@ class DirectoryView:
             if not dry_run:
                 remove([Path(c.where) for c in doomed], durable=True, storage=storage)
         return listing, doomed
-
-
-def _is_file(path: Path) -> bool:
-    found = entry_or_none(path, follow=True)
-    return found is not None and found.is_file

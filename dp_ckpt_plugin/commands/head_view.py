@@ -14,13 +14,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..checkpoint.digests import hasher
-from ..checkpoint.limits import MAX_INPUT_BYTES
-from ..checkpoint.provenance import input_path, parse_input
 from ..checkpoint.records import CommitRecord
 from ..errors import CheckpointError, RestartNotFoundError
 from ..remote import head as heads
 from ..remote.catalogue import SPILL, expand, leaves, write_segment
-from ..remote.fetch import LATEST, candidates, fell_back, fetch_first
+from ..remote.fetch import LATEST, candidates, fell_back, fetch_first, kept_input
 from ..remote.head import Entry, Head
 from ..remote.keys import owned, parse_key
 from ..remote.lease import Lease, LeaseState
@@ -232,14 +230,6 @@ class HeadView:
     def release_lease(self) -> str | None:
         """Release a lease whose holder is gone (watched up to its time to live)."""
         return Lease(self.storage).clear()
-
-
-def kept_input(storage: ObjectStorage, digest: str) -> tuple[bytes, dict] | None:
-    """The training input of ``digest`` in ``inputs/`` of a remote store: its
-    bytes and its value (``None``: not kept there, or other bytes)."""
-    found = storage.get(input_path(Path(), digest).as_posix(), MAX_INPUT_BYTES)
-    value = None if found is None else parse_input(found[0], digest)
-    return None if value is None else (found[0], value)
 
 
 def _primary(head: Head) -> str:

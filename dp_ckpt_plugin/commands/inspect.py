@@ -260,8 +260,8 @@ def show(found: dict[str, Any]) -> None:
             f"{found['levels_cut']} deeper level(s) not listed (--depth N to see them)"
         )
         rows.append(("listed", f"{found['depth']} level(s); {cut}"))
-    output.fields(rows)
     out = output.console()
+    output.fields(rows, out)
     if not found["loaded"]:
         out.print(f"does not load: {found['load_error']}")
         return

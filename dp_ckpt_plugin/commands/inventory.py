@@ -62,9 +62,10 @@ def read_inventory(directory: Path, *, storage: Storage | None = None) -> Listin
         archives = []
         warnings.append(f"{directory / ARCHIVE_DIR}: {exc}")
     families = found.ordered(manifest)
-    formats = {c.format for f in families for c in f.items}
     if manifest is not None:
         formats = {manifest.format}
+    else:
+        formats = {c.format for f in families for c in f.items}
     return Listing(
         where=str(directory),
         families=families,
@@ -222,16 +223,21 @@ class _Reader:
                 checkpoint = Checkpoint(path, step, fam.prefix, record)
                 shelf.items.append(listed(checkpoint, on_disk))
         shelf.items.sort(key=lambda c: c.step)
+        own = named_by(directory, fam, storage=storage)  # its pointer and alias
         pointers = [fam.pointer]
         if fam.pointer == POINTER_NAME:  # found without a manifest: any pointer
             pointers += [n for n in self.names if n.startswith(f"{POINTER_NAME}.")]
         for name in pointers:
             family = Family(fam.prefix, fam.suffix, name)
-            named = named_by(directory, family, storage=storage)["pointer"]
+            named = (
+                own["pointer"]
+                if name == fam.pointer
+                else named_by(directory, family, storage=storage)["pointer"]
+            )
             if named is not None and fam.step_of(named) is not None:
                 shelf.latest = named
                 break
-        linked = named_by(directory, fam, storage=storage)["alias"]
+        linked = own["alias"]
         if linked and fam.step_of(linked) is not None:
             shelf.alias = linked
 

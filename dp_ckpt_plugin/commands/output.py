@@ -88,9 +88,8 @@ def table(title: str | None, columns: list[str], *, right: tuple[str, ...] = ())
     return out
 
 
-def fields(rows: list[tuple[str, str]]) -> None:
-    """Print ``(name, value)`` rows, the values aligned."""
-    out = console()
+def fields(rows: list[tuple[str, str]], out: Printer) -> None:
+    """Print ``(name, value)`` rows through ``out``, the values aligned."""
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         out.print(f"{key:<{width}}  {value}")

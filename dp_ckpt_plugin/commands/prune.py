@@ -76,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--keep-archives",
-        type=at_least(int, 0, "a count (0 or more)"),
+        type=at_least(_count, 0, "a count (0 or more)"),
         metavar="N",
         help="with --archives: keep the newest N archives",
     )

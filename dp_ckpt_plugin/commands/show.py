@@ -110,8 +110,8 @@ def show_found(found: Resolution, *, with_input: bool) -> int:
         if record.metrics:
             rows.append(("metrics", output.metrics(record.metrics)))
         rows += provenance_rows(record.provenance)
-    output.fields(rows)
     out = output.console()
+    output.fields(rows, out)
     for warning in found.warnings:
         out.print(f"warning: {warning}")
     if with_input:

@@ -35,12 +35,13 @@ from ..checkpoint.provenance import input_path
 from ..errors import CheckpointError, CheckpointWriteError
 from ..objectstore.registry import storage_for
 from ..remote.catalogue import expand
+from ..remote.fetch import kept_input
 from ..retention import KeepAll
 from ..storage.local import LocalStorage
 from ..store.family import FamilyConfig
 from ..store.publish import publish, targets
 from . import FAILURE, UsageError, is_remote, output
-from .head_view import HeadView, kept_input
+from .head_view import HeadView
 from .views import Listing
 
 HELP = "copy a store between a directory and object storage, verified"
@@ -131,11 +132,11 @@ def upload(directory: Path, url: str) -> tuple[list[dict], list[str]]:
                 except NotSent as exc:  # a corrupt or changed source checkpoint
                     problems.append(str(exc))
                     continue
-                url = storage.url_of(entry.key)
-                copied.append(_copied(shelf.prefix, entry, url=url))
+                sent = storage.url_of(entry.key)
+                copied.append(_copied(shelf.prefix, entry, url=sent))
                 problem, _ = HeadView(storage).problem(entry, digest=True)
                 if problem is not None:
-                    problems.append(f"{url}: {problem}")
+                    problems.append(f"{sent}: {problem}")
             pointed = shelf.latest
             if pointed is not None and directory / pointed not in dead:
                 state = remote.head.family(shelf.prefix)

@@ -181,11 +181,12 @@ def run_change_bias(flags: argparse.Namespace, host: str) -> None:
     directory.
     """
     from ..resolution import payload_of
+    from ..storage import is_file
     from .loading import ServedPayloads
 
     spec = flags.INPUT
     served = ServedPayloads()
-    if not _is_file(Path(spec)):
+    if not is_file(Path(spec)):
         said = f"change-bias {spec}:"
         found = resolve_model(plugin_manager(host), host, spec, "change-bias", said)
         served.add(payload_of(found))
@@ -203,14 +204,6 @@ def run_change_bias(flags: argparse.Namespace, host: str) -> None:
             model_branch=flags.model_branch,
             output=flags.output,
         )
-
-
-def _is_file(path: Path) -> bool:
-    """Whether ``path`` is an existing file (links followed), as the storage sees it."""
-    from ..storage import entry_or_none
-
-    found = entry_or_none(path, follow=True)
-    return found is not None and found.is_file
 
 
 #: Set to a true value, ``freeze`` and ``change-bias`` use an older checkpoint

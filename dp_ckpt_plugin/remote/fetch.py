@@ -22,6 +22,8 @@ from pathlib import Path
 
 from ..checkpoint import Checkpoint
 from ..checkpoint.digests import write_hashed
+from ..checkpoint.limits import MAX_INPUT_BYTES
+from ..checkpoint.provenance import input_path, parse_input
 from ..checkpoint.records import (
     MAX_RECORD_BYTES,
     CommitRecord,
@@ -270,6 +272,14 @@ def record_of(storage: ObjectStorage, entry: Entry) -> CommitRecord:
             f"commit record {url} does not agree with HEAD about {entry.name}"
         )
     return record
+
+
+def kept_input(storage: ObjectStorage, digest: str) -> tuple[bytes, dict] | None:
+    """The training input of ``digest`` in ``inputs/`` of a remote store: its
+    bytes and its value (``None``: not kept there, or other bytes)."""
+    found = storage.get(input_path(Path(), digest).as_posix(), MAX_INPUT_BYTES)
+    value = None if found is None else parse_input(found[0], digest)
+    return None if value is None else (found[0], value)
 
 
 def fetch(

@@ -43,7 +43,7 @@ from pathlib import Path
 from ..checkpoint import Checkpoint
 from ..checkpoint.digests import digest_of_view
 from ..checkpoint.limits import MAX_INPUT_BYTES
-from ..checkpoint.provenance import INPUTS_DIR, input_path, parse_input
+from ..checkpoint.provenance import INPUTS_DIR, input_path
 from ..checkpoint.records import CommitRecord
 from ..errors import CheckpointError, CheckpointWriteError, UnreadableFileError
 from ..resolution import Resolved
@@ -61,7 +61,7 @@ from ..store.family import FamilyConfig
 from ..store.replica import Staging
 from . import branches, catalogue
 from . import head as heads
-from .fetch import Found, copy_here
+from .fetch import Found, copy_here, kept_input
 from .head import Entry, FencedError, Head, say_once
 from .keys import archive_key, owned, payload_key, record_key
 from .lease import DEFAULT_TTL, Holder, Lease
@@ -717,12 +717,11 @@ class RemoteStore:
 
     def read_input(self, digest: str) -> dict | None:
         """The training input of ``digest`` kept in the remote store, if it is there."""
-        key = f"{INPUTS_DIR}/{input_path(Path('.'), digest).name}"
         try:
-            found = self.storage.get(key, MAX_INPUT_BYTES)
+            found = kept_input(self.storage, digest)
         except (StorageUnavailableError, CheckpointError):
             return None
-        return None if found is None else parse_input(found[0], digest)
+        return None if found is None else found[1]
 
     def _chosen(self, config, head: Head, entry: Entry) -> str:
         """What the family publishes after ``entry``: it, or its best."""

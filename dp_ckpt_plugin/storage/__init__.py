@@ -201,6 +201,12 @@ def entry_or_none(
         return None
 
 
+def is_file(path: Path, *, storage: Storage | None = None) -> bool:
+    """Whether ``path`` is an existing file (links followed), as the storage sees it."""
+    found = entry_or_none(path, follow=True, storage=storage)
+    return found is not None and found.is_file
+
+
 def entries_of(directory: Path, storage: Storage) -> list[tuple[str, str]]:
     """``storage.names(directory)``, or nothing when it cannot be listed."""
     try:
