@@ -66,7 +66,6 @@ from ..storage.objects import (
 )
 from ..text import scrub_url, shown
 from . import aws
-from .registry import control_refusal
 
 #: Size of one part of a multipart upload (and the largest single-request put).
 PART_SIZE = 16 << 20
@@ -144,9 +143,11 @@ def parse_url(url: str) -> tuple[str, str, str, str]:
         no bucket, a bucket name the store refuses, credentials in the URL, a
         query, or a prefix with empty, ``.`` or ``..`` parts.
     """
-    said = control_refusal(url, "an object-store URL")
-    if said is not None:
-        raise ConfigError(f"{shown(url)}: {said}")
+    if any(not c.isprintable() for c in url):
+        raise ConfigError(
+            f"{shown(url)}: an object-store URL holds no control character "
+            "(a newline, a tab, an escape)"
+        )
     scheme, _, rest = url.partition("://")
     scheme = scheme.lower()
     if scheme not in SCHEMES:

@@ -193,17 +193,11 @@ def storage_for(url_or_path: str | os.PathLike, **options) -> ObjectStorage:
 
 def _check_printable(text: str) -> None:
     """Refuse a URL holding a control character, in one line."""
-    said = control_refusal(text, "a URL")
-    if said is not None:
-        raise ConfigError(f"{shown(text)}: {said}")
-
-
-def control_refusal(text: str, what: str) -> str | None:
-    """Why the URL ``text`` (``what``: its kind) is refused, if it holds a
-    control character; else ``None``. The caller names it and the error."""
     if any(not c.isprintable() for c in text):
-        return f"{what} holds no control character (a newline, a tab, an escape)"
-    return None
+        raise ConfigError(
+            f"{shown(text)}: a URL holds no control character (a newline, a tab, "
+            "an escape)"
+        )
 
 
 def _unserved(scheme: str) -> str:
@@ -225,9 +219,11 @@ def remote_url(text: str) -> str:
     scheme = scheme_of(text)
     if not scheme or scheme == "file":
         raise ValueError("it is not the URL of an object store")
-    said = control_refusal(text, "an object-store URL")
-    if said is not None:
-        raise ValueError(said)
+    if any(not c.isprintable() for c in text):
+        raise ValueError(
+            "an object-store URL holds no control character (a newline, a tab, "
+            "an escape)"
+        )
     if _factory(scheme) is None:
         raise ValueError(_unserved(scheme))
     bucket, _, prefix = text.split("://", 1)[1].partition("/")
