@@ -123,7 +123,7 @@ def check(input_file: Path, handle: str, spec: str, *, digest: bool) -> dict[str
     given = {k: v for k, v in flatten(config).items() if not private(k)}
     theirs = flatten(found.input)
     changes = [
-        {"key": k, "checkpoint": _json(theirs.get(k, ABSENT)), "input": v}
+        {"key": k, "checkpoint": theirs.get(k), "input": v}
         for k, v in sorted(given.items())
         if theirs.get(k, ABSENT) != v
     ]
@@ -144,10 +144,6 @@ def check(input_file: Path, handle: str, spec: str, *, digest: bool) -> dict[str
         "the checkpoint was trained with (no model built: keys left to deepmd-kit's "
         "defaults are not compared, parameter shapes are not computed)",
     }
-
-
-def _json(value: Any) -> Any:
-    return None if value is ABSENT else value
 
 
 def _store_of(config: dict[str, Any]) -> Path | None:

@@ -106,13 +106,9 @@ def side_of(value: str) -> Side:
     hooks = Hooks(get_plugin_manager())
     if record is not None:
         check_payload(payload, record, digest=False)
-        fmt = record.format
-    else:
-        fmt = hooks.format_of_file(path)
-        if fmt is None:
-            raise UsageError(
-                f"{value} is neither a checkpoint of a known format nor .json"
-            )
+    fmt = record.format if record is not None else hooks.format_of_file(path)
+    if fmt is None:
+        raise UsageError(f"{value} is neither a checkpoint of a known format nor .json")
     try:
         state = hooks.load_step(fmt, path, payload.reader())
     except Exception as exc:  # whatever a format raises on a broken file
@@ -168,8 +164,7 @@ def _inputs(a: Side, b: Side) -> dict[str, Any]:
 
 
 def _provenance(a: Side, b: Side) -> dict[str, Any]:
-    pa = a.record.provenance if a.record is not None else None
-    pb = b.record.provenance if b.record is not None else None
+    pa, pb = (s.record and s.record.provenance for s in (a, b))
     if pa is None or pb is None:
         return {"compared": False, "changes": []}
     da, db = pa.to_dict(), pb.to_dict()

@@ -148,8 +148,7 @@ def _format_by_suffix(hooks: Hooks, path: Path) -> str:
     name = hooks.format_of_file(path)
     if name is not None:
         return name
-    formats = hooks.formats()
-    known = ", ".join(f"{n} ({i.suffix})" for n, i in sorted(formats.items()))
+    known = ", ".join(f"{n} ({i.suffix})" for n, i in sorted(hooks.formats().items()))
     raise UsageError(
         f"{path.name} has no commit record and no suffix of a known format "
         f"(formats: {known or 'none'})"

@@ -51,8 +51,7 @@ def read_inventory(directory: Path, *, storage: Storage | None = None) -> Listin
     found = _Reader(directory, storage)
     if manifest is not None:
         for info in manifest.families:
-            family = info.family
-            found.shelve(family, info.retention(), info.reason)
+            found.shelve(info.family, info.retention(), info.reason)
     found.find_families()
     for shelf in found.shelves.values():
         found.fill(shelf)

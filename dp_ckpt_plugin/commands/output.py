@@ -101,12 +101,11 @@ def size(n: int | None) -> str:
         return "-"
     if n < 1000:
         return f"{n} B"
-    value = n / 1000
-    for unit in ("kB", "MB"):
-        if value < 1000:
-            return f"{value:.1f} {unit}"
+    value = float(n)
+    for unit in ("kB", "MB", "GB"):
         value /= 1000
-    return f"{value:.1f} GB"
+        if value < 1000 or unit == "GB":
+            return f"{value:.1f} {unit}"
 
 
 def utc(seconds: float | None) -> str:
