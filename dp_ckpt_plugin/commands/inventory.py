@@ -61,6 +61,7 @@ def read_inventory(directory: Path, *, storage: Storage | None = None) -> Listin
         archives = []
         warnings.append(f"{directory / ARCHIVE_DIR}: {exc}")
     families = found.ordered(manifest)
+    quarantine = directory / QUARANTINE_DIR
     if manifest is not None:
         formats = {manifest.format}
     else:
@@ -73,9 +74,10 @@ def read_inventory(directory: Path, *, storage: Storage | None = None) -> Listin
         strays=sorted(
             found.strays.values(), key=lambda s: (s.family or "", s.step or 0)
         ),
-        quarantined=[
-            Aside(p.name, str(p), size=_size(p, storage))
-            for p in _payloads(directory / QUARANTINE_DIR, storage)
+        quarantined=[  # its regular files that are not commit records
+            Aside(name, str(quarantine / name), size=_size(quarantine / name, storage))
+            for name, kind in _listdir(quarantine, storage).items()
+            if kind == "file" and not name.endswith(".commit.json")
         ],
         archives=[
             Aside(
@@ -256,12 +258,3 @@ class _Reader:
                 break
         shelves = self.shelves.values()
         return sorted(shelves, key=lambda f: (f.prefix != primary, f.prefix))
-
-
-def _payloads(folder: Path, storage: Storage) -> list[Path]:
-    """The regular files of ``folder`` that are not commit records."""
-    return [
-        folder / n
-        for n, kind in _listdir(folder, storage).items()
-        if kind == "file" and not n.endswith(".commit.json")
-    ]
