@@ -35,6 +35,7 @@ from ..storage import default_storage
 from ..text import shown
 from . import FAILURE, UsageError, add_digest_flag, is_remote, one_line, output
 from .origins import private, read_input_file
+from .show import as_json
 
 HELP = "say whether --restart/--init-model/--finetune of an input will load"
 DESCRIPTION = (
@@ -48,6 +49,8 @@ DESCRIPTION = (
 #: Exit status when whether it loads cannot be told.
 UNKNOWN = 3
 HANDLES = ("restart", "init_model", "finetune")
+#: The fields of ``show --json`` that ``check --json`` gives of the checkpoint.
+CHECKPOINT_KEYS = ("path", "step", "family", "how", "checked", "committed", "warnings")
 #: What ``will_load`` says, for people.
 VERDICTS = {True: "will load", False: "will not load", None: "cannot tell"}
 
@@ -104,15 +107,8 @@ def check(input_file: Path, handle: str, spec: str, *, digest: bool) -> dict[str
         found = DirectoryView(where).resolve(spec, digest=digest)
     except CheckpointError as exc:
         return result | {"error": str(exc)}
-    result["checkpoint"] = {
-        "path": found.item.where,
-        "step": found.item.step,
-        "family": found.item.family,
-        "how": found.how,
-        "checked": found.checked,
-        "committed": found.record is not None,
-        "warnings": list(found.warnings),
-    }
+    described = as_json(found, spec)
+    result["checkpoint"] = {key: described[key] for key in CHECKPOINT_KEYS}
     if found.input is None:
         return result | {
             "will_load": None,
