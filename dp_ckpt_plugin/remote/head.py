@@ -349,9 +349,7 @@ class Head:
         return self._with(prefix, replace(state, segments=tuple(segments)))
 
     def _with(self, prefix: str, state: FamilyState) -> Head:
-        families = dict(self.families)
-        families[prefix] = state
-        return replace(self, families=families)
+        return replace(self, families={**self.families, prefix: state})
 
     def advanced(self, epoch: int, format: str | None) -> Head:
         """The next HEAD, written by a writer of ``epoch``."""
