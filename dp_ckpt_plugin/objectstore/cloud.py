@@ -247,7 +247,6 @@ class CloudStorage:
 
     def __init__(self, url: str, **options: object) -> None:
         scheme, bucket, account, prefix = parse_url(url)
-        self.scheme = scheme
         self.kind = SCHEMES[scheme]
         self.bucket = bucket
         self.prefix = prefix

@@ -428,13 +428,7 @@ class Head:
             _field(raw, key, source)
             for key in ("seq", "epoch", "format", "updated", "families")
         )
-        families = {}
-        for prefix, state in families_raw.items():
-            if not is_text(prefix) or "/" in prefix or type(state) is not dict:
-                raise InvalidRecordError(
-                    f"HEAD {source}: a family must be a name and an object"
-                )
-            families[prefix] = _family(state, prefix, source)
+        families = {p: _family(s, p, source) for p, s in families_raw.items()}
         archives = _field(raw, "archives", source)
         return cls(seq, epoch, fmt, families, tuple(archives), float(updated))
 
@@ -474,7 +468,11 @@ def _is(key: object, kind: str, name: object = None) -> bool:
     )
 
 
-def _family(raw: Mapping, prefix: str, source: str) -> FamilyState:
+def _family(raw: object, prefix: object, source: str) -> FamilyState:
+    if not is_text(prefix) or "/" in prefix or type(raw) is not dict:
+        raise InvalidRecordError(
+            f"HEAD {source}: a family must be a name and an object"
+        )
     kept_raw = raw.get("kept")
     latest = raw.get("latest")
     pointer = raw.get("pointer")

@@ -316,7 +316,7 @@ class Lease:
                 return self.epoch
             for state, version, why in self._until_free():
                 epoch = min_epoch if state is None else max(state.epoch + 1, min_epoch)
-                if self._take(version, epoch, why, previous=state):
+                if self._take(version, epoch, why, state):
                     return self.epoch
 
     def _until_free(self) -> Iterator[tuple[LeaseState | None, str | None, str]]:
@@ -335,11 +335,7 @@ class Lease:
             watched = None
 
     def _take(
-        self,
-        version: str | None,
-        epoch: int,
-        why: str,
-        previous: LeaseState | None = None,
+        self, version: str | None, epoch: int, why: str, previous: LeaseState | None
     ) -> bool:
         try:
             data = self._state(epoch).to_bytes()
