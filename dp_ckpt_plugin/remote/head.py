@@ -120,10 +120,10 @@ class Entry:
     metrics: dict[str, float | None] | None = field(default=None, hash=False)
 
     def to_dict(self) -> dict:
-        data = asdict(self)
-        if self.metrics is None:
-            del data["metrics"]
-        return data
+        """Its fields, less ``metrics`` when it has none."""
+        return {
+            k: v for k, v in asdict(self).items() if k != "metrics" or v is not None
+        }
 
     @property
     def keys(self) -> tuple[str, str]:
@@ -155,10 +155,8 @@ class Segment:
     level: int = 0
 
     def to_dict(self) -> dict:
-        data = asdict(self)
-        if not self.level:
-            del data["level"]
-        return data
+        """Its fields, less ``level`` at level 0."""
+        return {k: v for k, v in asdict(self).items() if k != "level" or v}
 
     @classmethod
     def parse(cls, item: object) -> Segment | None:
