@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from ..checkpoint.limits import (
     MAX_EPOCH,
@@ -385,14 +385,12 @@ class Lease:
                     return None
                 if state.released:
                     return "it was released already"
-                released = LeaseState(
-                    state.epoch, self.holder, self._wall(), state.ttl, True
-                )
-                try:
+                mine = replace(state, holder=self.holder, renewed=self._wall())
+                released = replace(mine, released=True)
+                # VersionMismatchError: it moved as it was released: look again
+                with contextlib.suppress(VersionMismatchError):
                     self.storage.put_if_match(LEASE_KEY, released.to_bytes(), version)
-                except VersionMismatchError:
-                    continue  # it moved as it was released: look again
-                return why
+                    return why
         except InvalidRecordError:
             self.storage.delete(LEASE_KEY)
             return "it was malformed, so it was removed"

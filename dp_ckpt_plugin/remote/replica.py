@@ -462,12 +462,10 @@ class RemoteStore:
                 return
             except NotSent as exc:  # a newer save of the step will follow, or none can
                 log.warning("%s", exc)
-                continue
             except (StorageUnavailableError, CheckpointWriteError, OSError) as exc:
                 self._retry_later(batch, exc, pause)
                 time.sleep(pause)
                 pause = min(pause * 2, MAX_RETRY_PAUSE)
-                continue
             except CheckpointError as exc:
                 self._fail(exc)
                 return
