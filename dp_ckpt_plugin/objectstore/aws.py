@@ -294,7 +294,11 @@ def resolve(options: Mapping[str, object], environ: Mapping[str, str]) -> AwsSet
         if found is None:
             return AwsSettings(region, endpoint, *keys, "", virtual)
         credentials, source = found
-        if _refreshed(credentials):
+        from botocore.credentials import RefreshableCredentials
+
+        # botocore renews these (a role, SSO, a process; its
+        # DeferredRefreshableCredentials are RefreshableCredentials too)
+        if isinstance(credentials, RefreshableCredentials):
             from obstore.auth.boto3 import Boto3CredentialProvider
 
             provider = Boto3CredentialProvider(session)
@@ -309,14 +313,6 @@ def _endpoint_of(profile: Mapping[str, object]) -> str | None:
     if value is None and isinstance(profile.get("s3"), Mapping):
         value = profile["s3"].get("endpoint_url")
     return str(value) if value else None
-
-
-def _refreshed(credentials) -> bool:
-    """Whether botocore renews these credentials (a role, SSO, a process; its
-    DeferredRefreshableCredentials are RefreshableCredentials too)."""
-    from botocore.credentials import RefreshableCredentials
-
-    return isinstance(credentials, RefreshableCredentials)
 
 
 def _credentials(session, name: str):

@@ -247,7 +247,6 @@ class CloudStorage:
 
     def __init__(self, url: str, **options: object) -> None:
         scheme, bucket, account, prefix = parse_url(url)
-        self.scheme = scheme
         self.kind = SCHEMES[scheme]
         self.bucket = bucket
         self.prefix = prefix
@@ -575,31 +574,28 @@ class CloudStorage:
                     for meta in chunk
                     if meta["path"].startswith(prefix)
                 ]
-            return sorted(found, key=lambda info: info.key)
+            return found
 
-        try:
-            return iter(self._run("list", f"{prefix}*" if prefix else None, call))
-        except StorageUnavailableError as exc:
-            if not self._unparsed(exc):
-                raise
-        found, _ = self._listed(prefix, None)
+        found = self._listing(prefix, None, call)
         return iter(sorted(found, key=lambda info: info.key))
 
-    def _unparsed(self, exc: StorageUnavailableError) -> bool:
-        """Whether obstore refused a listing for a key it cannot parse (and
-        botocore can list instead)."""
-        return self.aborts_uploads and "invalid path" in exc.cause.lower()
-
-    def _listed(self, prefix: str, delimiter: str | None):
-        """A listing through botocore: keys relative to the root (see :mod:`.aws`)."""
+    def _listing(self, prefix: str, delimiter: str | None, call: Callable[[], list]):
+        """``call()``, obstore's listing; where obstore refused a key it cannot
+        parse, botocore's (see :mod:`.aws`): the objects, or with ``delimiter``
+        the folders, their keys relative to the root."""
+        named = f"{prefix}*" if prefix else None
+        try:
+            return self._run("list", named, call)
+        except StorageUnavailableError as exc:
+            if not (self.aborts_uploads and "invalid path" in exc.cause.lower()):
+                raise
         base = self._base
         self._count("list")
-        with self._botocore(f"{prefix}*" if prefix else None, "list"):
+        with self._botocore(named, "list"):
             found, folders = self._multipart().objects(base + prefix, delimiter)
-        return (
-            [replace(info, key=info.key[len(base) :]) for info in found],
-            [f[len(base) :] for f in folders],
-        )
+        if delimiter:
+            return [f[len(base) :] for f in folders]
+        return [replace(info, key=info.key[len(base) :]) for info in found]
 
     @property
     def _base(self) -> str:
@@ -662,15 +658,9 @@ class CloudStorage:
         listing = self._obstore.list_with_delimiter
 
         def call():
-            found = listing(self._store, prefix.rstrip("/") or None)
-            return found["common_prefixes"]
+            return listing(self._store, prefix.rstrip("/") or None)["common_prefixes"]
 
-        try:
-            folders = self._run("list", f"{prefix}*" if prefix else None, call)
-        except StorageUnavailableError as exc:
-            if not self._unparsed(exc):
-                raise
-            _, folders = self._listed(prefix, "/")
+        folders = self._listing(prefix, "/", call)
         return sorted({p.rstrip("/").rpartition("/")[2] for p in folders})
 
     def _multipart(self):
@@ -756,11 +746,11 @@ _NO_METADATA = (
 
 
 def _secret_values(options: Mapping[str, object], environ: Mapping[str, str]):
-    found = []
-    for name, value in [*options.items(), *environ.items()]:
-        if isinstance(value, str) and len(value) >= 8 and _SECRET_NAME.search(name):
-            found.append(value)
-    return tuple(found)
+    return tuple(
+        value
+        for name, value in [*options.items(), *environ.items()]
+        if isinstance(value, str) and len(value) >= 8 and _SECRET_NAME.search(name)
+    )
 
 
 def _prepare(data: Source) -> tuple[int, object]:

@@ -241,11 +241,9 @@ def spill_plan(state: FamilyState, policy, protected: set[str]) -> list[Entry]:
 
 def merge_plan(state: FamilyState) -> list[Segment]:
     """The :data:`FANOUT` oldest segments of the first level HEAD names that many of."""
-    by_level: dict[int, list[Segment]] = {}
-    for segment in state.segments:
-        by_level.setdefault(segment.level, []).append(segment)
-    for level in sorted(by_level):
-        same = sorted(by_level[level], key=lambda s: s.first)
+    for level in sorted({s.level for s in state.segments}):
+        same = [s for s in state.segments if s.level == level]
+        same.sort(key=lambda s: s.first)
         if len(same) >= FANOUT:
             return same[:FANOUT]
     return []

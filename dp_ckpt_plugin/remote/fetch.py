@@ -91,17 +91,12 @@ def read_head(storage: ObjectStorage) -> Head:
     except InvalidRecordError as exc:
         raise RestartNotFoundError(str(exc)) from None
     if head is None or head.empty:
+        archives = ", ".join(head.archives[-3:]) if head is not None else ""
         raise RestartNotFoundError(
             f"{storage.url} holds no committed checkpoint (no HEAD names one)"
-            + (_archived(head) if head is not None else "")
+            + (f"; its earlier runs are archived in {archives}" if archives else "")
         )
     return head
-
-
-def _archived(head: Head) -> str:
-    if not head.archives:
-        return ""
-    return f"; its earlier runs are archived in {', '.join(head.archives[-3:])}"
 
 
 def find(

@@ -120,10 +120,10 @@ class Entry:
     metrics: dict[str, float | None] | None = field(default=None, hash=False)
 
     def to_dict(self) -> dict:
-        data = asdict(self)
-        if self.metrics is None:
-            del data["metrics"]
-        return data
+        """Its fields, less ``metrics`` when it has none."""
+        return {
+            k: v for k, v in asdict(self).items() if k != "metrics" or v is not None
+        }
 
     @property
     def keys(self) -> tuple[str, str]:
@@ -155,10 +155,8 @@ class Segment:
     level: int = 0
 
     def to_dict(self) -> dict:
-        data = asdict(self)
-        if not self.level:
-            del data["level"]
-        return data
+        """Its fields, less ``level`` at level 0."""
+        return {k: v for k, v in asdict(self).items() if k != "level" or v}
 
     @classmethod
     def parse(cls, item: object) -> Segment | None:
@@ -349,9 +347,7 @@ class Head:
         return self._with(prefix, replace(state, segments=tuple(segments)))
 
     def _with(self, prefix: str, state: FamilyState) -> Head:
-        families = dict(self.families)
-        families[prefix] = state
-        return replace(self, families=families)
+        return replace(self, families={**self.families, prefix: state})
 
     def advanced(self, epoch: int, format: str | None) -> Head:
         """The next HEAD, written by a writer of ``epoch``."""
@@ -430,13 +426,7 @@ class Head:
             _field(raw, key, source)
             for key in ("seq", "epoch", "format", "updated", "families")
         )
-        families = {}
-        for prefix, state in families_raw.items():
-            if not is_text(prefix) or "/" in prefix or type(state) is not dict:
-                raise InvalidRecordError(
-                    f"HEAD {source}: a family must be a name and an object"
-                )
-            families[prefix] = _family(state, prefix, source)
+        families = {p: _family(s, p, source) for p, s in families_raw.items()}
         archives = _field(raw, "archives", source)
         return cls(seq, epoch, fmt, families, tuple(archives), float(updated))
 
@@ -476,7 +466,11 @@ def _is(key: object, kind: str, name: object = None) -> bool:
     )
 
 
-def _family(raw: Mapping, prefix: str, source: str) -> FamilyState:
+def _family(raw: object, prefix: object, source: str) -> FamilyState:
+    if not is_text(prefix) or "/" in prefix or type(raw) is not dict:
+        raise InvalidRecordError(
+            f"HEAD {source}: a family must be a name and an object"
+        )
     kept_raw = raw.get("kept")
     latest = raw.get("latest")
     pointer = raw.get("pointer")

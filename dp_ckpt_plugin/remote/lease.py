@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from ..checkpoint.limits import (
     MAX_EPOCH,
@@ -316,7 +316,7 @@ class Lease:
                 return self.epoch
             for state, version, why in self._until_free():
                 epoch = min_epoch if state is None else max(state.epoch + 1, min_epoch)
-                if self._take(version, epoch, why, previous=state):
+                if self._take(version, epoch, why, state):
                     return self.epoch
 
     def _until_free(self) -> Iterator[tuple[LeaseState | None, str | None, str]]:
@@ -335,11 +335,7 @@ class Lease:
             watched = None
 
     def _take(
-        self,
-        version: str | None,
-        epoch: int,
-        why: str,
-        previous: LeaseState | None = None,
+        self, version: str | None, epoch: int, why: str, previous: LeaseState | None
     ) -> bool:
         try:
             data = self._state(epoch).to_bytes()
@@ -389,14 +385,12 @@ class Lease:
                     return None
                 if state.released:
                     return "it was released already"
-                released = LeaseState(
-                    state.epoch, self.holder, self._wall(), state.ttl, True
-                )
-                try:
+                mine = replace(state, holder=self.holder, renewed=self._wall())
+                released = replace(mine, released=True)
+                # VersionMismatchError: it moved as it was released: look again
+                with contextlib.suppress(VersionMismatchError):
                     self.storage.put_if_match(LEASE_KEY, released.to_bytes(), version)
-                except VersionMismatchError:
-                    continue  # it moved as it was released: look again
-                return why
+                    return why
         except InvalidRecordError:
             self.storage.delete(LEASE_KEY)
             return "it was malformed, so it was removed"

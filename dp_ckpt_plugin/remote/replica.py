@@ -462,12 +462,10 @@ class RemoteStore:
                 return
             except NotSent as exc:  # a newer save of the step will follow, or none can
                 log.warning("%s", exc)
-                continue
             except (StorageUnavailableError, CheckpointWriteError, OSError) as exc:
                 self._retry_later(batch, exc, pause)
                 time.sleep(pause)
                 pause = min(pause * 2, MAX_RETRY_PAUSE)
-                continue
             except CheckpointError as exc:
                 self._fail(exc)
                 return
@@ -679,12 +677,10 @@ class RemoteStore:
         if digest is None or digest in self._inputs_sent:
             return
         staged = input_path(checkpoint.path.parent, digest)
-        try:
+        # KeyExistsError: the same content, by name
+        with contextlib.suppress(UnreadableFileError, KeyExistsError):
             data = self.staging.read_small(staged, MAX_INPUT_BYTES)
-        except UnreadableFileError:
-            data = None
-        if data is not None:
-            with contextlib.suppress(KeyExistsError):  # the same content, by name
+            if data is not None:
                 self.storage.put_if_absent(f"{INPUTS_DIR}/{staged.name}", data)
         self._inputs_sent.add(digest)
 
@@ -740,12 +736,8 @@ class RemoteStore:
     def _retained(self, config, head: Head, entry: Entry) -> list[Entry]:
         """The kept entries of the family that retention removes after ``entry``."""
         state = head.family(config.family.prefix)
-        protected = {entry.name}
-        if state.published is not None:
-            protected.add(state.published.name)
         resumed = self._resumed.get(config.family.prefix)
-        if resumed is not None:
-            protected.add(resumed.name)
+        protected = {e.name for e in (entry, state.published, resumed) if e is not None}
         names = plan_prune(
             {e.name: e.step for e in state.kept},
             current_step=entry.step,
