@@ -81,6 +81,14 @@ def _entry(st: os.stat_result) -> Entry:
     return Entry(kind, st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino)
 
 
+def _listed_kind(entry: os.DirEntry) -> str:
+    if entry.is_symlink():
+        return "link"
+    if entry.is_dir(follow_symlinks=False):
+        return "dir"
+    return "file" if entry.is_file(follow_symlinks=False) else "other"
+
+
 def _unreadable(path: object, what: str, exc: OSError) -> UnreadableFileError:
     return UnreadableFileError(path, f"cannot be {what}: {describe_os_error(exc)}")
 
@@ -215,24 +223,13 @@ class LocalStorage:
         UnreadableFileError
             When it cannot be listed (``EACCES``, ``EIO``).
         """
-        found = []
         try:
             with os.scandir(directory) as entries:
-                for e in entries:
-                    if e.is_symlink():
-                        kind = "link"
-                    elif e.is_dir(follow_symlinks=False):
-                        kind = "dir"
-                    elif e.is_file(follow_symlinks=False):
-                        kind = "file"
-                    else:
-                        kind = "other"
-                    found.append((e.name, kind))
+                return [(entry.name, _listed_kind(entry)) for entry in entries]
         except (FileNotFoundError, NotADirectoryError):
             return []
         except OSError as exc:
             raise _unreadable(directory, "listed", exc) from None
-        return found
 
     def read_small(self, path: Path, limit: int = SMALL_FILE_LIMIT) -> bytes | None:
         """The content of a small regular file; ``None`` when absent.
@@ -351,11 +348,10 @@ class LocalStorage:
             except OSError as exc:
                 raise _unreadable(path, "read", exc) from None
         self.count("payload_map")
-        view = memoryview(mapped)
         try:
-            yield view
+            with memoryview(mapped) as view:
+                yield view
         finally:
-            view.release()
             with contextlib.suppress(BufferError):  # a slice still held: freed with it
                 mapped.close()
 

@@ -111,24 +111,17 @@ def digest_while(fd: int, digest, fsync) -> str:
         if fsync is not None:
             fsync()
         return digest(memoryview(b""))
-    mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ)
-    try:
-        view = memoryview(mapped)
-        try:
-            if fsync is None or size < _INLINE_DIGEST:
-                if fsync is not None:
-                    fsync()
-                return digest(view)
-            hashing = _Beside(lambda: digest(view), "dp_ckpt-digest")
-            try:
+    with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mapped, memoryview(mapped) as view:
+        if fsync is None or size < _INLINE_DIGEST:
+            if fsync is not None:
                 fsync()
-            finally:
-                hashing.join()
-            return hashing.result()
+            return digest(view)
+        hashing = _Beside(lambda: digest(view), "dp_ckpt-digest")
+        try:
+            fsync()
         finally:
-            view.release()
-    finally:
-        mapped.close()
+            hashing.join()
+        return hashing.result()
 
 
 class MeanwhileError(Exception):
