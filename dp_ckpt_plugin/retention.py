@@ -419,11 +419,8 @@ def ranking_of(policy: RetentionPolicy) -> KeepBest | None:
     """The first :class:`KeepBest` in ``policy`` (itself or a part), or ``None``."""
     if isinstance(policy, KeepBest):
         return policy
-    for part in getattr(policy, "policies", ()):
-        found = ranking_of(part)
-        if found is not None:
-            return found
-    return None
+    found = map(ranking_of, getattr(policy, "policies", ()))
+    return next((part for part in found if part is not None), None)
 
 
 @dataclass(frozen=True)
@@ -561,9 +558,7 @@ POLICY_KEYS = {
 
 def _int_or_none(spec: Mapping[str, Any], key: str) -> int | None:
     value = spec.get(key)
-    if value is None:
-        return None
-    if type(value) is not int:
+    if value is not None and type(value) is not int:
         raise ValueError(f"retention key {key!r} must be an integer, got {value!r}")
     return value
 

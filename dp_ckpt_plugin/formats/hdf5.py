@@ -225,14 +225,13 @@ def _read_node(node, v1: bool = False) -> Any:
             data = node[...].tobytes()
             array = np.frombuffer(data, dtype=dtype).reshape(shape).copy()
         return array if kind == "rawarray" else array[()]
-    data = node[...].tobytes() if kind in ("str", "bytes", "bigint") else node[()]
     if kind == "str":
-        return data.decode("utf-8", "surrogatepass")
+        return node[...].tobytes().decode("utf-8", "surrogatepass")
     if kind == "bytes":
-        return data
+        return node[...].tobytes()
     if kind == "bigint":
-        return int(data.decode("ascii"))
-    return _PY_TYPES[kind](data)
+        return int(node[...].tobytes().decode("ascii"))
+    return _PY_TYPES[kind](node[()])
 
 
 # -- the first layout (dp-ckpt-plugin 0.1) ------------------------------------------
