@@ -528,18 +528,15 @@ def explain_prune(
     list of Verdict
         Oldest first.
     """
-    why_protected = (
-        dict(protected)
-        if isinstance(protected, Mapping)
-        else dict.fromkeys(protected, "protected")
-    )
-    keep = frozenset(why_protected)
+    if not isinstance(protected, Mapping):
+        protected = dict.fromkeys(protected, "protected")
+    keep = frozenset(protected)
     above, candidates = _split(as_candidates(committed, metrics), current_step, keep)
     kept = explain(policy, candidates, keep)
     why = f"numbered above the current step {current_step}"
     verdicts = [Verdict(c.name, c.step, (("above_current_step", why),)) for c in above]
     for name, step in candidates:
-        by = [("protected", why_protected[name])] if name in keep else []
+        by = [("protected", protected[name])] if name in keep else []
         verdicts.append(Verdict(name, step, (*by, *kept.get(name, ()))))
     return sorted(verdicts, key=lambda v: (v.step, v.name))
 
@@ -609,12 +606,11 @@ def policy_from_dict(spec: Mapping[str, Any]) -> RetentionPolicy:
     if every:
         parts.append(KeepEveryNSteps(every))
     best = _int_or_none(spec, "keep_best")
-    metric = spec.get("best_metric")
-    mode = spec.get("best_mode") or "min"
     if best:
+        metric = spec.get("best_metric")
         if not metric:
             raise ValueError("retention key 'keep_best' needs 'best_metric'")
-        parts.append(KeepBest(best, metric, mode))
+        parts.append(KeepBest(best, metric, spec.get("best_mode") or "min"))
     if not parts:
         raise ValueError(
             "a retention policy with keep_last null needs keep_every_n_steps "

@@ -96,7 +96,7 @@ class SharedSnapshotter(Snapshotter):
         shared = self._share(path, source, _nbytes(source))
         if self.copies.handles(source):
             self._from_device(shared, source)
-            self._pinned_bytes += _nbytes(source)
+            self._cuda_bytes["pinned"] += _nbytes(source)
         else:
             shared.tensor.copy_(source)
         out = _as_given(value, source, shared.tensor)
@@ -108,9 +108,7 @@ class SharedSnapshotter(Snapshotter):
         if value.size == 0 or dtype.hasobject or dtype.itemsize == 0:
             return super()._array(value, path)
         shared = self._share(path, value, value.nbytes)
-        import numpy as np
-
-        np.copyto(shared.tensor, value)
+        shared.tensor[...] = value
         self._taken[id(shared.tensor)] = shared
         return shared.tensor
 
