@@ -247,22 +247,21 @@ class LocalStorage:
         if fd is None:
             return None
         try:
-            chunks, size = [], 0
-            while size <= limit:
-                chunk = os.read(fd, limit + 1 - size)
+            data = b""
+            while len(data) <= limit:
+                chunk = os.read(fd, limit + 1 - len(data))
                 if not chunk:
                     break
-                chunks.append(chunk)
-                size += len(chunk)
+                data += chunk  # the first chunk itself: no copy
         except OSError as exc:
             raise _unreadable(path, "read", exc) from None
         finally:
             os.close(fd)
-        if size > limit:
+        if len(data) > limit:
             raise UnreadableFileError(path, f"holds more than the {limit} bytes it may")
         self.count("small_read")
-        self.count("small_bytes", size)
-        return b"".join(chunks)
+        self.count("small_bytes", len(data))
+        return data
 
     def _open_file(
         self, path: Path, flags: int, *, follow: bool, limit: int | None = None
