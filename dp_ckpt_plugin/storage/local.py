@@ -181,9 +181,8 @@ class LocalStorage:
         target = temp_target(path.name)
         if target is not None and path.parent / target in self.mirrors:
             return True
-        root = os.path.realpath(self.root)
-        parent = os.path.realpath(path.parent)
-        return parent == root or parent.startswith(root.rstrip(os.sep) + os.sep)
+        parent = Path(os.path.realpath(path.parent))
+        return parent.is_relative_to(os.path.realpath(self.root))
 
     def _check(self, path: Path, what: str) -> None:
         if not self.contains(path):
@@ -666,9 +665,7 @@ class LocalStorage:
                 )
             missing.append(candidate)
         for new in reversed(missing):
-            if self.root is not None and not (
-                new == self.root or new in self.root.parents
-            ):
+            if self.root is not None and not self.root.is_relative_to(new):
                 self._check(new, "create the directory")
             if (
                 not self._mkdir(new, durable=durable)
