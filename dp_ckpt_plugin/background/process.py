@@ -230,14 +230,16 @@ class ProcessPayload:
 
     def __init__(self, process: WriterProcess, snapshots, step: int, snapshot) -> None:
         self.process = process
-        self.snapshots = snapshots
         self.step = step
         self.payload, self.buffers = snapshots.pickled(snapshot)
         self.snapshot = snapshot  # the buffers stay referenced until written
 
     def write_in_process(self, path: Path, *, durable: bool) -> tuple[Path, str]:
-        """Write ``path``'s payload in the writer process (see :meth:`WriterProcess.write`)."""
-        self.snapshots.ready()
+        """Write ``path``'s payload in the writer process (see :meth:`WriterProcess.write`).
+
+        Called on the background writer's thread once the snapshot's copies
+        are done (``BackgroundWriter`` waits for them before the save runs).
+        """
         return self.process.write(
             path, self.step, self.payload, self.buffers, durable=durable
         )
