@@ -110,9 +110,7 @@ def on_load_step(format: str, path: Path, file: BinaryIO | None):
     import h5py
 
     with h5py.File(reading(path, file), "r") as h5:
-        if int(h5.attrs.get(_LAYOUT, 1)) < 2:
-            return _read_group(h5, v1=True)
-        return _read_group(h5)
+        return _read_group(h5, v1=int(h5.attrs.get(_LAYOUT, 1)) < 2)
 
 
 # -- writing ---------------------------------------------------------------------

@@ -152,9 +152,7 @@ def _needed(torch, source: BinaryIO) -> list:
     allowed = safe_globals()
     # all of them once one is named: torch's scan does not list every class
     # the unpickler meets (NumPy's dtype classes come through numpy.dtype)
-    if any(_names(g, n) for g in allowed for n in named):
-        return allowed
-    return []
+    return allowed if any(_names(g, n) for g in allowed for n in named) else []
 
 
 def _names(value, name: str) -> bool:
