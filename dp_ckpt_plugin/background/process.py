@@ -110,13 +110,10 @@ class WriterProcess:
             )
             passed = (theirs.fileno(), their_fds.fileno())
             argv = [sys.executable, "-c", code, *map(str, passed), str(self.root)]
-            try:
+            with theirs, their_fds:  # the child's ends: closed here once it has them
                 self._proc = subprocess.Popen(
                     [*argv, self.format], pass_fds=passed, stdin=subprocess.DEVNULL
                 )
-            finally:
-                theirs.close()
-                their_fds.close()
             self._sent = set()
             self._conn = Connection(messages.detach())
             self._fds = fds
