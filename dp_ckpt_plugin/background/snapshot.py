@@ -2,7 +2,7 @@
 
 An asynchronous save must not serialize live tensors that the next optimizer
 step mutates. :class:`Snapshotter` copies a payload's arrays and tensors into
-buffers it keeps from one save to the next (``copy_`` / ``np.copyto`` into a
+buffers it keeps from one save to the next (``copy_`` / ``buffer[...] = array`` into a
 buffer of the same shape and dtype, which costs a memory copy and no
 allocation), rebuilds the containers around them and shares immutable leaves
 (numbers, strings, bytes, ``None``). Buffers are reused only once the save
