@@ -156,11 +156,8 @@ class CheckpointManager:
         elif isinstance(policy, Mapping):
             policy = policy_from_dict(policy)
         check_not_mistyped(directory)
-        remote = None
-        local = local_path(directory)
-        if local is not None:
-            directory = local
-        else:  # the URL of a remote store
+        root, remote = local_path(directory), None
+        if root is None:  # the URL of a remote store
             try:
                 url = remote_url(directory)
             except ValueError as exc:
@@ -168,9 +165,9 @@ class CheckpointManager:
             from .remote.factory import open_remote
 
             base = Path(os.path.abspath(staging)) if staging is not None else None
-            directory, remote = open_remote(url, format=format, staging_root=base)
+            root, remote = open_remote(url, format=format, staging_root=base)
         self.store = CheckpointStore(
-            directory,
+            root,
             remote=remote,
             format=format,
             pm=self.pm,

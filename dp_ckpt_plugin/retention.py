@@ -419,11 +419,8 @@ def ranking_of(policy: RetentionPolicy) -> KeepBest | None:
     """The first :class:`KeepBest` in ``policy`` (itself or a part), or ``None``."""
     if isinstance(policy, KeepBest):
         return policy
-    for part in getattr(policy, "policies", ()):
-        found = ranking_of(part)
-        if found is not None:
-            return found
-    return None
+    found = map(ranking_of, getattr(policy, "policies", ()))
+    return next((part for part in found if part is not None), None)
 
 
 @dataclass(frozen=True)
@@ -531,18 +528,15 @@ def explain_prune(
     list of Verdict
         Oldest first.
     """
-    why_protected = (
-        dict(protected)
-        if isinstance(protected, Mapping)
-        else dict.fromkeys(protected, "protected")
-    )
-    keep = frozenset(why_protected)
+    if not isinstance(protected, Mapping):
+        protected = dict.fromkeys(protected, "protected")
+    keep = frozenset(protected)
     above, candidates = _split(as_candidates(committed, metrics), current_step, keep)
     kept = explain(policy, candidates, keep)
     why = f"numbered above the current step {current_step}"
     verdicts = [Verdict(c.name, c.step, (("above_current_step", why),)) for c in above]
     for name, step in candidates:
-        by = [("protected", why_protected[name])] if name in keep else []
+        by = [("protected", protected[name])] if name in keep else []
         verdicts.append(Verdict(name, step, (*by, *kept.get(name, ()))))
     return sorted(verdicts, key=lambda v: (v.step, v.name))
 
@@ -561,9 +555,7 @@ POLICY_KEYS = {
 
 def _int_or_none(spec: Mapping[str, Any], key: str) -> int | None:
     value = spec.get(key)
-    if value is None:
-        return None
-    if type(value) is not int:
+    if value is not None and type(value) is not int:
         raise ValueError(f"retention key {key!r} must be an integer, got {value!r}")
     return value
 
@@ -614,12 +606,11 @@ def policy_from_dict(spec: Mapping[str, Any]) -> RetentionPolicy:
     if every:
         parts.append(KeepEveryNSteps(every))
     best = _int_or_none(spec, "keep_best")
-    metric = spec.get("best_metric")
-    mode = spec.get("best_mode") or "min"
     if best:
+        metric = spec.get("best_metric")
         if not metric:
             raise ValueError("retention key 'keep_best' needs 'best_metric'")
-        parts.append(KeepBest(best, metric, mode))
+        parts.append(KeepBest(best, metric, spec.get("best_mode") or "min"))
     if not parts:
         raise ValueError(
             "a retention policy with keep_last null needs keep_every_n_steps "

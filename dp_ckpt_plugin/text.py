@@ -24,7 +24,6 @@ from itertools import accumulate
 MAX_SHOWN = 300
 #: Most characters of one log line of the package's logger.
 MAX_LOG_LINE = 4000
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 #: The userinfo of a URL (``user:password@``): never shown.
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]*:[^/\s@]*@")
 _HTTP_USER = re.compile(r"(?i)\b(https?://)[^/\s@]+@")
@@ -40,15 +39,8 @@ def scrub_url(text: str) -> str:
 
 
 def _piece(char: str) -> str:
-    """``char`` itself if printable (or the space), else its Python escape."""
-    if char == " " or char.isprintable():
-        return char
-    if char in _NAMED:
-        return _NAMED[char]
-    code = ord(char)
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+    """``char`` itself if printable (the space is), else its escape as ``repr`` writes it."""
+    return char if char.isprintable() else repr(char)[1:-1]
 
 
 def shown(value: object, limit: int = MAX_SHOWN) -> str:

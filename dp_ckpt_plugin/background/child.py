@@ -70,9 +70,6 @@ def serve(conn: Connection, fds: socket.socket, root: Path) -> None:
             return
         if message["op"] == "exit":
             return
-        if message["op"] == "ping":
-            conn.send_bytes(pickle.dumps(("ok",)))
-            continue
         new = message["new"]
         if new:
             received = recvfds(fds, len(new))

@@ -110,13 +110,10 @@ class WriterProcess:
             )
             passed = (theirs.fileno(), their_fds.fileno())
             argv = [sys.executable, "-c", code, *map(str, passed), str(self.root)]
-            try:
+            with theirs, their_fds:  # the child's ends: closed here once it has them
                 self._proc = subprocess.Popen(
                     [*argv, self.format], pass_fds=passed, stdin=subprocess.DEVNULL
                 )
-            finally:
-                theirs.close()
-                their_fds.close()
             self._sent = set()
             self._conn = Connection(messages.detach())
             self._fds = fds
@@ -230,14 +227,16 @@ class ProcessPayload:
 
     def __init__(self, process: WriterProcess, snapshots, step: int, snapshot) -> None:
         self.process = process
-        self.snapshots = snapshots
         self.step = step
         self.payload, self.buffers = snapshots.pickled(snapshot)
         self.snapshot = snapshot  # the buffers stay referenced until written
 
     def write_in_process(self, path: Path, *, durable: bool) -> tuple[Path, str]:
-        """Write ``path``'s payload in the writer process (see :meth:`WriterProcess.write`)."""
-        self.snapshots.ready()
+        """Write ``path``'s payload in the writer process (see :meth:`WriterProcess.write`).
+
+        Called on the background writer's thread once the snapshot's copies
+        are done (``BackgroundWriter`` waits for them before the save runs).
+        """
         return self.process.write(
             path, self.step, self.payload, self.buffers, durable=durable
         )

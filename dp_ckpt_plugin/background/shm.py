@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import math
 import mmap
 import os
@@ -71,7 +72,7 @@ class SharedSnapshotter(Snapshotter):
 
     def __init__(self) -> None:
         super().__init__("pinned")  # a host buffer is what the process maps
-        self._next = 0
+        self._idents = itertools.count(1)
         self._shared: dict[str, _Buffer] = {}
         #: id() of each tensor of the last snapshot -> its buffer.
         self._taken: dict[int, _Buffer] = {}
@@ -96,7 +97,7 @@ class SharedSnapshotter(Snapshotter):
         shared = self._share(path, source, _nbytes(source))
         if self.copies.handles(source):
             self._from_device(shared, source)
-            self._pinned_bytes += _nbytes(source)
+            self._cuda_bytes["pinned"] += _nbytes(source)
         else:
             shared.tensor.copy_(source)
         out = _as_given(value, source, shared.tensor)
@@ -108,9 +109,7 @@ class SharedSnapshotter(Snapshotter):
         if value.size == 0 or dtype.hasobject or dtype.itemsize == 0:
             return super()._array(value, path)
         shared = self._share(path, value, value.nbytes)
-        import numpy as np
-
-        np.copyto(shared.tensor, value)
+        shared.tensor[...] = value
         self._taken[id(shared.tensor)] = shared
         return shared.tensor
 
@@ -126,9 +125,8 @@ class SharedSnapshotter(Snapshotter):
         ):
             if shared is not None:
                 shared.close()
-            self._next += 1
-            shared = _Buffer(self._next, nbytes, like.dtype, like.shape)
-            self._shared[path] = shared
+            ident = next(self._idents)
+            shared = self._shared[path] = _Buffer(ident, nbytes, like.dtype, like.shape)
         self._buffers[path] = shared.tensor
         return shared
 

@@ -2,7 +2,7 @@
 
 An asynchronous save must not serialize live tensors that the next optimizer
 step mutates. :class:`Snapshotter` copies a payload's arrays and tensors into
-buffers it keeps from one save to the next (``copy_`` / ``np.copyto`` into a
+buffers it keeps from one save to the next (``copy_`` / ``buffer[...] = array`` into a
 buffer of the same shape and dtype, which costs a memory copy and no
 allocation), rebuilds the containers around them and shares immutable leaves
 (numbers, strings, bytes, ``None``). Buffers are reused only once the save
@@ -151,30 +151,27 @@ class Snapshotter:
         self.cuda_copy = cuda_copy_way(cuda_copy)
         self.copies = copies or SideStreamCopies()
         self._said = False
-        self._device_bytes = self._pinned_bytes = 0
+        #: The bytes of CUDA tensors the snapshot being taken copies, by way.
+        self._cuda_bytes: collections.Counter[str] = collections.Counter()
 
     def take(self, state: Any) -> Any:
         """Return a copy of ``state`` that later changes to ``state`` do not touch."""
         seen: set[str] = set()
-        self._device_bytes = self._pinned_bytes = 0
+        self._cuda_bytes.clear()
         copy = self._copy(state, "", seen)
         self.copies.finish()
         for stale in set(self._buffers) - seen:
             del self._buffers[stale]
             self._layouts.pop(stale, None)
-        if not self._said and (self._device_bytes or self._pinned_bytes):
+        if not self._said and self._cuda_bytes.total():
             self._said = True
-            self._say()
+            mib = self._cuda_bytes[self.cuda_copy] / (1 << 20)
+            log.info(_SAID[self.cuda_copy], mib)
         return copy
 
     def ready(self) -> None:
         """Wait until the last snapshot's device-to-host copies are done."""
         self.copies.wait()
-
-    def _say(self) -> None:
-        pinned = self.cuda_copy == "pinned"
-        mib = (self._pinned_bytes if pinned else self._device_bytes) / (1 << 20)
-        log.info(_SAID[self.cuda_copy], mib)
 
     def _copy(self, value: Any, path: str, seen: set[str]) -> Any:
         kind = type(value)
@@ -210,7 +207,7 @@ class Snapshotter:
         else:
             buffer = self._same_device(source, path)
             if self.copies.handles(source):
-                self._device_bytes += _nbytes(source)
+                self._cuda_bytes["device"] += _nbytes(source)
         return _as_given(value, source, buffer)
 
     def _same_device(self, source: Any, path: str) -> Any:
@@ -221,8 +218,7 @@ class Snapshotter:
             or _layout(buffer) != _layout(source)
             or not source.is_contiguous()
         ):
-            buffer = source.clone()
-            self._buffers[path] = buffer
+            buffer = self._buffers[path] = source.clone()
             self._layouts.pop(path, None)
         else:
             buffer.copy_(source)
@@ -235,12 +231,10 @@ class Snapshotter:
             buffer = self._buffers[path] = self.copies.host_buffer(source)
             self._layouts[path] = layout
         self.copies.copy(buffer, source)
-        self._pinned_bytes += _nbytes(source)
+        self._cuda_bytes["pinned"] += _nbytes(source)
         return buffer
 
     def _array(self, value: Any, path: str) -> Any:
-        import numpy as np
-
         buffer = self._buffers.get(path)
         if (
             buffer is None
@@ -248,10 +242,9 @@ class Snapshotter:
             or buffer.dtype != value.dtype
             or type(buffer) is not type(value)
         ):
-            buffer = value.copy()
-            self._buffers[path] = buffer
+            buffer = self._buffers[path] = value.copy()
         else:
-            np.copyto(buffer, value)
+            buffer[...] = value
         return buffer
 
 

@@ -96,9 +96,7 @@ def check_carried(payload: PayloadBytes) -> Carried:
         return _check_zip(payload)
     if data.startswith(HDF5_MAGIC):
         return _check_hdf5(payload)
-    if data.startswith(PICKLE_PROTO):
-        return Carried("pickle")
-    return Carried("unknown")
+    return Carried("pickle" if data.startswith(PICKLE_PROTO) else "unknown")
 
 
 def _damaged(payload: PayloadBytes, what: str, exc: BaseException) -> Exception:

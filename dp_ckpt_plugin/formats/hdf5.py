@@ -110,9 +110,7 @@ def on_load_step(format: str, path: Path, file: BinaryIO | None):
     import h5py
 
     with h5py.File(reading(path, file), "r") as h5:
-        if int(h5.attrs.get(_LAYOUT, 1)) < 2:
-            return _read_group(h5, v1=True)
-        return _read_group(h5)
+        return _read_group(h5, v1=int(h5.attrs.get(_LAYOUT, 1)) < 2)
 
 
 # -- writing ---------------------------------------------------------------------
@@ -225,14 +223,13 @@ def _read_node(node, v1: bool = False) -> Any:
             data = node[...].tobytes()
             array = np.frombuffer(data, dtype=dtype).reshape(shape).copy()
         return array if kind == "rawarray" else array[()]
-    data = node[...].tobytes() if kind in ("str", "bytes", "bigint") else node[()]
     if kind == "str":
-        return data.decode("utf-8", "surrogatepass")
+        return node[...].tobytes().decode("utf-8", "surrogatepass")
     if kind == "bytes":
-        return data
+        return node[...].tobytes()
     if kind == "bigint":
-        return int(data.decode("ascii"))
-    return _PY_TYPES[kind](data)
+        return int(node[...].tobytes().decode("ascii"))
+    return _PY_TYPES[kind](node[()])
 
 
 # -- the first layout (dp-ckpt-plugin 0.1) ------------------------------------------

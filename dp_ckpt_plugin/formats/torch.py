@@ -56,25 +56,26 @@ def check_state(state: Any) -> None:
     """Raise :class:`TypeError` naming the key path of a value not read back exactly."""
     import torch
 
-    _check(state, "", torch)
+    leaves = (torch.Tensor, torch.nn.Parameter, torch.dtype, torch.device, torch.Size)
+    _check(state, "", _PLAIN + leaves)
 
 
-def _check(value: Any, path: str, torch) -> None:
+def _check(value: Any, path: str, leaves: tuple[type, ...]) -> None:
     import numpy as np
 
     where = path or "/"
     kind = type(value)
     if kind in (dict, collections.OrderedDict):
         for key, item in value.items():
-            _check(key, f"{path}/<key {key!r}>", torch)
-            _check(item, f"{path}/{key}", torch)
+            _check(key, f"{path}/<key {key!r}>", leaves)
+            _check(item, f"{path}/{key}", leaves)
     elif kind in (list, tuple):
         for index, item in enumerate(value):
-            _check(item, f"{path}/{index}", torch)
+            _check(item, f"{path}/{index}", leaves)
     elif kind in (set, frozenset):
         for item in value:
-            _check(item, f"{path}/<member {item!r}>", torch)
-    elif kind in _PLAIN or kind in _torch_leaves(torch):
+            _check(item, f"{path}/<member {item!r}>", leaves)
+    elif kind in leaves:
         return
     elif kind is np.ndarray or (
         isinstance(value, np.generic) and kind is np.dtype(kind).type
@@ -95,10 +96,6 @@ def _check(value: Any, path: str, torch) -> None:
             f"the torch format cannot store {kind.__module__}.{kind.__qualname__} "
             f"so that torch.load(weights_only=True) reads it back (key {where})"
         )
-
-
-def _torch_leaves(torch) -> tuple:
-    return (torch.Tensor, torch.nn.Parameter, torch.dtype, torch.device, torch.Size)
 
 
 @hookimpl(trylast=True)
@@ -155,9 +152,7 @@ def _needed(torch, source: BinaryIO) -> list:
     allowed = safe_globals()
     # all of them once one is named: torch's scan does not list every class
     # the unpickler meets (NumPy's dtype classes come through numpy.dtype)
-    if any(_names(g, n) for g in allowed for n in named):
-        return allowed
-    return []
+    return allowed if any(_names(g, n) for g in allowed for n in named) else []
 
 
 def _names(value, name: str) -> bool:

@@ -157,7 +157,8 @@ class Hooks:
         checkpoint; the others are still called.
         """
         hook = self.pm.hook.on_commit
-        observers = [i for i in hook.get_hookimpls() if not _wraps(i)]
+        impls = hook.get_hookimpls()
+        observers = [i for i in impls if not (i.wrapper or i.hookwrapper)]
         for impl in reversed(observers):  # pluggy's order: last registered first
             others = [o.plugin for o in observers if o is not impl]
             caller = self.pm.subset_hook_caller("on_commit", others) if others else hook
@@ -196,8 +197,3 @@ class Hooks:
                 f"no plugin freezes checkpoints of {options.get('host', 'this host')!r}"
             )
         return frozen
-
-
-def _wraps(impl: Any) -> bool:
-    """Whether a hook implementation is a wrapper (called around the others)."""
-    return bool(getattr(impl, "hookwrapper", False) or getattr(impl, "wrapper", False))

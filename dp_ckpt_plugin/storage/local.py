@@ -81,6 +81,14 @@ def _entry(st: os.stat_result) -> Entry:
     return Entry(kind, st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino)
 
 
+def _listed_kind(entry: os.DirEntry) -> str:
+    if entry.is_symlink():
+        return "link"
+    if entry.is_dir(follow_symlinks=False):
+        return "dir"
+    return "file" if entry.is_file(follow_symlinks=False) else "other"
+
+
 def _unreadable(path: object, what: str, exc: OSError) -> UnreadableFileError:
     return UnreadableFileError(path, f"cannot be {what}: {describe_os_error(exc)}")
 
@@ -173,9 +181,8 @@ class LocalStorage:
         target = temp_target(path.name)
         if target is not None and path.parent / target in self.mirrors:
             return True
-        root = os.path.realpath(self.root)
-        parent = os.path.realpath(path.parent)
-        return parent == root or parent.startswith(root.rstrip(os.sep) + os.sep)
+        parent = Path(os.path.realpath(path.parent))
+        return parent.is_relative_to(os.path.realpath(self.root))
 
     def _check(self, path: Path, what: str) -> None:
         if not self.contains(path):
@@ -215,24 +222,13 @@ class LocalStorage:
         UnreadableFileError
             When it cannot be listed (``EACCES``, ``EIO``).
         """
-        found = []
         try:
             with os.scandir(directory) as entries:
-                for e in entries:
-                    if e.is_symlink():
-                        kind = "link"
-                    elif e.is_dir(follow_symlinks=False):
-                        kind = "dir"
-                    elif e.is_file(follow_symlinks=False):
-                        kind = "file"
-                    else:
-                        kind = "other"
-                    found.append((e.name, kind))
+                return [(entry.name, _listed_kind(entry)) for entry in entries]
         except (FileNotFoundError, NotADirectoryError):
             return []
         except OSError as exc:
             raise _unreadable(directory, "listed", exc) from None
-        return found
 
     def read_small(self, path: Path, limit: int = SMALL_FILE_LIMIT) -> bytes | None:
         """The content of a small regular file; ``None`` when absent.
@@ -250,22 +246,21 @@ class LocalStorage:
         if fd is None:
             return None
         try:
-            chunks, size = [], 0
-            while size <= limit:
-                chunk = os.read(fd, limit + 1 - size)
+            data = b""
+            while len(data) <= limit:
+                chunk = os.read(fd, limit + 1 - len(data))
                 if not chunk:
                     break
-                chunks.append(chunk)
-                size += len(chunk)
+                data += chunk  # the first chunk itself: no copy
         except OSError as exc:
             raise _unreadable(path, "read", exc) from None
         finally:
             os.close(fd)
-        if size > limit:
+        if len(data) > limit:
             raise UnreadableFileError(path, f"holds more than the {limit} bytes it may")
         self.count("small_read")
-        self.count("small_bytes", size)
-        return b"".join(chunks)
+        self.count("small_bytes", len(data))
+        return data
 
     def _open_file(
         self, path: Path, flags: int, *, follow: bool, limit: int | None = None
@@ -351,11 +346,10 @@ class LocalStorage:
             except OSError as exc:
                 raise _unreadable(path, "read", exc) from None
         self.count("payload_map")
-        view = memoryview(mapped)
         try:
-            yield view
+            with memoryview(mapped) as view:
+                yield view
         finally:
-            view.release()
             with contextlib.suppress(BufferError):  # a slice still held: freed with it
                 mapped.close()
 
@@ -671,9 +665,7 @@ class LocalStorage:
                 )
             missing.append(candidate)
         for new in reversed(missing):
-            if self.root is not None and not (
-                new == self.root or new in self.root.parents
-            ):
+            if self.root is not None and not self.root.is_relative_to(new):
                 self._check(new, "create the directory")
             if (
                 not self._mkdir(new, durable=durable)

@@ -111,24 +111,17 @@ def digest_while(fd: int, digest, fsync) -> str:
         if fsync is not None:
             fsync()
         return digest(memoryview(b""))
-    mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ)
-    try:
-        view = memoryview(mapped)
-        try:
-            if fsync is None or size < _INLINE_DIGEST:
-                if fsync is not None:
-                    fsync()
-                return digest(view)
-            hashing = _Beside(lambda: digest(view), "dp_ckpt-digest")
-            try:
+    with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mapped, memoryview(mapped) as view:
+        if fsync is None or size < _INLINE_DIGEST:
+            if fsync is not None:
                 fsync()
-            finally:
-                hashing.join()
-            return hashing.result()
+            return digest(view)
+        hashing = _Beside(lambda: digest(view), "dp_ckpt-digest")
+        try:
+            fsync()
         finally:
-            view.release()
-    finally:
-        mapped.close()
+            hashing.join()
+        return hashing.result()
 
 
 class MeanwhileError(Exception):
@@ -204,20 +197,17 @@ class FinalName:
         """Make the link; return the path naming the open file by its final name."""
         folder = self.tmp.parent / temp_name(self.final)
         self.storage._check(folder, "write")
-        try:
+        with contextlib.suppress(OSError):
             self.storage._sys_mkdir(folder)
             self.folder = folder
             self.storage._sys_link(self.tmp, folder / self.final)
             self.dirfd = os.open(
                 folder, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC
             )
-        except OSError:
-            self.close()
-            return f"/proc/self/fd/{self.fd}"
-        if not self.storage._names(folder / self.final, self.fd):
-            self.close()  # something else is at the temporary name: never write it
-            return f"/proc/self/fd/{self.fd}"
-        return f"/proc/self/fd/{self.dirfd}/{self.final}"
+            if self.storage._names(folder / self.final, self.fd):
+                return f"/proc/self/fd/{self.dirfd}/{self.final}"
+        self.close()  # no link, or something else is at its name: never write that
+        return f"/proc/self/fd/{self.fd}"
 
     def close_beside(self) -> threading.Thread | None:
         """:meth:`close` on a thread of its own, started; ``None`` if nothing is left."""

@@ -118,13 +118,10 @@ def _check_own(folder: Path, uid: int, root: Path) -> None:
         raise _refuse(
             folder, f"belongs to user {found.st_uid}, not to {uid} (this user)", root
         )
-    loose = stat.S_IMODE(found.st_mode) & 0o077
-    if loose:
+    mode = stat.S_IMODE(found.st_mode)
+    if mode & 0o077:
         raise _refuse(
-            folder,
-            f"has mode {stat.S_IMODE(found.st_mode):04o} (the group or others "
-            "may use it)",
-            root,
+            folder, f"has mode {mode:04o} (the group or others may use it)", root
         )
 
 
