@@ -104,6 +104,30 @@ def test_a_background_save_is_written_by_the_process_and_restores_exactly(tmp_pa
     assert not _running(pid)
 
 
+def _snapshot_files() -> list[str]:
+    """The shared-memory files of snapshot buffers this process holds open."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if "dp_ckpt-snapshot-" in target:
+                found.append(target)
+    return found
+
+
+def test_close_frees_the_shared_buffers_of_every_manager(tmp_path):
+    before = _snapshot_files()
+    for run in range(3):  # a process that builds manager after manager
+        with CheckpointManager(
+            tmp_path / f"m{run}", format="torch", async_save=True, writer="process"
+        ) as m:
+            m.save(1, state_of(1))
+            m.wait()
+            assert len(_snapshot_files()) > len(before)  # the buffers, held
+        assert _snapshot_files() == before, f"run {run}: shared buffers left open"
+        assert_same(m.restore("latest").state, state_of(1))
+
+
 def test_a_write_error_surfaces_once_as_checkpoint_write_error(tmp_path):
     directory = tmp_path / "m"
     m = CheckpointManager(

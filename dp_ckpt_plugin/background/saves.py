@@ -115,3 +115,4 @@ class BackgroundWriter:
                     self._executor = None
                 if self.process is not None:
                     self.process.close()
+                    self.snapshots.close()  # its shared buffers' memory files

@@ -46,6 +46,10 @@ class _Buffer:
         self.pinned = False
 
     def close(self) -> None:
+        if self.pinned:  # page-locked for CUDA: unlocked before it is unmapped
+            import torch
+
+            torch.cuda.cudart().cudaHostUnregister(self.tensor.data_ptr())
         self.tensor = None
         with contextlib.suppress(BufferError):  # a view alive: it goes with it
             self.map.close()
@@ -169,8 +173,9 @@ class SharedSnapshotter(Snapshotter):
         return out.getvalue(), used
 
     def close(self) -> None:
-        """Free every shared buffer."""
+        """Free every shared buffer (its views dropped first, so that its map closes)."""
+        self._buffers.clear()
+        self._taken = {}
         for shared in self._shared.values():
             shared.close()
         self._shared.clear()
-        self._buffers.clear()
