@@ -311,11 +311,9 @@ def changes_since(
 def _data_lines(old: DataIdentity | None, new: DataIdentity | None) -> list[str]:
     if old is None or new is None or old.digest == new.digest:
         return []
+    lost = "the data position cannot be restored"
     if not old.systems or not new.systems:
-        return [
-            f"data systems changed ({old.count} -> {new.count} systems): the data "
-            "position cannot be restored"
-        ]
+        return [f"data systems changed ({old.count} -> {new.count} systems): {lost}"]
     before = {(s.role, s.path): s.fingerprint for s in old.systems}
     after = {(s.role, s.path): s.fingerprint for s in new.systems}
     lines = []
@@ -329,9 +327,7 @@ def _data_lines(old: DataIdentity | None, new: DataIdentity | None) -> list[str]
             what = "changed (its files differ)"
         else:
             continue
-        lines.append(
-            f"{role} system {path} {what}: the data position cannot be restored"
-        )
+        lines.append(f"{role} system {path} {what}: {lost}")
     if not lines:  # same systems, another order
-        lines.append("data systems reordered: the data position cannot be restored")
+        lines.append(f"data systems reordered: {lost}")
     return lines
