@@ -47,9 +47,7 @@ def loads_with_torch(payload: PayloadBytes) -> None:
         raise ValueError(f"it holds a {type(state).__name__}, not a state dict")
 
 
-def adopt(
-    store: CheckpointStore, *, cwd: Path | None = None, check=loads_with_torch
-) -> list[Checkpoint]:
+def adopt(store: CheckpointStore, *, cwd: Path | None = None) -> list[Checkpoint]:
     """Give commit records to the numbered files of ``store`` that have none.
 
     Called on the chief with the store open (its lock held). Returns the
@@ -61,7 +59,7 @@ def adopt(
             store.directory,
             cfg.family,
             store.format.name,
-            check,
+            loads_with_torch,
             storage=store.storage,
             durable=store.durable,
         )

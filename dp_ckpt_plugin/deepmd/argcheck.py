@@ -607,16 +607,11 @@ def _check_directory_usable(path: Path, key: str) -> None:
         raise ConfigError(f"`{key}` names {path}, which is a broken symbolic link")
     ancestor = nearest_existing_ancestor(path)
     found = entry_or_none(ancestor, follow=True, storage=storage)
+    cannot = f"`{key}`: directory {path} cannot be created because {ancestor}"
     if found is None or not found.is_dir:
-        raise ConfigError(
-            f"`{key}`: directory {path} cannot be created because {ancestor} "
-            "is not a directory"
-        )
+        raise ConfigError(f"{cannot} is not a directory")
     if not storage.writable(ancestor):
-        raise ConfigError(
-            f"`{key}`: directory {path} cannot be created because {ancestor} "
-            "is not writable by this user"
-        )
+        raise ConfigError(f"{cannot} is not writable by this user")
 
 
 def nearest_existing_ancestor(path: Path) -> Path:

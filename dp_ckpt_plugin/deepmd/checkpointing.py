@@ -208,7 +208,7 @@ class HostRun:
         states: dict[str, Any],
         *,
         metrics: Mapping[str, Mapping[str, float] | None] | None = None,
-    ) -> dict[str, Path]:
+    ) -> None:
         """Hand the payloads of ``step`` (one per family) to the store.
 
         ``metrics`` are the values the trainer reports for a family at this
@@ -217,12 +217,9 @@ class HostRun:
         self.last_saved = step
         if self.chief and self.report is not None:
             self.report.begin(step, states, background=self.background)
-        paths = self.store.save_all(
-            step, states, background=self.background, metrics=metrics
-        )
+        self.store.save_all(step, states, background=self.background, metrics=metrics)
         if self.chief and self.report is not None:
             self.report.handed_over(step)
-        return paths
 
     def check_stop(
         self,

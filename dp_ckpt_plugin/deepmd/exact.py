@@ -211,9 +211,7 @@ class ExactResume:
             return entry
         mine = local()
         ranks = list(gather(mine)) if gather is not None else [mine]
-        entry["world_size"] = self.world_size
-        entry["ranks"] = ranks
-        return entry
+        return {**entry, "world_size": self.world_size, "ranks": ranks}
 
     def continuation(self, entry: Any) -> Continuation:
         """This rank's state from a checkpoint's :data:`KEY` value, or why not."""

@@ -70,11 +70,6 @@ class HostDescriptor:
         """Import the host folder's module ``name`` (``train``, ``trainer``, ``freeze``)."""
         return importlib.import_module(f"dp_ckpt_plugin.deepmd.{self.name}.{name}")
 
-    @property
-    def freezer(self) -> str:
-        """The module of the host's built-in ``on_freeze`` plugin."""
-        return f"dp_ckpt_plugin.deepmd.{self.name}.freeze"
-
 
 def descriptor(name: str) -> HostDescriptor:
     """The descriptor of the backend folder ``name`` (imports nothing heavy)."""
@@ -87,7 +82,8 @@ def plugin_manager(name: str) -> pluggy.PluginManager:
     """The plugin manager of a ``dp`` command: the core's plugins and host ``name``'s."""
     from ..plugin import get_plugin_manager
 
-    return get_plugin_manager(host_plugins={"freeze": descriptor(name).freezer})
+    freezer = f"dp_ckpt_plugin.deepmd.{descriptor(name).name}.freeze"
+    return get_plugin_manager(host_plugins={"freeze": freezer})
 
 
 def descriptors() -> list[HostDescriptor]:

@@ -58,7 +58,6 @@ class ServedPayloads:
         #: How many ``torch.load`` calls each path was served from its bytes.
         self.served: Counter[str] = Counter()
         self._real: Any = None
-        self._installed: Any = None
         self._guard = threading.Lock()
         for payload in payloads:
             self.add(payload)
@@ -96,8 +95,8 @@ class ServedPayloads:
         with self._guard:
             if self._real is not None or not self._held:
                 return
-            self._real, self._installed = torch.load, self._load
-            torch.load = self._installed
+            self._real = torch.load
+            torch.load = self._load
 
     def stop(self) -> None:
         """Stop serving and give the bytes up (idempotent)."""
@@ -105,9 +104,9 @@ class ServedPayloads:
             if self._real is not None:
                 import torch
 
-                if torch.load is self._installed:
+                if torch.load == self._load:  # the same method of this object
                     torch.load = self._real
-                self._real = self._installed = None
+                self._real = None
             self._held.clear()
             self._kept.clear()
 
@@ -121,13 +120,11 @@ class ServedPayloads:
     def _load(self, f: Any, *args: Any, **kwargs: Any) -> Any:
         """``torch.load``, reading a held path's bytes in place of the file."""
         real = self._real
-        held = None
-        if isinstance(f, str | os.PathLike):
-            held = self._held.get(_key(f))
+        key = _key(f) if isinstance(f, str | os.PathLike) else None
+        held = self._held.get(key) if key is not None else None
         if held is None or real is None:
             return (real or _torch_load())(f, *args, **kwargs)
         kwargs.pop("mmap", None)  # bytes in memory are not mapped
-        key = _key(f)
         self.served[key] += 1
         loaded = real(held.reader(), *args, **kwargs)
         if self.keep and key not in self._kept:

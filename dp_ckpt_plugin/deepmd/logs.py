@@ -31,6 +31,7 @@ from typing import Any
 
 from ..markers import hookimpl
 from ..text import guard_logger
+from .host import descriptor
 
 log = logging.getLogger("dp_ckpt_plugin")
 
@@ -83,8 +84,6 @@ def startup_line(
     from .. import __version__
 
     options = settings.options
-    from .host import descriptor
-
     head = f"dp_ckpt_plugin {__version__} (dp {descriptor(host).flag})"
     stop = (
         f"stop with a checkpoint on {', '.join(options.stop_signals)}"
@@ -298,8 +297,6 @@ def say_main_lines(host: str) -> None:
     """
     from deepmd import __version__
 
-    from .host import descriptor
-
     found = descriptor(host)
     logger = logging.getLogger(found.deepmd_main)
     for level, message in found.main_lines:
@@ -314,8 +311,6 @@ def say_saved(host: str, path: str | os.PathLike) -> None:
     For a host whose periodic save the plugin makes in place of deepmd-kit's
     (``dp --pt-expt``): the line deepmd-kit's save would have said.
     """
-    from .host import descriptor
-
     logging.getLogger(descriptor(host).trainer).info(f"Saved model to {path}")
 
 

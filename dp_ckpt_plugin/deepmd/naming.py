@@ -21,9 +21,7 @@ def ema_prefix(prefix: str) -> str:
     ``model_ema.ckpt`` and ``run`` becomes ``run_ema``.
     """
     path = PurePath(prefix)
-    if path.suffix:
-        return f"{path.stem}_ema{path.suffix}"
-    return f"{path.name}_ema"
+    return f"{path.stem}_ema{path.suffix}"  # no suffix: the stem is the name
 
 
 def ema_family(family: Family) -> Family:

@@ -34,7 +34,7 @@ from ..checkpoint.provenance import (
     value_text,
 )
 from ..errors import UnreadableFileError
-from ..storage import Storage, default_storage
+from ..storage import default_storage, entry_or_none
 
 #: Small files of a system whose content is digested (others: size only).
 SMALL_FILES = ("type.raw", "type_map.raw", "nopbc")
@@ -114,17 +114,16 @@ def data_systems(config: Mapping[str, Any], cwd: Path) -> list[tuple[str, str]]:
     return found
 
 
-def _expand(path: str, cwd: Path, storage: Storage | None = None) -> list[str]:
+def _expand(path: str, cwd: Path) -> list[str]:
     """The systems under ``path`` (directories holding ``type.raw``), as deepmd-kit finds them."""
-    storage = storage or default_storage()
     base = cwd / path
-    if _names(base, storage) is None:
+    if _names(base) is None:
         return [path]  # a file (HDF5, LMDB) or missing: the path itself
     found, todo, searched = [], [(base, path)], 0
     while todo and searched < MAX_SEARCHED:
         here, shown = todo.pop()
         searched += 1
-        names = _names(here, storage) or []
+        names = _names(here) or []
         if any(n == "type.raw" for n, _ in names):
             found.append(shown)
             continue
@@ -134,36 +133,34 @@ def _expand(path: str, cwd: Path, storage: Storage | None = None) -> list[str]:
     return sorted(found) or [path]
 
 
-def _names(path: Path, storage: Storage) -> list[tuple[str, str]] | None:
+def _names(path: Path) -> list[tuple[str, str]] | None:
+    """The entries of the directory ``path``; ``None`` if it is none or cannot be read."""
+    entry = entry_or_none(path, follow=True)
+    if entry is None or not entry.is_dir:
+        return None
     try:
-        entry = storage.entry(path, follow=True)
-        if entry is None or not entry.is_dir:
-            return None
-        return storage.names(path)
-    except (OSError, UnreadableFileError):
+        return default_storage().names(path)
+    except UnreadableFileError:
         return None
 
 
-def fingerprint(path: Path, storage: Storage | None = None) -> str:
+def fingerprint(path: Path) -> str:
     """A cheap digest of a system: names and sizes of its files, small files' content."""
-    storage = storage or default_storage()
     lines: list[str] = []
-    names = _names(path, storage)
+    names = _names(path)
     if names is None:
-        size = _size(path, storage)
+        size = _size(path)
         lines.append("missing" if size < 0 else f"file {size}")
     else:
         for name, kind in sorted(names):
             if kind == "dir":
-                for inner, _ in sorted(_names(path / name, storage) or []):
-                    lines.append(
-                        f"{name}/{inner} {_size(path / name / inner, storage)}"
-                    )
+                for inner, _ in sorted(_names(path / name) or []):
+                    lines.append(f"{name}/{inner} {_size(path / name / inner)}")
                 continue
-            line = f"{name} {_size(path / name, storage)}"
+            line = f"{name} {_size(path / name)}"
             if name in SMALL_FILES:
                 try:
-                    data = storage.read_small(path / name)
+                    data = default_storage().read_small(path / name)
                 except UnreadableFileError:
                     data = None
                 line += f" {digest_bytes(data) if data is not None else '-'}"
@@ -171,12 +168,9 @@ def fingerprint(path: Path, storage: Storage | None = None) -> str:
     return digest_bytes("\n".join(lines).encode("utf-8"))
 
 
-def _size(path: Path, storage: Storage) -> int:
+def _size(path: Path) -> int:
     """The size of ``path`` (links followed); -1 where nothing can be read."""
-    try:
-        entry = storage.entry(path, follow=True)
-    except (OSError, UnreadableFileError):
-        return -1
+    entry = entry_or_none(path, follow=True)
     return entry.size if entry is not None else -1
 
 
@@ -317,11 +311,9 @@ def changes_since(
 def _data_lines(old: DataIdentity | None, new: DataIdentity | None) -> list[str]:
     if old is None or new is None or old.digest == new.digest:
         return []
+    lost = "the data position cannot be restored"
     if not old.systems or not new.systems:
-        return [
-            f"data systems changed ({old.count} -> {new.count} systems): the data "
-            "position cannot be restored"
-        ]
+        return [f"data systems changed ({old.count} -> {new.count} systems): {lost}"]
     before = {(s.role, s.path): s.fingerprint for s in old.systems}
     after = {(s.role, s.path): s.fingerprint for s in new.systems}
     lines = []
@@ -335,9 +327,7 @@ def _data_lines(old: DataIdentity | None, new: DataIdentity | None) -> list[str]
             what = "changed (its files differ)"
         else:
             continue
-        lines.append(
-            f"{role} system {path} {what}: the data position cannot be restored"
-        )
+        lines.append(f"{role} system {path} {what}: {lost}")
     if not lines:  # same systems, another order
-        lines.append("data systems reordered: the data position cannot be restored")
+        lines.append(f"data systems reordered: {lost}")
     return lines

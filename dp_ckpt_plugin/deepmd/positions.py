@@ -129,15 +129,13 @@ def reorder(frames: dict[str, Any], order) -> dict[str, Any]:
     import numpy as np
 
     nframes = frames["coord"].shape[0]
-    out = {}
-    for key, value in frames.items():
-        if (
+
+    def per_frame(key: str, value: Any) -> bool:
+        return (
             isinstance(value, np.ndarray)
             and value.ndim == 2
             and value.shape[0] == nframes
             and "find_" not in key
-        ):
-            out[key] = value[order]
-        else:
-            out[key] = value
-    return out
+        )
+
+    return {k: v[order] if per_frame(k, v) else v for k, v in frames.items()}

@@ -137,7 +137,7 @@ def prepare_run(
                 store.start_writer()
             if chief:
                 adopted = [c.path for c in adopt(store, cwd=settings.cwd)]
-        ctx = settings.resolve_context(chief=chief) if chief else None
+        ctx = settings.resolve_context() if chief else None
         specs = {"init_model": init_model, "restart": restart, "finetune": finetune}
         resolved: dict[str, str] = {}
         for key in HANDLES:

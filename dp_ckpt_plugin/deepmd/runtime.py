@@ -121,9 +121,7 @@ def gloo_threads_running() -> bool:
         except OSError:
             continue  # the thread ended
         start, end = stat.find(b"("), stat.rfind(b")")
-        if stat[start + 1 : end] == GLOO_THREAD and stat[end + 2 : end + 3] in (
-            b"R",
-            b"D",
-        ):
+        name, state = stat[start + 1 : end], stat[end + 2 : end + 3]
+        if name == GLOO_THREAD and state in (b"R", b"D"):
             return True
     return False

@@ -92,8 +92,8 @@ class RunSettings:
             FamilyConfig(ema, KeepLast(5), mirrors=ema_mirrors),
         ]
 
-    def resolve_context(self, *, chief: bool = True) -> ResolveContext:
-        """Where ``--restart``/``--init-model`` look, and how strictly.
+    def resolve_context(self) -> ResolveContext:
+        """Where the chief's ``--restart``/``--init-model`` look, and how strictly.
 
         The checkpoint is loaded (by deepmd-kit's trainer): its bytes are
         kept from the one reading that verifies them. With a store,
@@ -108,7 +108,7 @@ class RunSettings:
             prefix_path=self.save_ckpt,
             fallback_pointers=pointers,
             digest=self.options.verify != "size",
-            quarantine=self.options.quarantine and chief,
+            quarantine=self.options.quarantine,
             load=True,
         )
 

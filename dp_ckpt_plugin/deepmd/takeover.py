@@ -39,13 +39,6 @@ def disabled() -> bool:
     return os.environ.get(PLUGIN_OFF_ENV, "").strip().lower() in TRUE_WORDS
 
 
-def deepmd_version() -> str:
-    """The version of the installed deepmd-kit, as ``deepmd.__version__`` says."""
-    import deepmd
-
-    return str(getattr(deepmd, "__version__", "unknown"))
-
-
 def is_supported(version: str) -> bool:
     """Whether ``version`` (``"3.2.0"``, ``"3.2.1.dev3+g..."``) is a supported series."""
     found = re.match(r"\s*v?(\d+)\.(\d+)", version)
@@ -106,7 +99,9 @@ def _register() -> dict[str, type]:
 def _take_over() -> dict[str, type]:
     if disabled():
         return {}
-    version = deepmd_version()
+    import deepmd
+
+    version = str(getattr(deepmd, "__version__", "unknown"))
     if not is_supported(version):
         print(unsupported_note(version), file=sys.stderr, flush=True)
         return {}

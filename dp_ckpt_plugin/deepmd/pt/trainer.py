@@ -317,8 +317,7 @@ class GatherBeforeSave:
 
     def raise_if_nonfinite(self, *args: Any, **kwargs: Any) -> Any:
         done = self.guard.raise_if_nonfinite(*args, **kwargs)
-        trainer = self.trainer
-        trainer._dp_gather(trainer.lr_schedule.next_step)
+        self.trainer._dp_gather(self.trainer.lr_schedule.next_step)
         return done
 
     def __getattr__(self, name: str) -> Any:
