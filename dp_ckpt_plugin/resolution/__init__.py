@@ -353,10 +353,9 @@ def admit(found: Resolved, ctx: ResolveContext) -> Resolved:
         raise RestartNotFoundError(
             f"a resolver plugin answered {type(found).__name__}, not a Resolved"
         )
-    storage = ctx.storage
     named = Path(os.path.abspath(ctx.cwd / found.path))
-    path, via = follow_link(named, storage)
-    entry = storage.entry(path, follow=True)
+    path, via = follow_link(named, ctx.storage)
+    entry = ctx.storage.entry(path, follow=True)
     if entry is None or not entry.is_file:
         what = "does not exist" if entry is None else f"is not a file ({entry.kind})"
         raise RestartNotFoundError(f"restart checkpoint {named} {what}")

@@ -38,6 +38,7 @@ from ..checkpoint.lineage import Lineage
 from ..checkpoint.provenance import Provenance, input_digest, input_fits, write_input
 from ..checkpoint.records import (
     CommitRecord,
+    check_saves,
     make_record,
     record_path,
     write_record,
@@ -103,6 +104,10 @@ class Committer:
                 MAX_INPUT_BYTES,
             )
             self._input = None
+
+    def check_saves(self, step: int, paths, format: str, metrics):
+        """The records' ``check_saves``, with this run's provenance."""
+        return check_saves(step, paths, format, metrics, self.provenance)
 
     def commit(
         self,

@@ -38,7 +38,7 @@ from ..checkpoint import Checkpoint, Commit
 from ..checkpoint.catalogue import committed
 from ..checkpoint.layout import Family, check_step
 from ..checkpoint.manifest import Manifest, describe, describe_store
-from ..checkpoint.records import CommitRecord, check_saves
+from ..checkpoint.records import CommitRecord
 from ..checkpoint.resume import ResumeState
 from ..plugin.hooks import Hooks
 from ..ranks import Ranks, SingleProcess
@@ -288,8 +288,7 @@ class CheckpointStore:
         if self.format.check is not None:
             for state in states.values():
                 self.format.check(state)
-        provenance = self.committer.provenance  # what every record will say
-        reported = check_saves(step, paths, self.format.name, metrics, provenance)
+        reported = self.committer.check_saves(step, paths, self.format.name, metrics)
         if not background:
             self.wait()
             self._save_states(step, states, paths, reported)  # overlapped
