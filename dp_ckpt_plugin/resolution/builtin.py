@@ -80,10 +80,8 @@ def _dispatch(search: _Search, spec: str, ctx: ResolveContext) -> Resolved | Non
         if ctx.store_dir is not None:
             store = ctx.cwd / ctx.store_dir
             found = search.directory(store)
-            for pointer in ctx.fallback_pointers:
-                if found is not None:
-                    break
-                if ctx.cwd / pointer != store / fam.pointer:
+            for pointer in ctx.fallback_pointers:  # until one leads into the store
+                if found is None and ctx.cwd / pointer != store / fam.pointer:
                     # a store written without records, its pointer elsewhere
                     found = search.pointer(ctx.cwd / pointer, [store])
             if found is None:
