@@ -134,8 +134,7 @@ class DataIdentity:
         fits = len(listed) <= MAX_SYSTEMS and all(
             is_text(s.path, MAX_DATA_PATH) for s in listed
         )
-        kept = listed if fits else ()
-        return cls(len(listed), digest, kept)
+        return cls(len(listed), digest, listed if fits else ())
 
     def to_dict(self) -> dict[str, Any]:
         return {**vars(self), "systems": [s.to_dict() for s in self.systems]}

@@ -70,10 +70,8 @@ def ranked_family(
         ranking = ranking_of(policy) if policy is not None else None
         if ranking is not None:
             found.append((policy is not ranking, info.family, ranking))
-    if not found:
-        return None
-    _, family, ranking = min(found, key=lambda f: f[0])
-    return family, ranking
+    # the first kept by a KeepBest alone (False sorts first), else the first
+    return min(found, key=lambda f: f[0])[1:] if found else None
 
 
 def resolve_best(directory: Path, context: ResolveContext, *, spec: str) -> Resolved:
