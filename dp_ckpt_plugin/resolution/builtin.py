@@ -323,13 +323,10 @@ class _Search:
         except UnreadableFileError as exc:
             self.warnings.append(f"ignored: {exc}")
             return None
+        how = f"newest committed checkpoint in {directory}"
         for candidate in candidates:  # accept passes over one found corrupt already
             found = self.accept(
-                candidate.path,
-                f"newest committed checkpoint in {directory}",
-                trusted=False,
-                rule="newest",
-                via=directory,
+                candidate.path, how, trusted=False, rule="newest", via=directory
             )
             if found is not None:
                 return found

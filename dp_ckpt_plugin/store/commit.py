@@ -250,13 +250,10 @@ def _recorded_payload(
     storage removes the temporary file).
     """
     made: dict = {}
+    beside = functools.partial(_record_beside, path, storage, fields, made)
     try:
         tmp, _ = storage.write_payload(
-            path,
-            serialize,
-            durable=True,
-            digest=digest_of_view,
-            meanwhile=functools.partial(_record_beside, path, storage, fields, made),
+            path, serialize, durable=True, digest=digest_of_view, meanwhile=beside
         )
     except (OSError, CheckpointWriteError) as exc:
         _undo(exc, path, (record_path(path),), storage)

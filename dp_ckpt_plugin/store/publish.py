@@ -187,12 +187,9 @@ def publish(
         for index, (directory, group) in enumerate(groups):
             for target in group:
                 done.append(_before(target, storage))
+                ready = written.pop(target.path, None)  # its bytes written already
                 _move(
-                    target,
-                    checkpoint,
-                    storage=storage,
-                    durable=durable,
-                    written=written.pop(target.path, None),
+                    target, checkpoint, storage=storage, durable=durable, written=ready
                 )
             if durable:
                 sync = functools.partial(
@@ -241,12 +238,9 @@ def _move(
     if written is not None:
         storage.move_into_place(written, target.path, durable=False)
     elif target.kind == "pointer":
-        text = pointer_text(checkpoint, target.path)
+        data = pointer_text(checkpoint, target.path).encode("utf-8")
         storage.write_atomic(
-            target.path,
-            text.encode("utf-8"),
-            durable=durable and target.sync,
-            sync_dir=False,
+            target.path, data, durable=durable and target.sync, sync_dir=False
         )
     else:
         rel = os.path.relpath(checkpoint, target.path.parent)
