@@ -73,12 +73,10 @@ def recorded_families(
 ) -> set[str]:
     """Return the prefixes named by the commit records in ``directory``."""
     storage = storage or default_storage()
-    families = set()
-    for name, _ in entries_of(directory, storage):
-        target = record_target(name)
-        if target is None or not target.endswith(suffix):
-            continue
-        record = read_record_or_none(directory / target, storage=storage)
-        if record is not None:
-            families.add(record.family)
-    return families
+    targets = [record_target(name) for name, _ in entries_of(directory, storage)]
+    records = [
+        read_record_or_none(directory / target, storage=storage)
+        for target in targets
+        if target is not None and target.endswith(suffix)
+    ]
+    return {record.family for record in records if record is not None}

@@ -19,12 +19,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO
 
+from ..storage import Storage, default_storage
 from ..storage.forks import in_child
-
-if TYPE_CHECKING:
-    from ..storage import Storage
 
 #: The algorithm of new records.
 DEFAULT_ALGORITHM = "blake3"
@@ -57,19 +55,15 @@ def hasher(algorithm: str) -> Any:
 
 
 def digest_of(
-    path: Path, algorithm: str = DEFAULT_ALGORITHM, *, storage: Any = None
+    path: Path, algorithm: str = DEFAULT_ALGORITHM, *, storage: Storage | None = None
 ) -> str:
     """Return ``"<algorithm>:<hex>"`` of a file's content, reading it once.
 
     The file is opened through ``storage`` (the default local storage when
     ``None``): only a regular file is read.
     """
-    if storage is None:
-        from ..storage import default_storage
-
-        storage = default_storage()
     h = hasher(algorithm)
-    with storage.open_payload(path) as handle:
+    with (storage or default_storage()).open_payload(path) as handle:
         while chunk := handle.read(_CHUNK):
             h.update(chunk)
     return f"{algorithm}:{h.hexdigest()}"

@@ -96,10 +96,8 @@ class Lineage:
         epoch, chain = raw["epoch"], raw["chain"]
         if not is_int(epoch) or type(chain) is not list or len(chain) > MAX_LINEAGE:
             return None
-        links = [Link.parse(item) for item in chain]
-        if any(link is None for link in links):
-            return None
-        return cls(epoch, tuple(links))
+        links = tuple(Link.parse(item) for item in chain)
+        return None if None in links else cls(epoch, links)
 
 
 def chain_of(lineage: Lineage | None, step: int, digest: str) -> tuple[Link, ...]:

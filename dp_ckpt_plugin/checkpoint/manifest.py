@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -103,15 +103,13 @@ class Manifest:
                 f"a manifest describes 1 to {MAX_FAMILIES} families, "
                 f"got {len(self.families)}"
             )
-        families = []
         for info in self.families:
-            names = {
-                key: check_text(
-                    getattr(info.family, key), f"a family's {key}", MAX_FILE_NAME
-                )
-                for key in ("prefix", "suffix", "pointer")
-            }
-            families.append({**names, "policy": info.policy, "reason": info.reason})
+            for key, name in asdict(info.family).items():  # prefix, suffix, pointer
+                check_text(name, f"a family's {key}", MAX_FILE_NAME)
+        families = [
+            {**asdict(info.family), "policy": info.policy, "reason": info.reason}
+            for info in self.families
+        ]
         data = {"format_version": MANIFEST_VERSION, "format": self.format}
         text = json.dumps({**data, "families": families}, indent=1) + "\n"
         check_size(text.encode("utf-8"), "the store's manifest", MAX_MANIFEST_BYTES)

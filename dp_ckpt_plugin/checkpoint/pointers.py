@@ -58,12 +58,10 @@ def read_pointer(pointer: Path, *, storage: Storage | None = None) -> Path | Non
         raise UnsafePointerError(f"pointer {pointer} is empty")
     if "\n" in text or "\r" in text:
         raise UnsafePointerError(f"pointer {pointer} holds more than one line")
-    target = Path(text)
-    if not target.is_absolute():
-        # deepmd-kit writes the working-directory pointer relative to the
-        # working directory, which is the pointer's own directory.
-        target = pointer.parent / target
-    return target
+    # a relative target is read from the pointer's own directory (deepmd-kit
+    # writes the working-directory pointer relative to the working directory);
+    # an absolute one stays as it is, by pathlib's own rule for joining
+    return pointer.parent / text
 
 
 def pointer_text(checkpoint: Path, pointer: Path) -> str:

@@ -134,15 +134,10 @@ class DataIdentity:
         fits = len(listed) <= MAX_SYSTEMS and all(
             is_text(s.path, MAX_DATA_PATH) for s in listed
         )
-        kept = listed if fits else ()
-        return cls(len(listed), digest, kept)
+        return cls(len(listed), digest, listed if fits else ())
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "count": self.count,
-            "digest": self.digest,
-            "systems": [s.to_dict() for s in self.systems],
-        }
+        return {**vars(self), "systems": [s.to_dict() for s in self.systems]}
 
 
 @dataclass(frozen=True)
@@ -223,7 +218,6 @@ class Provenance:
 def _digest(value: object, what: str, error: type[Exception] = InvalidRecordError):
     if not (is_text(value, MAX_DIGEST_TEXT) and _DIGEST.fullmatch(value)):
         raise error(f"{what} must be 'sha256:<64 hex>', got {shorten(value)}")
-    return value
 
 
 def _check_data(data: DataIdentity, error: type[Exception]) -> None:
@@ -300,14 +294,11 @@ def read_input(
     ``None`` when it is not there, unreadable, or not what its name says.
     """
     for base in (directory, directory.parent.parent):
-        path = input_path(base, digest)
-        try:
-            data = storage.read_small(path, MAX_INPUT_BYTES)
-        except UnreadableFileError:
-            data = None
-        value = None if data is None else parse_input(data, digest)
-        if value is not None:
-            return value
+        with contextlib.suppress(UnreadableFileError):
+            data = storage.read_small(input_path(base, digest), MAX_INPUT_BYTES)
+            value = None if data is None else parse_input(data, digest)
+            if value is not None:
+                return value
     return None
 
 
@@ -389,7 +380,7 @@ def provenance_of(
 
     from .. import __version__
 
-    host = platform.node() or None
+    host = platform.node()
     return Provenance(
         plugin=__version__,
         python=platform.python_version(),
@@ -398,6 +389,6 @@ def provenance_of(
         backend=backend,
         world_size=world_size,
         seed=seed,
-        host=host if host is None or is_text(host, MAX_HOLDER_HOST) else None,
+        host=host if is_text(host, MAX_HOLDER_HOST) else None,
         data=data,
     )

@@ -140,10 +140,9 @@ class CommitRecord:
             check_int(self.replaces[0], "the size a re-save replaces")
             _check_digest(self.replaces[1], "a new commit record", ValueError)
         check_metrics(self.metrics)
-        if self.provenance is not None:
-            self.provenance.check()
-        if self.lineage is not None:
-            self.lineage.check()
+        for part in (self.provenance, self.lineage):
+            if part is not None:
+                part.check()
 
     @property
     def algorithm(self) -> str:
@@ -178,9 +177,7 @@ class CommitRecord:
             data["digest"] = _v1_digest(data.get("sha256"), bad)
             replaces = data.get("replaces")
             if type(replaces) is dict and "sha256" in replaces:
-                replaces = dict(replaces)
                 replaces["digest"] = _v1_digest(replaces.pop("sha256"), bad)
-                data["replaces"] = replaces
         # dp-ckpt-plugin 0.1 and 0.2 bounded no step: a version 1 record's is read
         top = {"step": math.inf} if version == 1 else {}
         for key, kind in _FIELDS.items():
@@ -582,19 +579,17 @@ def check_metrics(
         if not isinstance(key, str) or not key:
             raise TypeError(f"a metric name is a non-empty string, got {shorten(key)}")
         check_text(key, "a metric name")
-        if value is None:
-            checked[key] = None
-            continue
         if isinstance(value, bool):
             raise TypeError(f"metric {key!r} must be a number, got the bool {value!r}")
-        if not isinstance(value, (int, float)):
+        if value is not None and not isinstance(value, (int, float)):
             try:
                 value = float(value)  # numpy and torch scalars
             except (TypeError, ValueError):
                 raise TypeError(
                     f"metric {key!r} must be a number, got {type(value).__name__} {value!r}"
                 ) from None
-        checked[key] = float(value) if math.isfinite(value) else None
+        finite = value is not None and math.isfinite(value)
+        checked[key] = float(value) if finite else None
     return checked or None
 
 

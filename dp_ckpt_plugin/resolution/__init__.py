@@ -125,10 +125,10 @@ class Verifier:
             record.digest,
             record.replaces,
         )
-        if self._done.get(key) is True or (self._done.get(key) is False and not digest):
-            return
+        if key in self._done and (self._done[key] or not digest):
+            return  # checked already, at this level or above
         verify(path, record, digest=digest, storage=self.storage)
-        self._done[key] = digest or self._done.get(key, False)
+        self._done[key] = digest
 
     def payload(
         self, path: Path, record: CommitRecord | None, *, digest: bool
@@ -153,10 +153,9 @@ class Verifier:
         self, path: Path, record: CommitRecord, *, digest: bool
     ) -> PayloadBytes:
         key = (self.storage.real(path), record.size, record.digest, record.replaces)
-        if self._kept is not None:
-            kept_key, kept_digest, kept = self._kept
-            if kept_key == key and (kept_digest or not digest):
-                return kept
+        kept_key, kept_digest, kept = self._kept or (None, False, None)
+        if kept_key == key and (kept_digest or not digest):
+            return kept
         payload = read_payload(self.storage, path)
         check_payload(payload, record, digest=digest)
         self._kept = (key, digest, payload)  # the last one found good, only
@@ -215,10 +214,8 @@ class ResolveContext:
     load: bool = False
 
     def __post_init__(self) -> None:
-        if self.storage is None:
-            self.storage = default_storage()
-        if self.verifier is None:
-            self.verifier = Verifier(self.storage, keep=self.load)
+        self.storage = self.storage or default_storage()
+        self.verifier = self.verifier or Verifier(self.storage, keep=self.load)
 
     @classmethod
     def of_store(
@@ -356,10 +353,9 @@ def admit(found: Resolved, ctx: ResolveContext) -> Resolved:
         raise RestartNotFoundError(
             f"a resolver plugin answered {type(found).__name__}, not a Resolved"
         )
-    storage = ctx.storage
     named = Path(os.path.abspath(ctx.cwd / found.path))
-    path, via = follow_link(named, storage)
-    entry = storage.entry(path, follow=True)
+    path, via = follow_link(named, ctx.storage)
+    entry = ctx.storage.entry(path, follow=True)
     if entry is None or not entry.is_file:
         what = "does not exist" if entry is None else f"is not a file ({entry.kind})"
         raise RestartNotFoundError(f"restart checkpoint {named} {what}")

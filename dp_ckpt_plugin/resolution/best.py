@@ -70,10 +70,8 @@ def ranked_family(
         ranking = ranking_of(policy) if policy is not None else None
         if ranking is not None:
             found.append((policy is not ranking, info.family, ranking))
-    if not found:
-        return None
-    _, family, ranking = min(found, key=lambda f: f[0])
-    return family, ranking
+    # the first kept by a KeepBest alone (False sorts first), else the first
+    return min(found, key=lambda f: f[0])[1:] if found else None
 
 
 def resolve_best(directory: Path, context: ResolveContext, *, spec: str) -> Resolved:
@@ -110,17 +108,16 @@ def resolve_best(directory: Path, context: ResolveContext, *, spec: str) -> Reso
             chosen = resolve(str(path), ctx)
         except CorruptCheckpointError as exc:
             skipped.append(set_aside(path, exc, context)[1])
-            continue
         except RestartNotFoundError as exc:  # its record changed meanwhile
             skipped.append(str(exc))
-            continue
-        chosen.how = f"{ranking.reason} in {directory}"
-        chosen.rule, chosen.via = "best", directory
-        if skipped:
-            chosen.warnings[:0] = skipped
-            chosen.warnings.append(f"falling back to {path}, the next best")
-            chosen.fell_back = True
-        return chosen
+        else:
+            chosen.how = f"{ranking.reason} in {directory}"
+            chosen.rule, chosen.via = "best", directory
+            if skipped:
+                chosen.warnings[:0] = skipped
+                chosen.warnings.append(f"falling back to {path}, the next best")
+                chosen.fell_back = True
+            return chosen
     raise RestartNotFoundError(
         f"no checkpoint found for restart {spec!r}: every ranked checkpoint in "
         f"{directory} failed its check:\n" + "\n".join(f"  - {s}" for s in skipped)

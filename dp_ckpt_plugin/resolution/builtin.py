@@ -76,15 +76,12 @@ def resolve(spec: str, ctx: ResolveContext) -> Resolved:
 
 def _dispatch(search: _Search, spec: str, ctx: ResolveContext) -> Resolved | None:
     fam = ctx.family
-    storage = ctx.storage
     if spec == "latest":
         if ctx.store_dir is not None:
             store = ctx.cwd / ctx.store_dir
             found = search.directory(store)
-            for pointer in ctx.fallback_pointers:
-                if found is not None:
-                    break
-                if ctx.cwd / pointer != store / fam.pointer:
+            for pointer in ctx.fallback_pointers:  # until one leads into the store
+                if found is None and ctx.cwd / pointer != store / fam.pointer:
                     # a store written without records, its pointer elsewhere
                     found = search.pointer(ctx.cwd / pointer, [store])
             if found is None:
@@ -96,7 +93,7 @@ def _dispatch(search: _Search, spec: str, ctx: ResolveContext) -> Resolved | Non
             found = search.alias(prefix.parent / fam.alias, [ctx.cwd, prefix.parent])
         return found
     path = ctx.cwd / spec
-    entry = entry_or_none(path, follow=True, storage=storage)
+    entry = entry_or_none(path, follow=True, storage=search.storage)
     if entry is not None and entry.is_dir:
         extra = [ctx.cwd / ctx.store_dir] if ctx.store_dir and path == ctx.cwd else []
         return search.directory(path, extra_roots=extra)
@@ -105,7 +102,7 @@ def _dispatch(search: _Search, spec: str, ctx: ResolveContext) -> Resolved | Non
         return search.pointer(path, [path.parent]) or search.directory(path.parent)
     if entry is not None and entry.is_file:
         search.looked.append(f"file {path}")
-        target, link = follow_link(path, storage)
+        target, link = follow_link(path, search.storage)
         how = f"file {path}" if link is None else f"link {path}"
         found = search.accept(target, how, trusted=True, explicit=True)
         if found is not None and link is not None:
@@ -113,7 +110,7 @@ def _dispatch(search: _Search, spec: str, ctx: ResolveContext) -> Resolved | Non
         return found
     search.looked.append(f"file {path}")
     alias = path.parent / f"{path.name}{fam.suffix}"
-    if entry_or_none(alias, storage=storage) is None:
+    if entry_or_none(alias, storage=search.storage) is None:
         search.looked.append(f"alias {alias}")
         return None
     # a prefix: its alias, else the newest committed checkpoint of that family
@@ -182,14 +179,10 @@ class _Search:
         if not tail or entry_or_none(parent / tail, storage=self.storage) is not None:
             return None
         words = [] if slash else ["latest", "best"]
-        listed = entries_of(parent, self.storage)
-        suffix = self.ctx.family.suffix
-        names = []
-        for name, _ in itertools.islice(listed, 2000):
-            if not name.startswith("."):
-                names.append(name)
-                if name.endswith(suffix) and len(name) > len(suffix):
-                    names.append(name[: -len(suffix)])  # an alias's prefix
+        listed = itertools.islice(entries_of(parent, self.storage), 2000)
+        names = [name for name, _ in listed if not name.startswith(".")]
+        suffix = self.ctx.family.suffix  # and the prefix of each alias:
+        names += [n.removesuffix(suffix) for n in names if n.endswith(suffix)]
         found = difflib.get_close_matches(tail, words + names, n=1, cutoff=0.75)
         if not found or _digits_apart(tail, found[0]):
             return None  # another step of a checkpoint is not a typo
@@ -330,13 +323,10 @@ class _Search:
         except UnreadableFileError as exc:
             self.warnings.append(f"ignored: {exc}")
             return None
+        how = f"newest committed checkpoint in {directory}"
         for candidate in candidates:  # accept passes over one found corrupt already
             found = self.accept(
-                candidate.path,
-                f"newest committed checkpoint in {directory}",
-                trusted=False,
-                rule="newest",
-                via=directory,
+                candidate.path, how, trusted=False, rule="newest", via=directory
             )
             if found is not None:
                 return found
@@ -387,12 +377,7 @@ def _provably_committed(path: Path, storage: Storage) -> bool:
         found = storage.entry(path, follow=True)
     except (InvalidRecordError, UnreadableFileError):
         return False
-    return (
-        record is not None
-        and found is not None
-        and found.is_file
-        and record.accepts(found.size)
-    )
+    return bool(record and found and found.is_file and record.accepts(found.size))
 
 
 _STEP_NAME = re.compile(r"(.*-)([0-9]+)((?:\.[^.]*)?)")

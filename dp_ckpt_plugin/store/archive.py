@@ -201,13 +201,12 @@ def archive_folders(directory: Path, *, storage: Storage) -> list[ArchiveFolder]
             continue
         path = root / name
         listed = _listed(path, storage)
-        entry = storage.entry(path)
         stamp = _FOLDER_NAME.fullmatch(name)
-        created = (
-            calendar.timegm(time.strptime(stamp[1], "%Y%m%dT%H%M%SZ"))
-            if stamp
-            else (entry.mtime_ns if entry else 0) / 1e9
-        )
+        if stamp:
+            created = calendar.timegm(time.strptime(stamp[1], "%Y%m%dT%H%M%SZ"))
+        else:  # not named by the store: its modification time
+            entry = storage.entry(path)
+            created = (entry.mtime_ns if entry else 0) / 1e9
         files = [n for n, (kind, _) in listed.items() if kind == "file"]
         size = sum(size for _, size in listed.values())
         payloads = sorted(n for n in files if record_name(n) in listed)
@@ -278,14 +277,13 @@ def prune_archives(
     if keep_last is None:
         return []
     spare = {storage.real(p) for p in spare}
-    doomed = [
+    folders = archive_folders(directory, storage=storage)
+    removed = [
         f
-        for f in archives_beyond(
-            archive_folders(directory, storage=storage), keep_last=keep_last
-        )
+        for f in archives_beyond(folders, keep_last=keep_last)
         if storage.real(f.path) not in spare
+        and remove_archive(f, storage=storage, durable=durable)
     ]
-    removed = [f for f in doomed if remove_archive(f, storage=storage, durable=durable)]
     if removed:
         log.info(
             "removed %d archive(s) of earlier runs beyond the newest %d (%s), %.1f MB",

@@ -154,11 +154,9 @@ class Committer:
             if old is not None and path.name in self.written:
                 return rewrite(path, serialize, old=old, **details)
             # an earlier run's checkpoint, or a file that is not ours: keep it
+            earlier = Checkpoint(path, step, family.prefix, old)
             dest = archive(
-                place.directory,
-                [Checkpoint(path, step, family.prefix, old)],
-                storage=place.storage,
-                durable=place.durable,
+                place.directory, [earlier], storage=place.storage, durable=place.durable
             )
             self.catalogue.discard(family, path.name)
             log.info("moved %s, written before this run, to %s", path, dest)
@@ -252,13 +250,10 @@ def _recorded_payload(
     storage removes the temporary file).
     """
     made: dict = {}
+    beside = functools.partial(_record_beside, path, storage, fields, made)
     try:
         tmp, _ = storage.write_payload(
-            path,
-            serialize,
-            durable=True,
-            digest=digest_of_view,
-            meanwhile=functools.partial(_record_beside, path, storage, fields, made),
+            path, serialize, durable=True, digest=digest_of_view, meanwhile=beside
         )
     except (OSError, CheckpointWriteError) as exc:
         _undo(exc, path, (record_path(path),), storage)

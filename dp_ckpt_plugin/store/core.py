@@ -352,11 +352,9 @@ class CheckpointStore:
         self.catalogue.add(fam, checkpoint)
         published = self.publisher.publish(cfg, checkpoint, overlap=overlap)
         families = [(c.family, c.policy) for c in self.families.values()]
+        manifest = describe(self.format.name, families)
         self._described = describe_store(
-            self.directory,
-            describe(self.format.name, families),
-            self._described,
-            self.storage,
+            self.directory, manifest, self._described, self.storage
         )
         fams = tuple(self.families)
         self.hooks.commit(

@@ -68,12 +68,9 @@ class StoreLock:
             "command": " ".join(sys.argv),
             "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
+        note = (json.dumps(holder) + "\n").encode("utf-8")
         try:
-            self.storage.write_atomic(
-                self.directory / HOLDER_NAME,
-                (json.dumps(holder) + "\n").encode("utf-8"),
-                durable=False,
-            )
+            self.storage.write_atomic(self.directory / HOLDER_NAME, note, durable=False)
         except CheckpointWriteError:
             self.release()
             raise

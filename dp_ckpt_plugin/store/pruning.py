@@ -51,12 +51,10 @@ class Pruner:
         #: Records whose payloads were removed, waiting for a directory fsync.
         self.pending: list[Path] = []
 
-    def protected(self, family: Family, current: Path | None = None) -> set[str]:
-        """Names retention must not remove in ``family``."""
+    def protected(self, family: Family, current: Path) -> set[str]:
+        """Names retention must not remove in ``family`` (``current``: just written)."""
         named = named_by(self.place.directory, family, storage=self.place.storage)
-        names = {n for n in named.values() if n}
-        if current is not None:
-            names.add(current.name)
+        names = {n for n in named.values() if n} | {current.name}
         start = self.resume.protected(family)
         if start is not None:
             names.add(start.name)
@@ -123,8 +121,7 @@ def remove(paths: list[Path], *, durable: bool, storage: Storage) -> None:
     remove_payloads(paths, durable=durable, storage=storage, left=records)
     if records:
         storage.sync_dir(paths[0].parent, holding=paths)
-    remove_records(records, storage=storage)
-    if records:
+        remove_records(records, storage=storage)
         storage.sync_dir(paths[0].parent, holding=paths)
 
 

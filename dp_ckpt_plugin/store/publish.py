@@ -169,6 +169,10 @@ def publish(
     by_directory: dict[Path, list[Mirror]] = {}
     for target in targets:
         by_directory.setdefault(target.path.parent, []).append(target)
+    groups = list(by_directory.items())
+    later = [  # the pointers whose bytes a first directory's fsync may overlap
+        t for _, group in groups[1:] for t in group if t.kind == "pointer" and t.sync
+    ]
     done: list[_Before] = []
     written: dict[Path, Path] = {}  # a later pointer -> its fsynced temporary file
     try:
@@ -180,26 +184,17 @@ def publish(
         # bytes of the later directories' pointers are written and fsynced
         # under their temporary names beside that first fsync (no name of
         # theirs changes before it returns)
-        for index, (directory, group) in enumerate(by_directory.items()):
+        for index, (directory, group) in enumerate(groups):
             for target in group:
                 done.append(_before(target, storage))
+                ready = written.pop(target.path, None)  # its bytes written already
                 _move(
-                    target,
-                    checkpoint,
-                    storage=storage,
-                    durable=durable,
-                    written=written.pop(target.path, None),
+                    target, checkpoint, storage=storage, durable=durable, written=ready
                 )
             if durable:
                 sync = functools.partial(
                     storage.sync_dir, directory, holding=[t.path for t in group]
                 )
-                later = [
-                    t
-                    for group in list(by_directory.values())[index + 1 :]
-                    for t in group
-                    if t.kind == "pointer" and t.sync
-                ]
                 if index == 0 and later and overlap:
                     at_once(
                         functools.partial(
@@ -243,12 +238,9 @@ def _move(
     if written is not None:
         storage.move_into_place(written, target.path, durable=False)
     elif target.kind == "pointer":
-        text = pointer_text(checkpoint, target.path)
+        data = pointer_text(checkpoint, target.path).encode("utf-8")
         storage.write_atomic(
-            target.path,
-            text.encode("utf-8"),
-            durable=durable and target.sync,
-            sync_dir=False,
+            target.path, data, durable=durable and target.sync, sync_dir=False
         )
     else:
         rel = os.path.relpath(checkpoint, target.path.parent)

@@ -51,18 +51,16 @@ def sweep(
     families = list(families)
     removed = []
     entries = dict(entries_of(directory, storage))
-    for name in entries:
+    for name, kind in entries.items():
         target = temp_target(name)
         if target is not None and _ours(target, families):
-            remove_leftover(directory / name, entries[name], removed, storage)
+            remove_leftover(directory / name, kind, removed, storage)
             continue
         checkpoint = record_target(name) or ""  # "": not a record
         orphan = _numbered(checkpoint, families) and checkpoint not in entries
         if orphan and not _follow_into_archive(directory, checkpoint, storage):
             remove_counted(directory / name, removed, storage)
-    for mirror in mirrors:
-        if mirror.parent == directory:
-            continue
+    for mirror in (m for m in mirrors if m.parent != directory):
         for name, _ in entries_of(mirror.parent, storage):
             if temp_target(name) == mirror.name:
                 remove_counted(mirror.parent / name, removed, storage)
@@ -86,6 +84,7 @@ def _ours(target: str, families: list[Family]) -> bool:
 def _follow_into_archive(directory: Path, checkpoint: str, storage: Storage) -> bool:
     """Move an orphan record to the archive folder its checkpoint went to."""
     root = directory / ARCHIVE_DIR
+    record = record_name(checkpoint)
     found = storage.entry(root)
     if found is None or not found.is_dir:
         return False  # a link there leads out of the store: never followed
@@ -94,10 +93,8 @@ def _follow_into_archive(directory: Path, checkpoint: str, storage: Storage) -> 
         if kind != "dir":
             continue
         inside = dict(entries_of(dest, storage))
-        if inside.get(checkpoint) == "file" and record_name(checkpoint) not in inside:
+        if inside.get(checkpoint) == "file" and record not in inside:
             with contextlib.suppress(CheckpointWriteError):
-                storage.rename(
-                    directory / record_name(checkpoint), dest / record_name(checkpoint)
-                )
+                storage.rename(directory / record, dest / record)
                 return True
     return False
