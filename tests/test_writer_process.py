@@ -128,6 +128,25 @@ def test_close_frees_the_shared_buffers_of_every_manager(tmp_path):
         assert_same(m.restore("latest").state, state_of(1))
 
 
+def test_a_snapshot_kept_past_close_stays_readable():
+    """A tensor of a snapshot still referenced (a failed save's traceback keeps
+    one) holds its buffer's map: it is freed with the last such tensor."""
+    import gc
+
+    import torch
+
+    from dp_ckpt_plugin.background.shm import SharedSnapshotter
+
+    before = _snapshot_files()
+    snapshots = SharedSnapshotter()
+    kept = snapshots.take({"w": torch.arange(1 << 16, dtype=torch.float64)})
+    snapshots.close()
+    assert float(kept["w"].sum()) == float(sum(range(1 << 16)))
+    del kept
+    gc.collect()
+    assert _snapshot_files() == before
+
+
 def test_a_write_error_surfaces_once_as_checkpoint_write_error(tmp_path):
     directory = tmp_path / "m"
     m = CheckpointManager(

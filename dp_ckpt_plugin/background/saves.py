@@ -114,5 +114,7 @@ class BackgroundWriter:
                     self._executor.shutdown(wait=True)
                     self._executor = None
                 if self.process is not None:
-                    self.process.close()
-                    self.snapshots.close()  # its shared buffers' memory files
+                    try:
+                        self.process.close()
+                    finally:
+                        self.snapshots.close()  # its shared buffers' memory files

@@ -68,7 +68,10 @@ def view_of(buffer, dtype, shape):
         return np.frombuffer(buffer, dtype=dtype, count=math.prod(shape)).reshape(shape)
     import torch
 
-    return torch.frombuffer(buffer, dtype=dtype, count=math.prod(shape)).view(shape)
+    # through a memoryview, which the tensor holds: the map cannot be closed
+    # under a tensor still alive (a NumPy view holds it the same way)
+    view = torch.frombuffer(memoryview(buffer), dtype=dtype, count=math.prod(shape))
+    return view.view(shape)
 
 
 class SharedSnapshotter(Snapshotter):

@@ -677,10 +677,12 @@ class RemoteStore:
         if digest is None or digest in self._inputs_sent:
             return
         staged = input_path(checkpoint.path.parent, digest)
-        # KeyExistsError: the same content, by name
-        with contextlib.suppress(UnreadableFileError, KeyExistsError):
+        try:
             data = self.staging.read_small(staged, MAX_INPUT_BYTES)
-            if data is not None:
+        except UnreadableFileError:
+            data = None
+        if data is not None:
+            with contextlib.suppress(KeyExistsError):  # the same content, by name
                 self.storage.put_if_absent(f"{INPUTS_DIR}/{staged.name}", data)
         self._inputs_sent.add(digest)
 

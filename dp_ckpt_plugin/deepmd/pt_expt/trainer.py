@@ -33,7 +33,6 @@ only the write itself is made atomic.
 
 from __future__ import annotations
 
-import inspect
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -48,9 +47,6 @@ from ..logs import say_saved
 from ..metrics import ReportsMetrics
 from ..optimizer_state import load_optimizer_state
 
-#: deepmd-kit's constructor, whose arguments the subclass reads by name.
-_signature = inspect.signature(training.Trainer.__init__)
-
 
 def make_trainer_class(host_run: HostRun) -> type:
     """Return a subclass of deepmd-kit's pt_expt ``Trainer`` bound to ``host_run``."""
@@ -61,8 +57,8 @@ def make_trainer_class(host_run: HostRun) -> type:
         dp_run = host_run
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            given = _signature.bind(self, *args, **kwargs).arguments
-            data = (given["training_data"], given.get("validation_data"))
+            data = [_arg(args, kwargs, 1, "training_data")]
+            data.append(_arg(args, kwargs, 3, "validation_data"))
             systems = [s for d in data for s in _systems_of(d)]
             unsupported = None
             if not all(positions.supported(s) for s in systems):
@@ -76,7 +72,7 @@ def make_trainer_class(host_run: HostRun) -> type:
             )
             host_run.started(self.num_steps)
             self._dp_exact = host_run.exact(self.rank, self.world_size, unsupported)
-            restart = given.get("restart_model")
+            restart = kwargs.get("restart_model")
             if self.restart_training and restart and not restart.endswith(".pte"):
                 host_run.restore(
                     restart,
@@ -84,8 +80,9 @@ def make_trainer_class(host_run: HostRun) -> type:
                     self._dp_restore_data,
                     step=self.start_step,
                 )
+            config = args[0] if args else kwargs["config"]  # as deepmd-kit read it
             self.dp_setup_best(
-                given["config"].get("validating"),  # as deepmd-kit read it
+                config.get("validating"),
                 disp_freq=self.trainer_config.disp_freq,
                 save_freq=self.trainer_config.save_freq,
             )
@@ -271,6 +268,10 @@ def make_trainer_class(host_run: HostRun) -> type:
             host_run.finish()
 
     return CheckpointingTrainer
+
+
+def _arg(args: tuple, kwargs: dict, index: int, name: str) -> Any:
+    return args[index] if len(args) > index else kwargs.get(name)
 
 
 def _systems_of(data: Any) -> list[Any]:
