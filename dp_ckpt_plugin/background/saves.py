@@ -113,8 +113,10 @@ class BackgroundWriter:
                 if self._executor is not None:
                     self._executor.shutdown(wait=True)
                     self._executor = None
-                if self.process is not None:
-                    try:
+                try:
+                    if self.process is not None:
                         self.process.close()
-                    finally:
-                        self.snapshots.close()  # its shared buffers' memory files
+                finally:
+                    # the state's copies: its size in memory (with the writer
+                    # process, memory files of two descriptors each)
+                    self.snapshots.close()

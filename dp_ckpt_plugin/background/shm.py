@@ -177,7 +177,7 @@ class SharedSnapshotter(Snapshotter):
 
     def close(self) -> None:
         """Free every shared buffer (its views dropped first, so that its map closes)."""
-        self._buffers.clear()
+        super().close()
         self._taken = {}
         for shared in self._shared.values():
             shared.close()

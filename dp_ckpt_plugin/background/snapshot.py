@@ -173,6 +173,15 @@ class Snapshotter:
         """Wait until the last snapshot's device-to-host copies are done."""
         self.copies.wait()
 
+    def close(self) -> None:
+        """Let go of every buffer (the state's size, on the host or a device).
+
+        A snapshot still referenced keeps its own; a later :meth:`take`
+        makes new ones.
+        """
+        self._buffers.clear()
+        self._layouts.clear()
+
     def _copy(self, value: Any, path: str, seen: set[str]) -> Any:
         kind = type(value)
         if kind in _IMMUTABLE:
