@@ -9,13 +9,17 @@ lets the process's own lazy state (torch's thread pools, a client's runtime)
 come into being. Afterwards the process holds no more than before the
 rounds: open descriptors, threads, child processes, maps of the store's
 memory files or files, the directory's lock; and a closed manager, still
-referenced, keeps no copy of the state it saved.
+referenced, keeps no copy of the state it saved. The host side of a ``dp``
+run (its preflight, saves and close, in this process) is walked the same
+way, and also puts the signal handlers and ``torch.load`` back.
 """
 
 from __future__ import annotations
 
 import collections
 import gc
+import itertools
+import json
 import os
 import sys
 import threading
@@ -26,7 +30,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import HAS_TORCH, make_payload, open_manager, payload_mismatches
+from helpers import (
+    HAS_TORCH,
+    make_payload,
+    needs_torch,
+    open_manager,
+    payload_mismatches,
+)
 
 from dp_ckpt_plugin import CheckpointWriteError
 from dp_ckpt_plugin.store.lock import StoreLock
@@ -256,5 +266,68 @@ def test_closing_releases_what_the_store_acquired(
     assert held == [0] * len(kept), "bytes of arrays each closed manager holds"
     # the directory's lock is free: a new store takes it
     lock = StoreLock(kept[-1].directory)
+    lock.acquire()
+    lock.release()
+
+
+# -- a dp run's host side, in the user's process ----------------------------------
+
+
+def _process_wide() -> tuple:
+    """What a host run changes for the whole process: signal handlers, torch.load."""
+    import signal
+
+    import torch
+
+    handlers = tuple(signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM))
+    return handlers, torch.load
+
+
+@needs_torch
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_closing_a_host_run_releases_what_it_acquired(
+    writer, tmp_path, monkeypatch, pm
+):
+    """``dp``'s preflight, run in this process: lock, writer, served restart
+    bytes, stop signals, saves, then the run's close."""
+    pytest.importorskip("deepmd")
+    from dp_ckpt_plugin.deepmd.prepare import prepare_run
+    from dp_ckpt_plugin.ranks import SingleProcess
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DP_CKPT_WRITER", writer)
+    training = {"save_dir": "models", "numb_steps": 10, "max_ckpt_keep": 2}
+    training["_dp_ckpt"] = {"async_save": True}
+    (tmp_path / "input.json").write_text(json.dumps({"training": training}))
+
+    steps = itertools.count(1)  # a restart continues the step count
+
+    def one_run(restart: str | None, twice: bool = False):
+        run = prepare_run(
+            "input.json",
+            restart=restart,
+            init_model=None,
+            pm=pm,
+            ranks=SingleProcess(),
+            host="pt_expt",
+        )
+        run.payloads.start()  # deepmd-kit's loads of the restart are served
+        for step in [next(steps) for _ in STEPS]:
+            run.store.save(step, make_payload(step, "torch"), background=True)
+        run.finish()
+        run.close()
+        if twice:
+            run.close()
+        return run
+
+    one_run(None)  # the process's lazy state
+    before, wide = Held.now(tmp_path), _process_wide()
+    kept = [one_run("latest"), one_run("latest"), one_run("latest", twice=True)]
+    more = left_over(before, tmp_path)
+    assert not more, "held after closing:\n" + "\n".join(more)
+    assert _process_wide() == wide
+    held = [array_bytes_held(run) for run in kept]
+    assert held == [0] * len(kept), "bytes of arrays each closed run holds"
+    lock = StoreLock(tmp_path / "models")
     lock.acquire()
     lock.release()
