@@ -2,7 +2,8 @@
 
 Each variant builds a :class:`CheckpointManager` (a format, synchronous or
 background saves, the writer thread or process, a way of copying CUDA
-tensors, a local directory or an S3 URL, saves that fail), saves a few steps
+tensors, a local directory or an S3 URL, saves that fail, a second manager
+refused the directory another holds), saves a few steps
 (retention prunes some), restores, and closes (``with``, ``close()``, or
 ``close()`` twice), three rounds in one process after a first round that
 lets the process's own lazy state (torch's thread pools, a client's runtime)
@@ -38,7 +39,7 @@ from helpers import (
     payload_mismatches,
 )
 
-from dp_ckpt_plugin import CheckpointWriteError
+from dp_ckpt_plugin import CheckpointWriteError, StoreLockedError
 from dp_ckpt_plugin.store.lock import StoreLock
 
 STEPS = (1, 2, 3, 4)
@@ -195,9 +196,8 @@ def _variants() -> list:
 ROUNDS = (("with", False), ("close", True), ("twice", False))
 
 
-def _one_round(variant: Variant, directory, tmp_path: Path, how: str, fails: bool):
-    """Build, save, restore and close one manager; return it, closed."""
-    m = open_manager(
+def _open(variant: Variant, directory, tmp_path: Path):
+    return open_manager(
         directory,
         variant.format,
         max_keep=2,
@@ -205,6 +205,11 @@ def _one_round(variant: Variant, directory, tmp_path: Path, how: str, fails: boo
         writer=variant.writer,
         **({"staging": tmp_path / "staging"} if variant.remote else {}),
     )
+
+
+def _one_round(variant: Variant, directory, tmp_path: Path, how: str, fails: bool):
+    """Build, save, restore and close one manager; return it, closed."""
+    m = _open(variant, directory, tmp_path)
     try:
         for step in STEPS:
             m.save(step, make_payload(step, variant.format))
@@ -219,6 +224,7 @@ def _one_round(variant: Variant, directory, tmp_path: Path, how: str, fails: boo
         raise
     if fails:
         _fail_a_save_and_close(m, variant, tmp_path / "aside")
+        _refused_and_closed(variant, directory, tmp_path)
     elif how == "with":
         with m:
             pass
@@ -245,6 +251,20 @@ def _fail_a_save_and_close(m, variant: Variant, aside: Path) -> None:
     finally:
         aside.rename(directory)
     m.close()
+
+
+def _refused_and_closed(variant: Variant, directory, tmp_path: Path) -> None:
+    """A second manager on a directory another holds: refused, then closed."""
+    holder = _open(variant, directory, tmp_path)
+    try:
+        holder.save(1, make_payload(1, variant.format))
+        holder.wait()
+        second = _open(variant, directory, tmp_path)
+        with pytest.raises(StoreLockedError):
+            second.save(2, make_payload(2, variant.format))
+        second.close()
+    finally:
+        holder.close()
 
 
 @pytest.mark.parametrize("variant", _variants())
