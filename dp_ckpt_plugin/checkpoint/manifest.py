@@ -103,13 +103,12 @@ class Manifest:
                 f"a manifest describes 1 to {MAX_FAMILIES} families, "
                 f"got {len(self.families)}"
             )
+        families = []
         for info in self.families:
-            for key, name in asdict(info.family).items():  # prefix, suffix, pointer
+            names = asdict(info.family)  # prefix, suffix, pointer
+            for key, name in names.items():
                 check_text(name, f"a family's {key}", MAX_FILE_NAME)
-        families = [
-            {**asdict(info.family), "policy": info.policy, "reason": info.reason}
-            for info in self.families
-        ]
+            families.append({**names, "policy": info.policy, "reason": info.reason})
         data = {"format_version": MANIFEST_VERSION, "format": self.format}
         text = json.dumps({**data, "families": families}, indent=1) + "\n"
         check_size(text.encode("utf-8"), "the store's manifest", MAX_MANIFEST_BYTES)

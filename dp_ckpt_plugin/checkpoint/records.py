@@ -579,17 +579,19 @@ def check_metrics(
         if not isinstance(key, str) or not key:
             raise TypeError(f"a metric name is a non-empty string, got {shorten(key)}")
         check_text(key, "a metric name")
+        if value is None:
+            checked[key] = None
+            continue
         if isinstance(value, bool):
             raise TypeError(f"metric {key!r} must be a number, got the bool {value!r}")
-        if value is not None and not isinstance(value, (int, float)):
+        if not isinstance(value, (int, float)):
             try:
                 value = float(value)  # numpy and torch scalars
             except (TypeError, ValueError):
                 raise TypeError(
                     f"metric {key!r} must be a number, got {type(value).__name__} {value!r}"
                 ) from None
-        finite = value is not None and math.isfinite(value)
-        checked[key] = float(value) if finite else None
+        checked[key] = float(value) if math.isfinite(value) else None
     return checked or None
 
 

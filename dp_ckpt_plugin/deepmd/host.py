@@ -66,9 +66,13 @@ class HostDescriptor:
     reports_metrics: bool = True
     main_lines: tuple[tuple[str, str], ...] = ()
 
+    def module_name(self, name: str) -> str:
+        """The dotted name of the host folder's module ``name`` (``train``, ``freeze``, ...)."""
+        return f"dp_ckpt_plugin.deepmd.{self.name}.{name}"
+
     def module(self, name: str):
         """Import the host folder's module ``name`` (``train``, ``trainer``, ``freeze``)."""
-        return importlib.import_module(f"dp_ckpt_plugin.deepmd.{self.name}.{name}")
+        return importlib.import_module(self.module_name(name))
 
 
 def descriptor(name: str) -> HostDescriptor:
@@ -82,7 +86,7 @@ def plugin_manager(name: str) -> pluggy.PluginManager:
     """The plugin manager of a ``dp`` command: the core's plugins and host ``name``'s."""
     from ..plugin import get_plugin_manager
 
-    freezer = f"dp_ckpt_plugin.deepmd.{descriptor(name).name}.freeze"
+    freezer = descriptor(name).module_name("freeze")
     return get_plugin_manager(host_plugins={"freeze": freezer})
 
 

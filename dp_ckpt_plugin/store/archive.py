@@ -278,12 +278,9 @@ def prune_archives(
         return []
     spare = {storage.real(p) for p in spare}
     folders = archive_folders(directory, storage=storage)
-    removed = [
-        f
-        for f in archives_beyond(folders, keep_last=keep_last)
-        if storage.real(f.path) not in spare
-        and remove_archive(f, storage=storage, durable=durable)
-    ]
+    beyond = archives_beyond(folders, keep_last=keep_last)
+    doomed = [f for f in beyond if storage.real(f.path) not in spare]
+    removed = [f for f in doomed if remove_archive(f, storage=storage, durable=durable)]
     if removed:
         log.info(
             "removed %d archive(s) of earlier runs beyond the newest %d (%s), %.1f MB",
