@@ -26,6 +26,7 @@ directory, so ``import helpers`` finds it there.
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import os
 import random
@@ -483,3 +484,17 @@ def zip_member_spans(data: bytes) -> list[tuple[str, int, int]]:
 def flipped(data: bytes, at: int) -> bytes:
     """``data`` with every bit of the byte at ``at`` inverted."""
     return data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1 :]
+
+
+def open_fd_targets() -> collections.Counter:
+    """What this process's open descriptors name (``/proc/self/fd``), counted."""
+    listing = f"/proc/{os.getpid()}/fd"
+    found = collections.Counter()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the listing's own descriptor, closed meanwhile
+            continue
+        if target != listing:
+            found[target] += 1
+    return found

@@ -35,6 +35,7 @@ from helpers import (
     HAS_TORCH,
     make_payload,
     needs_torch,
+    open_fd_targets,
     open_manager,
     payload_mismatches,
 )
@@ -48,19 +49,6 @@ SETTLE = 10.0
 
 
 # -- what the process holds -------------------------------------------------------
-
-
-def _fd_targets() -> collections.Counter:
-    listing = f"/proc/{os.getpid()}/fd"
-    found = collections.Counter()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:  # the listing's own descriptor, closed meanwhile
-            continue
-        if target != listing:
-            found[target] += 1
-    return found
 
 
 def _children() -> frozenset[int]:
@@ -100,7 +88,7 @@ class Held:
     def now(cls, root: Path) -> Held:
         threads = frozenset(f"{t.name}#{t.ident}" for t in threading.enumerate())
         tasks = len(os.listdir("/proc/self/task"))
-        return cls(_fd_targets(), threads, tasks, _children(), _maps(root))
+        return cls(open_fd_targets(), threads, tasks, _children(), _maps(root))
 
     def more_than(self, before: Held) -> list[str]:
         """What this holds that ``before`` did not, one line each."""

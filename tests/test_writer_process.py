@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import HAS_TORCH
+from helpers import HAS_TORCH, open_fd_targets
 
 from dp_ckpt_plugin import CheckpointManager, CheckpointWriteError
 from dp_ckpt_plugin.errors import ConfigError
@@ -106,13 +106,7 @@ def test_a_background_save_is_written_by_the_process_and_restores_exactly(tmp_pa
 
 def _snapshot_files() -> list[str]:
     """The shared-memory files of snapshot buffers this process holds open."""
-    found = []
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            target = os.readlink(f"/proc/self/fd/{fd}")
-            if "dp_ckpt-snapshot-" in target:
-                found.append(target)
-    return found
+    return sorted(t for t in open_fd_targets().elements() if "dp_ckpt-snapshot-" in t)
 
 
 def test_close_frees_the_shared_buffers_of_every_manager(tmp_path):
